@@ -1,0 +1,176 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * azswap store core: the public API used by the kernel glue (kmod/*.c) and
+ * by the host library (build/libazcore.so, used by tests, fuzzing and
+ * trace replay).  Everything below is plain C; the only environment calls
+ * go through az_shim.h.
+ *
+ * A store maps swap slots (0 .. nr_slots-1) to stored pages.  Every page is
+ * kept in the cheapest representation the policy allows:
+ *
+ *   SAME   a page of one repeated 8-byte word: kept in the slot, no object
+ *   DUP    a reference to an identical stored page or base (xxh64 + memcmp)
+ *   TDELTA a delta against the template page of the same index
+ *   XDELTA a delta against a similar page (template or other sandbox) found
+ *          by sampled features
+ *   PLAIN  lz4/zstd compressed
+ *   RAW    stored uncompressed (did not compress below AZ_RAW_THRESHOLD)
+ *
+ * Sharing (DUP/TDELTA/XDELTA) only happens between pages whose owners are
+ * registered in the same trust group.  Pages of unregistered owners are
+ * stored SAME/PLAIN/RAW only.
+ *
+ * Concurrency contract for callers:
+ *   - az_store_put/get may sleep (allocation with AZ_GFP_MAYSLEEP) unless
+ *     told otherwise; each call needs exclusive use of the az_ctx it is
+ *     given (the glue keeps one per CPU, guarded by a mutex).
+ *   - az_store_free never sleeps and never allocates: it may run under the
+ *     swap lock (swap_slot_free_notify).
+ *   - Different slots may be used concurrently; calls on the same slot are
+ *     serialised by the core's per-slot lock.
+ */
+#ifndef AZCORE_H
+#define AZCORE_H
+
+#include "az_shim.h"
+
+#define AZ_PAGE_SIZE 4096u
+/* A compressed page at least this large is kept raw. */
+#define AZ_RAW_THRESHOLD (AZ_PAGE_SIZE * 3 / 4)
+
+enum az_codec {
+	AZ_CODEC_LZ4 = 0,
+	AZ_CODEC_ZSTD = 1,
+};
+
+#define AZ_ZSTD_LEVEL_MIN 1
+#define AZ_ZSTD_LEVEL_MAX 9
+
+enum az_kind {
+	AZ_KIND_SAME = 0,
+	AZ_KIND_DUP,
+	AZ_KIND_TDELTA,
+	AZ_KIND_XDELTA,
+	AZ_KIND_PLAIN,
+	AZ_KIND_RAW,
+	AZ_NR_KINDS,
+};
+
+/* Who wrote a page, and where it sits in its mapping. */
+struct az_page_info {
+	u64 owner;	/* memory cgroup id (cgroup_id()), 0 = unknown */
+	u64 index;	/* page->index: linear page index / file page offset */
+};
+
+/* Store-wide policy; az_store_set_policy validates every field. */
+struct az_policy {
+	u32 codec;		/* enum az_codec: codec for PLAIN objects */
+	u32 level;		/* zstd level 1..9 (ignored for lz4) */
+	u32 dedup;		/* bool: exact duplicates */
+	u32 tdelta;		/* bool: template-relative delta */
+	u32 xdelta;		/* bool: similarity (cross-sandbox) delta */
+	u32 sim_effort;		/* candidates checked per page, 0..64 */
+	u32 delta_max_pct;	/* accept a delta only if <= this % of plain */
+};
+
+/* Global statistics (one snapshot; counters are monotonic unless noted). */
+struct az_stats {
+	u64 pages_stored;	/* slots in use now */
+	u64 orig_bytes;		/* pages_stored * PAGE_SIZE */
+	u64 stored_bytes;	/* payload bytes of live objects */
+	u64 pool_bytes;		/* bytes the allocator holds */
+	u64 meta_bytes;		/* slot table + objects + indexes */
+	u64 index_bytes;	/* dedup + similarity index part of meta_bytes */
+	u64 template_bytes;	/* stored bytes of template bases */
+	u64 kind_pages[AZ_NR_KINDS];	/* slots per representation now */
+	u64 objects;		/* live objects */
+	u64 bases;		/* live objects referenced by a delta */
+	u64 failed_stores;	/* monotonic */
+	u64 failed_loads;	/* monotonic */
+	u64 stores;		/* monotonic */
+	u64 loads;		/* monotonic */
+	u64 frees;		/* monotonic */
+};
+
+/* Per owner (sandbox or template) statistics. */
+struct az_owner_stats {
+	u64 cgroup_id;
+	u32 group;		/* trust group */
+	u32 is_template;
+	u64 pages;		/* slots this owner holds now */
+	u64 orig_bytes;
+	u64 exclusive_bytes;	/* objects only this owner references */
+	u64 shared_bytes;	/* its share of shared objects (see ABI doc) */
+	u64 kind_pages[AZ_NR_KINDS];
+};
+
+struct az_store;
+struct az_ctx;
+
+/* Per-CPU scratch: codec workspaces and page buffers. May sleep. */
+struct az_ctx *az_ctx_create(void);
+void az_ctx_destroy(struct az_ctx *ctx);
+
+/* @name labels the allocator pool. Returns NULL on allocation failure. */
+struct az_store *az_store_create(u64 nr_slots, const char *name);
+/* Frees every object; the caller guarantees no concurrent use. */
+void az_store_destroy(struct az_store *s);
+
+/* 0 = unlimited.  Counted against pool_bytes. */
+void az_store_set_mem_limit(struct az_store *s, u64 bytes);
+/* -EINVAL on a bad field; -EBUSY when changing the codec with pages stored. */
+int az_store_set_policy(struct az_store *s, const struct az_policy *p);
+void az_store_get_policy(struct az_store *s, struct az_policy *p);
+
+/*
+ * Store one page in @slot (replacing what was there).  0 on success;
+ * -ENOMEM when the pool is full or allocation failed (the slot is then
+ * empty and the caller keeps the page); -EINVAL for a bad slot.
+ */
+int az_store_put(struct az_store *s, struct az_ctx *ctx, u64 slot,
+		 const void *page, const struct az_page_info *pi);
+/*
+ * Read @slot into @page.  0 on success; an empty slot reads as zeroes and
+ * returns 0; -EINVAL for a bad slot; -EIO when the stored object fails to
+ * decode (corruption).
+ */
+int az_store_get(struct az_store *s, struct az_ctx *ctx, u64 slot, void *page);
+/* Drop @slot.  Atomic context safe: no sleep, no allocation. */
+void az_store_free(struct az_store *s, u64 slot);
+/* Kind of @slot's page, or -ENOENT when empty. */
+int az_store_slot_kind(struct az_store *s, u64 slot);
+
+void az_store_get_stats(struct az_store *s, struct az_stats *st);
+u64 az_store_nr_slots(struct az_store *s);
+
+/*
+ * Registry (netlink commands map onto these).  Errors: -EEXIST duplicate,
+ * -ENOENT unknown, -EINVAL bad argument, -ENOMEM, -EBUSY removal refused.
+ */
+int az_store_add_sandbox(struct az_store *s, u64 cgroup_id, u32 group);
+int az_store_del_sandbox(struct az_store *s, u64 cgroup_id);
+/* A template is an owner whose stored pages become bases for its group. */
+int az_store_add_template(struct az_store *s, u64 cgroup_id, u32 group);
+int az_store_del_template(struct az_store *s, u64 cgroup_id);
+/*
+ * Snapshot-file templates: @tid is a synthetic owner id registered with
+ * az_store_add_template(); each page becomes a base keyed by @index.
+ */
+int az_store_template_load(struct az_store *s, struct az_ctx *ctx, u64 tid,
+			   u64 index, const void *page);
+/* Fill @out for owner @cgroup_id; -ENOENT when unknown. */
+int az_store_owner_stats(struct az_store *s, u64 cgroup_id,
+			 struct az_owner_stats *out);
+/* Iterate owners: fills up to @max entries starting at @start; returns count. */
+int az_store_list_owners(struct az_store *s, u32 start,
+			 struct az_owner_stats *out, u32 max);
+
+/*
+ * Run deferred frees now (the kernel also runs them from a workqueue).
+ * Tests call this before checking that memory returned to zero.
+ */
+void az_store_drain(struct az_store *s);
+
+const char *az_kind_name(enum az_kind k);
+
+#endif /* AZCORE_H */
