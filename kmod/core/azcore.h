@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: GPL-2.0 */
 /*
- * azswap store core: the public API used by the kernel glue (kmod/*.c) and
- * by the host library (build/libazcore.so, used by tests, fuzzing and
+ * azswap store core: the public API used by the kernel glue (the .c files
+ * in kmod/) and by the host library (build/libazcore.so, used by tests, fuzzing and
  * trace replay).  Everything below is plain C; the only environment calls
  * go through az_shim.h.
  *
@@ -71,6 +71,7 @@ struct az_policy {
 	u32 xdelta;		/* bool: similarity (cross-sandbox) delta */
 	u32 sim_effort;		/* candidates checked per page, 0..64 */
 	u32 delta_max_pct;	/* accept a delta only if <= this % of plain */
+	u32 verify;		/* bool: check xxh64 of every page read back */
 };
 
 /* Global statistics (one snapshot; counters are monotonic unless noted). */
@@ -90,6 +91,9 @@ struct az_stats {
 	u64 stores;		/* monotonic */
 	u64 loads;		/* monotonic */
 	u64 frees;		/* monotonic */
+	u64 template_pages;	/* template index entries (bases by index) */
+	u64 cross_group;	/* sharing across trust groups: always 0 */
+	u64 deferred;		/* objects waiting for the deferred free */
 };
 
 /* Per owner (sandbox or template) statistics. */
@@ -102,6 +106,9 @@ struct az_owner_stats {
 	u64 exclusive_bytes;	/* objects only this owner references */
 	u64 shared_bytes;	/* its share of shared objects (see ABI doc) */
 	u64 kind_pages[AZ_NR_KINDS];
+	u64 template_pages;	/* its pages in the template index */
+	u32 registered;		/* 0 once removed (kept while it owns bytes) */
+	u32 reserved;
 };
 
 struct az_store;

@@ -1,0 +1,367 @@
+"""ctypes binding of the host build of the store core (build/libazcore.so).
+
+The same C files that run in azswap.ko are compiled into a shared library
+(``make hostlib`` or ``make -f kmod/core/host.mk``).  This module wraps
+kmod/core/azcore.h for tests, fuzzing and trace replay::
+
+    from controlplane.corelib import Store
+    with Store(1024) as st:
+        st.put(1, page)
+        assert st.get(1) == page
+
+The library is found through the AZCORE_LIB environment variable, else
+build/libazcore.so relative to the repository.  Errors from the core are
+raised as :class:`CoreError` (an OSError) carrying the errno.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+PAGE_SIZE = 4096
+RAW_THRESHOLD = PAGE_SIZE * 3 // 4
+
+CODEC_LZ4 = 0
+CODEC_ZSTD = 1
+
+KINDS = ("same", "dup", "tdelta", "xdelta", "plain", "raw")
+NR_KINDS = len(KINDS)
+
+u32 = ctypes.c_uint32
+u64 = ctypes.c_uint64
+
+
+class PageInfo(ctypes.Structure):
+    _fields_ = [("owner", u64), ("index", u64)]
+
+
+class Policy(ctypes.Structure):
+    _fields_ = [
+        ("codec", u32),
+        ("level", u32),
+        ("dedup", u32),
+        ("tdelta", u32),
+        ("xdelta", u32),
+        ("sim_effort", u32),
+        ("delta_max_pct", u32),
+        ("verify", u32),
+    ]
+
+
+class Stats(ctypes.Structure):
+    _fields_ = [
+        ("pages_stored", u64),
+        ("orig_bytes", u64),
+        ("stored_bytes", u64),
+        ("pool_bytes", u64),
+        ("meta_bytes", u64),
+        ("index_bytes", u64),
+        ("template_bytes", u64),
+        ("kind_pages", u64 * NR_KINDS),
+        ("objects", u64),
+        ("bases", u64),
+        ("failed_stores", u64),
+        ("failed_loads", u64),
+        ("stores", u64),
+        ("loads", u64),
+        ("frees", u64),
+        ("template_pages", u64),
+        ("cross_group", u64),
+        ("deferred", u64),
+    ]
+
+
+class OwnerStats(ctypes.Structure):
+    _fields_ = [
+        ("cgroup_id", u64),
+        ("group", u32),
+        ("is_template", u32),
+        ("pages", u64),
+        ("orig_bytes", u64),
+        ("exclusive_bytes", u64),
+        ("shared_bytes", u64),
+        ("kind_pages", u64 * NR_KINDS),
+        ("template_pages", u64),
+        ("registered", u32),
+        ("reserved", u32),
+    ]
+
+
+def _struct_dict(s: ctypes.Structure) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, _ in s._fields_:
+        if name == "reserved":
+            continue
+        v = getattr(s, name)
+        if name == "kind_pages":
+            out[name] = {k: int(v[i]) for i, k in enumerate(KINDS)}
+        else:
+            out[name] = int(v)
+    return out
+
+
+class CoreError(OSError):
+    """An error code returned by the store core (negative errno)."""
+
+    def __init__(self, err: int, what: str) -> None:
+        super().__init__(err, f"{what}: {os.strerror(err)}")
+
+
+def default_lib_path() -> Path:
+    env = os.environ.get("AZCORE_LIB")
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parent.parent / "build" / "libazcore.so"
+
+
+_libs: dict[str, ctypes.CDLL] = {}
+
+
+def load_lib(path: str | os.PathLike[str] | None = None) -> ctypes.CDLL:
+    """Load (once per path) and declare the C API."""
+    p = str(Path(path) if path is not None else default_lib_path())
+    if p in _libs:
+        return _libs[p]
+    if not os.path.exists(p):
+        raise FileNotFoundError(f"{p}: store core library not built (run `make hostlib`)")
+    lib = ctypes.CDLL(p)
+    vp, cp = ctypes.c_void_p, ctypes.c_char_p
+    decl: dict[str, tuple[Any, list[Any]]] = {
+        "az_ctx_create": (vp, []),
+        "az_ctx_destroy": (None, [vp]),
+        "az_store_create": (vp, [u64, cp]),
+        "az_store_destroy": (None, [vp]),
+        "az_store_set_mem_limit": (None, [vp, u64]),
+        "az_store_set_policy": (ctypes.c_int, [vp, ctypes.POINTER(Policy)]),
+        "az_store_get_policy": (None, [vp, ctypes.POINTER(Policy)]),
+        "az_store_put": (ctypes.c_int, [vp, vp, u64, cp, ctypes.POINTER(PageInfo)]),
+        "az_store_get": (ctypes.c_int, [vp, vp, u64, cp]),
+        "az_store_free": (None, [vp, u64]),
+        "az_store_slot_kind": (ctypes.c_int, [vp, u64]),
+        "az_store_get_stats": (None, [vp, ctypes.POINTER(Stats)]),
+        "az_store_nr_slots": (u64, [vp]),
+        "az_store_add_sandbox": (ctypes.c_int, [vp, u64, u32]),
+        "az_store_del_sandbox": (ctypes.c_int, [vp, u64]),
+        "az_store_add_template": (ctypes.c_int, [vp, u64, u32]),
+        "az_store_del_template": (ctypes.c_int, [vp, u64]),
+        "az_store_template_load": (ctypes.c_int, [vp, vp, u64, u64, cp]),
+        "az_store_owner_stats": (ctypes.c_int, [vp, u64, ctypes.POINTER(OwnerStats)]),
+        "az_store_list_owners": (ctypes.c_int, [vp, u32, ctypes.POINTER(OwnerStats), u32]),
+        "az_store_drain": (None, [vp]),
+        "az_kind_name": (cp, [ctypes.c_int]),
+        "az_store_debug_corrupt": (ctypes.c_int, [vp, u64, u32, ctypes.c_uint8]),
+        "az_host_fail_pool_allocs": (None, [ctypes.c_int]),
+        "az_debug_decode": (ctypes.c_int, [vp, cp, u32, cp, cp]),
+        "az_debug_encode": (ctypes.c_int, [vp, ctypes.POINTER(Policy), cp, cp, cp]),
+    }
+    for name, (res, args) in decl.items():
+        fn = getattr(lib, name)
+        fn.restype = res
+        fn.argtypes = args
+    _libs[p] = lib
+    return lib
+
+
+def _check(rc: int, what: str) -> int:
+    if rc < 0:
+        raise CoreError(-rc, what)
+    return rc
+
+
+def _page(page: bytes) -> bytes:
+    if len(page) != PAGE_SIZE:
+        raise ValueError(f"page must be {PAGE_SIZE} bytes, got {len(page)}")
+    return bytes(page)
+
+
+@dataclass
+class Ctx:
+    """One az_ctx (the kernel keeps one per CPU)."""
+
+    lib: ctypes.CDLL
+    ptr: int
+
+    @classmethod
+    def create(cls, lib: ctypes.CDLL) -> Ctx:
+        ptr = lib.az_ctx_create()
+        if not ptr:
+            raise CoreError(errno.ENOMEM, "az_ctx_create")
+        return cls(lib, ptr)
+
+    def close(self) -> None:
+        if self.ptr:
+            self.lib.az_ctx_destroy(self.ptr)
+            self.ptr = 0
+
+
+class Store:
+    """A page store of ``nr_slots`` slots (one az_store and one az_ctx)."""
+
+    def __init__(
+        self,
+        nr_slots: int,
+        name: str = "azcore",
+        lib: str | os.PathLike[str] | None = None,
+        mem_limit: int = 0,
+        **policy: int,
+    ) -> None:
+        self.lib = load_lib(lib)
+        self._s = self.lib.az_store_create(nr_slots, name.encode())
+        if not self._s:
+            raise CoreError(errno.ENOMEM, "az_store_create")
+        self._ctx = Ctx.create(self.lib)
+        self.nr_slots = nr_slots
+        self._buf = ctypes.create_string_buffer(PAGE_SIZE)
+        if mem_limit:
+            self.set_mem_limit(mem_limit)
+        if policy:
+            self.set_policy(**policy)
+
+    # -- lifetime ----------------------------------------------------------
+    def close(self) -> None:
+        if self._s:
+            self.lib.az_store_destroy(self._s)
+            self._s = None
+        self._ctx.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.close()
+
+    # -- pages -------------------------------------------------------------
+    def put(self, slot: int, page: bytes, owner: int = 0, index: int = 0) -> None:
+        pi = PageInfo(owner, index)
+        _check(
+            self.lib.az_store_put(self._s, self._ctx.ptr, slot, _page(page), ctypes.byref(pi)),
+            f"put slot {slot}",
+        )
+
+    def get(self, slot: int) -> bytes:
+        _check(self.lib.az_store_get(self._s, self._ctx.ptr, slot, self._buf), f"get slot {slot}")
+        return self._buf.raw
+
+    def free(self, slot: int) -> None:
+        self.lib.az_store_free(self._s, slot)
+
+    def kind(self, slot: int) -> str | None:
+        """Representation of the page in ``slot``, None when empty."""
+        rc = self.lib.az_store_slot_kind(self._s, slot)
+        if rc == -errno.ENOENT:
+            return None
+        return KINDS[_check(rc, f"kind slot {slot}")]
+
+    def drain(self) -> None:
+        self.lib.az_store_drain(self._s)
+
+    # -- configuration -----------------------------------------------------
+    def set_mem_limit(self, nbytes: int) -> None:
+        self.lib.az_store_set_mem_limit(self._s, nbytes)
+
+    def policy(self) -> dict[str, int]:
+        p = Policy()
+        self.lib.az_store_get_policy(self._s, ctypes.byref(p))
+        return _struct_dict(p)
+
+    def set_policy(self, **changes: int) -> None:
+        cur = self.policy()
+        unknown = set(changes) - set(cur)
+        if unknown:
+            raise TypeError(f"unknown policy fields: {sorted(unknown)}")
+        cur.update(changes)
+        p = Policy(**cur)
+        _check(self.lib.az_store_set_policy(self._s, ctypes.byref(p)), "set_policy")
+
+    # -- statistics --------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        st = Stats()
+        self.lib.az_store_get_stats(self._s, ctypes.byref(st))
+        return _struct_dict(st)
+
+    def owner_stats(self, cgroup_id: int) -> dict[str, Any]:
+        o = OwnerStats()
+        _check(
+            self.lib.az_store_owner_stats(self._s, cgroup_id, ctypes.byref(o)),
+            f"owner {cgroup_id}",
+        )
+        return _struct_dict(o)
+
+    def list_owners(self) -> list[dict[str, Any]]:
+        return list(self._iter_owners())
+
+    def _iter_owners(self) -> Iterator[dict[str, Any]]:
+        batch = 64
+        arr = (OwnerStats * batch)()
+        start = 0
+        while True:
+            n = _check(self.lib.az_store_list_owners(self._s, start, arr, batch), "list_owners")
+            for i in range(n):
+                yield _struct_dict(arr[i])
+            if n < batch:
+                return
+            start += n
+
+    # -- registry ----------------------------------------------------------
+    def add_sandbox(self, cgroup_id: int, group: int) -> None:
+        _check(self.lib.az_store_add_sandbox(self._s, cgroup_id, group), "add_sandbox")
+
+    def del_sandbox(self, cgroup_id: int) -> None:
+        _check(self.lib.az_store_del_sandbox(self._s, cgroup_id), "del_sandbox")
+
+    def add_template(self, cgroup_id: int, group: int) -> None:
+        _check(self.lib.az_store_add_template(self._s, cgroup_id, group), "add_template")
+
+    def del_template(self, cgroup_id: int) -> None:
+        _check(self.lib.az_store_del_template(self._s, cgroup_id), "del_template")
+
+    def template_load(self, tid: int, index: int, page: bytes) -> None:
+        _check(
+            self.lib.az_store_template_load(self._s, self._ctx.ptr, tid, index, _page(page)),
+            "template_load",
+        )
+
+    # -- test hooks --------------------------------------------------------
+    def corrupt(self, slot: int, offset: int, xor: int) -> None:
+        """Flip bits of the stored object behind ``slot`` (test only)."""
+        _check(self.lib.az_store_debug_corrupt(self._s, slot, offset, xor), "corrupt")
+
+    def fail_pool_allocs(self, n: int) -> None:
+        """Make the next ``n`` pool allocations fail (test only)."""
+        self.lib.az_host_fail_pool_allocs(n)
+
+    def encode(self, page: bytes, base: bytes | None = None) -> bytes:
+        """Encode ``page`` as a standalone object, or a delta against ``base``."""
+        out = ctypes.create_string_buffer(2 * PAGE_SIZE)
+        p = Policy(**self.policy())
+        n = _check(
+            self.lib.az_debug_encode(
+                self._ctx.ptr, ctypes.byref(p), _page(page),
+                None if base is None else _page(base), out,
+            ),
+            "encode",
+        )
+        return out.raw[:n]
+
+    def decode(self, obj: bytes, base: bytes | None = None) -> bytes:
+        """Run the object decoder on arbitrary bytes."""
+        out = ctypes.create_string_buffer(PAGE_SIZE)
+        _check(
+            self.lib.az_debug_decode(
+                self._ctx.ptr, bytes(obj), len(obj),
+                None if base is None else _page(base), out,
+            ),
+            "decode",
+        )
+        return out.raw

@@ -1,0 +1,254 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * Internal structures of the store core, shared by its .c files only.
+ *
+ * Lock order (outer to inner), see docs/store.md:
+ *   slot bit lock  ->  s->idx_lock
+ *   s->reg_lock is never held together with another core lock.
+ * The pool mapping (zs_map_object) is innermost: nothing is locked and no
+ * other object is mapped while a mapping is held.
+ */
+#ifndef AZ_INTERNAL_H
+#define AZ_INTERNAL_H
+
+#include "azcore.h"
+
+/* ---- objects ---------------------------------------------------------- */
+
+/*
+ * Stored object format (in the pool):
+ *   size == AZ_PAGE_SIZE: the raw page, no header (zsmalloc's largest
+ *   object is one page, so a raw page cannot carry a header).
+ *   otherwise: a 4-byte header followed by the payload:
+ *     byte 0  encoding (enum az_enc)
+ *     byte 1  format version (AZ_OBJ_VERSION)
+ *     byte 2-3 payload length, little endian; must equal size - 4
+ */
+enum az_enc {
+	AZ_ENC_LZ4 = 1,		/* lz4 block of the page */
+	AZ_ENC_ZSTD = 2,	/* zstd frame of the page */
+	AZ_ENC_XOR_LZ4 = 3,	/* lz4 block of page ^ base */
+	AZ_ENC_XOR_ZSTD = 4,	/* zstd frame of page ^ base */
+	AZ_ENC_DICT_LZ4 = 5,	/* lz4 block with base as dictionary */
+	AZ_ENC_MAX = AZ_ENC_DICT_LZ4,
+};
+
+#define AZ_OBJ_VERSION	1
+#define AZ_HDR_SIZE	4
+/* Encoded objects are built in buffers of this size. */
+#define AZ_OBUF_SIZE	(2 * AZ_PAGE_SIZE)
+
+static inline bool az_enc_is_delta(unsigned int enc)
+{
+	return enc >= AZ_ENC_XOR_LZ4 && enc <= AZ_ENC_DICT_LZ4;
+}
+
+/* Number of super-features per page (similarity index keys). */
+#define AZ_NR_SF	3
+
+/* Bits in az_obj.flags (atomic bitops). */
+enum {
+	AZ_OBJ_SHARED,		/* counted in its owner's shared_bytes */
+	AZ_OBJ_BASE,		/* referenced by a delta; counted in bases */
+	AZ_OBJ_INDEXED,		/* linked in the dedup/similarity indexes */
+	AZ_OBJ_TEMPLATE,	/* charged to a template owner */
+};
+
+/*
+ * A stored object.  Metadata lives in slab memory; the encoded bytes live
+ * in the pool.  @ref counts slots referring to it, deltas using it as base
+ * and template index entries.  Everything but @ref and @flags is written
+ * once before the object is published and read-only afterwards.
+ */
+struct az_obj {
+	az_atomic_t ref;
+	u8 enc;			/* enum az_enc, or 0 for a raw page */
+	u8 nr_sf;		/* similarity index entries in @sim_pos */
+	u16 owner;		/* owner index charged for the bytes */
+	u32 size;		/* bytes in the pool */
+	u32 group;		/* trust group (valid when owner != 0) */
+	u32 sim_pos[AZ_NR_SF];	/* similarity table positions */
+	unsigned long flags;
+	unsigned long handle;	/* pool handle */
+	u64 hash;		/* xxh64 of the decoded page */
+	struct az_obj *base;	/* delta base (a reference is held) */
+	struct az_obj *dnext;	/* dedup hash chain, under idx_lock */
+	struct az_defer_node dnode;
+};
+
+/* ---- slots ------------------------------------------------------------ */
+
+/*
+ * A slot: @flags holds the lock bit, a used bit, the kind and the owner
+ * index; @val is the repeated word (SAME) or a struct az_obj pointer.
+ * Both are protected by the slot's bit lock.
+ */
+struct az_slot {
+	unsigned long flags;
+	u64 val;
+};
+
+#define AZ_SLOT_OWNER_MASK	0xfffUL
+#define AZ_SLOT_KIND_SHIFT	12
+#define AZ_SLOT_KIND_MASK	(0xfUL << AZ_SLOT_KIND_SHIFT)
+#define AZ_SLOT_USED		(1UL << 16)
+#define AZ_SLOT_LOCK_BIT	24
+
+/* ---- owners ----------------------------------------------------------- */
+
+/* Owner 0 collects unregistered cgroups (never shares). */
+#define AZ_MAX_OWNERS	1024
+
+enum {
+	AZ_OWN_USED = 1,	/* entry holds (or held) an owner */
+	AZ_OWN_REG = 2,		/* registered: may share in its group */
+	AZ_OWN_TEMPLATE = 4,	/* its pages become bases */
+};
+
+struct az_owner {
+	u64 cgroup_id;
+	u32 group;
+	u32 flags;		/* AZ_OWN_*, under reg_lock */
+	az_atomic_t busy;	/* puts in flight using this entry */
+	az_atomic64_t pages;
+	az_atomic64_t excl_bytes;
+	az_atomic64_t shared_bytes;
+	az_atomic64_t loaded_pages;
+	az_atomic64_t kind_pages[AZ_NR_KINDS];
+};
+
+/* ---- indexes (index.c) ----------------------------------------------- */
+
+struct az_tnode;
+
+struct az_sim_entry {
+	u64 key;		/* super-feature mixed with the trust group */
+	struct az_obj *obj;
+};
+
+#define AZ_SIM_WAYS	4
+
+struct az_index {
+	struct az_obj **dbuckets;	/* dedup: hash -> chain */
+	u32 dmask;
+	struct az_tnode **tbuckets;	/* template: (group, index) -> base */
+	u32 tmask;
+	struct az_sim_entry *sim;	/* similarity: set-associative */
+	u32 smask;			/* number of sets - 1 */
+	u64 tnodes;			/* template nodes allocated */
+	u64 indexed;			/* objects linked in the indexes */
+	u64 table_bytes;
+};
+
+/* ---- the store -------------------------------------------------------- */
+
+struct az_store {
+	u64 nr_slots;
+	struct az_slot *slots;
+	struct az_pool *pool;
+	u64 mem_limit;
+	struct az_policy pol;
+
+	az_spinlock_t reg_lock;		/* owners[].flags/cgroup_id/group */
+	struct az_owner *owners;
+	u32 nr_owners;			/* entries in use (high water) */
+	u32 nr_reg;			/* registered owners */
+
+	az_spinlock_t idx_lock;		/* everything in @idx */
+	struct az_index idx;
+
+	struct az_defer defer;		/* objects waiting to be freed */
+
+	az_atomic64_t pages_stored;
+	az_atomic64_t stored_bytes;
+	az_atomic64_t template_bytes;
+	az_atomic64_t template_pages;
+	az_atomic64_t objects;
+	az_atomic64_t bases;
+	az_atomic64_t kind_pages[AZ_NR_KINDS];
+	az_atomic64_t failed_stores;
+	az_atomic64_t failed_loads;
+	az_atomic64_t stores;
+	az_atomic64_t loads;
+	az_atomic64_t frees;
+	az_atomic64_t cross_group;
+	az_atomic64_t deferred;	/* must stay 0: sharing across groups */
+};
+
+struct az_ctx {
+	struct az_codec_ws *ws;
+	u8 *obuf;		/* AZ_OBUF_SIZE: best encoding so far */
+	u8 *tbuf;		/* AZ_OBUF_SIZE: candidate encoding */
+	u8 *pbuf;		/* page: decoded base or candidate */
+	u8 *xbuf;		/* page: xor scratch */
+};
+
+/* ---- codec.c ---------------------------------------------------------- */
+
+/* Encode @page without a base; returns the object size (AZ_PAGE_SIZE = raw). */
+u32 az_encode_plain(struct az_ctx *ctx, const struct az_policy *pol,
+		    const void *page, u8 *out, u8 *enc);
+/* Encode @page as a delta against @base; 0 when not smaller than @limit. */
+u32 az_encode_delta(struct az_ctx *ctx, const struct az_policy *pol,
+		    const void *page, const void *base, u8 *out, u32 limit,
+		    u8 *enc);
+/*
+ * Decode an object of @size bytes into @page.  @base is the decoded base
+ * page for delta encodings, NULL otherwise.  0 or -EIO; never accesses
+ * @obj beyond @size or @page beyond AZ_PAGE_SIZE.
+ */
+int az_decode(struct az_ctx *ctx, const u8 *obj, u32 size, const void *base,
+	      void *page);
+/* Encoding of an object from its header, or -EIO. */
+int az_obj_encoding(const u8 *obj, u32 size);
+
+/* ---- store.c ---------------------------------------------------------- */
+
+/* Decode @o (and its base) into @page; caller holds a reference. */
+int az_obj_read(struct az_store *s, struct az_ctx *ctx, struct az_obj *o,
+		void *page);
+void az_obj_put(struct az_store *s, struct az_obj *o);
+void az_obj_mark_shared(struct az_store *s, struct az_obj *o);
+void az_obj_mark_base(struct az_store *s, struct az_obj *o);
+bool az_page_same(const void *page, u64 *word);
+
+/* ---- registry.c ------------------------------------------------------- */
+
+/* An owner looked up for one put: the entry stays valid until unpinned. */
+struct az_pin {
+	u16 idx;		/* owner entry, 0 = unregistered */
+	bool reg;		/* may share within @group */
+	bool tmpl;		/* a template: its pages become bases */
+	u32 group;
+};
+
+void az_owner_pin(struct az_store *s, u64 cgroup_id, struct az_pin *pin);
+void az_owner_unpin(struct az_store *s, struct az_pin *pin);
+void az_owners_init(struct az_store *s);
+
+/* ---- index.c ---------------------------------------------------------- */
+
+int az_index_init(struct az_store *s);
+void az_index_destroy(struct az_store *s);
+u64 az_index_bytes(struct az_store *s);
+/* Identical page in @group: returns a referenced object or NULL. */
+struct az_obj *az_dedup_find(struct az_store *s, struct az_ctx *ctx,
+			     u32 group, u64 hash, const void *page,
+			     bool need_base);
+/* Template base for (@group, @index): referenced object or NULL. */
+struct az_obj *az_template_find(struct az_store *s, u32 group, u64 index);
+/* Set (@group, @index) -> @o (takes its own reference).  May sleep. */
+int az_template_set(struct az_store *s, u32 group, u64 index, u16 owner,
+		    struct az_obj *o);
+/* Drop every template entry of @owner. */
+void az_template_drop_owner(struct az_store *s, u16 owner);
+/* Up to @max similar base candidates (referenced) in @group. */
+int az_sim_find(struct az_store *s, u32 group, const u64 *sf,
+		struct az_obj **out, int max);
+void az_sim_features(const void *page, u64 *sf);
+/* Link @o into the dedup and (if a possible base) similarity indexes. */
+void az_index_insert(struct az_store *s, struct az_obj *o, const u64 *sf);
+/* Unlink @o from every index (object is dying). */
+void az_index_remove(struct az_store *s, struct az_obj *o);
+
+#endif /* AZ_INTERNAL_H */

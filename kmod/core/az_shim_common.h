@@ -1,0 +1,52 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * Shim functions implemented twice: az_shim_kernel.c (zsmalloc, kernel
+ * lz4/zstd) and host/az_shim_host.c (malloc, liblz4/libzstd).  Included by
+ * az_shim_kernel.h and az_shim_host.h after their basic types.
+ */
+#ifndef AZ_SHIM_COMMON_H
+#define AZ_SHIM_COMMON_H
+
+/*
+ * Object pool.  Handles are opaque and never 0.  A mapping is valid until
+ * the matching unmap; only one object may be mapped at a time per CPU and
+ * the caller must not sleep while it is mapped (zsmalloc rules).
+ */
+struct az_pool;
+struct az_pool *az_pool_create(const char *name);
+void az_pool_destroy(struct az_pool *p);
+/* Returns 0 on failure.  @size is at most AZ_PAGE_SIZE. */
+unsigned long az_pool_alloc(struct az_pool *p, size_t size, int gfp);
+/* Atomic context safe. */
+void az_pool_free(struct az_pool *p, unsigned long handle);
+void *az_pool_map(struct az_pool *p, unsigned long handle, bool write);
+void az_pool_unmap(struct az_pool *p, unsigned long handle);
+/* Bytes the pool holds from the system (pages for zsmalloc). */
+u64 az_pool_bytes(struct az_pool *p);
+
+/*
+ * Codec workspaces (one per az_ctx, process context to create).  All
+ * compressors return the compressed size, or 0 when the output did not
+ * fit in @cap; decompressors return the decompressed size or a negative
+ * value on malformed input and never write past @cap.
+ */
+struct az_codec_ws;
+struct az_codec_ws *az_codec_ws_create(void);
+void az_codec_ws_destroy(struct az_codec_ws *w);
+size_t az_codec_ws_bytes(struct az_codec_ws *w);
+
+int az_lz4_compress(struct az_codec_ws *w, const void *src, int len,
+		    void *dst, int cap);
+int az_lz4_decompress(const void *src, int slen, void *dst, int cap);
+/* LZ4 with @dict as a prefix dictionary (delta encoding). */
+int az_lz4_compress_dict(struct az_codec_ws *w, const void *dict, int dlen,
+			 const void *src, int len, void *dst, int cap);
+int az_lz4_decompress_dict(const void *src, int slen, void *dst, int cap,
+			   const void *dict, int dlen);
+/* zstd with a @len-byte size hint (compression parameters for 4 KiB). */
+int az_zstd_compress(struct az_codec_ws *w, int level, const void *src,
+		     int len, void *dst, int cap);
+int az_zstd_decompress(struct az_codec_ws *w, const void *src, int slen,
+		       void *dst, int cap);
+
+#endif /* AZ_SHIM_COMMON_H */

@@ -1,0 +1,125 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * Host side of the store core's environment shim (see az_shim.h): libc,
+ * GCC __atomic builtins, pthread spinlocks, liblz4/libzstd/libxxhash.
+ * Used for build/libazcore.so (tests, fuzzing, trace replay).
+ */
+#ifndef AZ_SHIM_HOST_H
+#define AZ_SHIM_HOST_H
+
+#include <stdint.h>
+#include <stddef.h>
+#include <stdbool.h>
+#include <string.h>
+#include <errno.h>
+#include <stdio.h>
+#include <pthread.h>
+
+#define u8 uint8_t
+#define u16 uint16_t
+#define u32 uint32_t
+#define u64 uint64_t
+#define s64 int64_t
+
+#define AZ_GFP_NOWAIT	0
+#define AZ_GFP_MAYSLEEP	1
+
+void *az_alloc(size_t size, int gfp);
+void *az_zalloc(size_t size, int gfp);
+void az_free(const void *p);
+void *az_valloc(size_t size);
+void az_vfree(const void *p);
+
+#define az_likely(x)	__builtin_expect(!!(x), 1)
+#define az_unlikely(x)	__builtin_expect(!!(x), 0)
+#define az_min(a, b)	((a) < (b) ? (a) : (b))
+#define az_max(a, b)	((a) > (b) ? (a) : (b))
+
+#ifndef container_of
+#define container_of(ptr, type, member) \
+	((type *)((char *)(ptr) - offsetof(type, member)))
+#endif
+#ifndef ARRAY_SIZE
+#define ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
+#endif
+
+/* Locks */
+#define az_spinlock_t pthread_spinlock_t
+#define az_spin_init(l)		pthread_spin_init(l, PTHREAD_PROCESS_PRIVATE)
+#define az_spin_lock(l)		pthread_spin_lock(l)
+#define az_spin_unlock(l)	pthread_spin_unlock(l)
+#define az_spin_destroy(l)	pthread_spin_destroy(l)
+void az_bit_lock(int bit, unsigned long *word);
+void az_bit_unlock(int bit, unsigned long *word);
+#define az_cond_resched()	do { } while (0)
+
+/* Atomics (sequentially consistent, like the kernel's value-returning ops) */
+struct az_atomic { int v; };
+struct az_atomic64 { int64_t v; };
+#define az_atomic_t struct az_atomic
+#define az_atomic64_t struct az_atomic64
+#define AZ_SC __ATOMIC_SEQ_CST
+#define az_atomic_read(a)	__atomic_load_n(&(a)->v, AZ_SC)
+#define az_atomic_set(a, x)	__atomic_store_n(&(a)->v, (x), AZ_SC)
+#define az_atomic_inc(a)	((void)__atomic_add_fetch(&(a)->v, 1, AZ_SC))
+#define az_atomic_dec(a)	((void)__atomic_sub_fetch(&(a)->v, 1, AZ_SC))
+#define az_atomic_dec_and_test(a) (__atomic_sub_fetch(&(a)->v, 1, AZ_SC) == 0)
+static inline bool az_atomic_inc_not_zero(az_atomic_t *a)
+{
+	int c = __atomic_load_n(&a->v, AZ_SC);
+
+	while (c) {
+		if (__atomic_compare_exchange_n(&a->v, &c, c + 1, false,
+						AZ_SC, AZ_SC))
+			return true;
+	}
+	return false;
+}
+#define az_atomic64_read(a)	((u64)__atomic_load_n(&(a)->v, AZ_SC))
+#define az_atomic64_set(a, x)	__atomic_store_n(&(a)->v, (x), AZ_SC)
+#define az_atomic64_inc(a)	((void)__atomic_add_fetch(&(a)->v, 1, AZ_SC))
+#define az_atomic64_dec(a)	((void)__atomic_sub_fetch(&(a)->v, 1, AZ_SC))
+#define az_atomic64_add(x, a)	((void)__atomic_add_fetch(&(a)->v, (x), AZ_SC))
+#define az_atomic64_sub(x, a)	((void)__atomic_sub_fetch(&(a)->v, (x), AZ_SC))
+#define az_set_bit(nr, w) ((void)__atomic_fetch_or((w), 1UL << (nr), AZ_SC))
+#define az_test_and_set_bit(nr, w) \
+	(!!(__atomic_fetch_or((w), 1UL << (nr), AZ_SC) & (1UL << (nr))))
+
+u64 az_xxh64(const void *buf, size_t len, u64 seed);
+
+/*
+ * Deferral: a lock-free LIFO list.  There is no worker thread on the
+ * host: az_store_drain() runs the deferred work.
+ */
+struct az_defer_node {
+	struct az_defer_node *next;
+};
+
+struct az_defer {
+	struct az_defer_node *head;
+	void (*fn)(void *arg);
+	void *arg;
+};
+
+void az_defer_init(struct az_defer *d, void (*fn)(void *arg), void *arg);
+void az_defer_add(struct az_defer *d, struct az_defer_node *n);
+struct az_defer_node *az_defer_take(struct az_defer *d);
+static inline struct az_defer_node *az_defer_next(struct az_defer_node *n)
+{
+	return n->next;
+}
+
+void az_defer_sync(struct az_defer *d);
+
+#define az_err(fmt, ...)	fprintf(stderr, "azswap: " fmt, ##__VA_ARGS__)
+#define az_warn(fmt, ...)	fprintf(stderr, "azswap: " fmt, ##__VA_ARGS__)
+#define az_info(fmt, ...)	do { } while (0)
+#define AZ_WARN_ON(c)		az_warn_on(!!(c), __FILE__, __LINE__)
+bool az_warn_on(bool c, const char *file, int line);
+
+/* Test hook: make the next @n pool allocations fail. */
+void az_host_fail_pool_allocs(int n);
+
+#include "az_shim_common.h"
+
+#endif /* AZ_SHIM_HOST_H */

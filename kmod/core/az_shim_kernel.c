@@ -1,0 +1,196 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * Kernel implementation of the shim functions declared in
+ * az_shim_common.h: zsmalloc pool, lz4 and zstd library calls (not the
+ * crypto API), deferral over an llist and the system workqueue.
+ */
+#include <linux/module.h>
+#include <linux/zsmalloc.h>
+#include <linux/lz4.h>
+#include <linux/zstd.h>
+
+#include "az_shim.h"
+#include "azcore.h"
+
+static void az_defer_work(struct work_struct *work)
+{
+	struct az_defer *d = container_of(work, struct az_defer, work);
+
+	d->fn(d->arg);
+}
+
+void az_defer_init(struct az_defer *d, void (*fn)(void *arg), void *arg)
+{
+	init_llist_head(&d->list);
+	INIT_WORK(&d->work, az_defer_work);
+	d->fn = fn;
+	d->arg = arg;
+}
+
+void az_defer_add(struct az_defer *d, struct az_defer_node *n)
+{
+	if (llist_add(&n->node, &d->list))
+		schedule_work(&d->work);
+}
+
+struct az_defer_node *az_defer_take(struct az_defer *d)
+{
+	struct llist_node *n = llist_del_all(&d->list);
+
+	return n ? container_of(n, struct az_defer_node, node) : NULL;
+}
+
+void az_defer_sync(struct az_defer *d)
+{
+	flush_work(&d->work);
+}
+
+/* Pool: zsmalloc.  The struct is the zs_pool itself. */
+struct az_pool *az_pool_create(const char *name)
+{
+	return (struct az_pool *)zs_create_pool(name);
+}
+
+void az_pool_destroy(struct az_pool *p)
+{
+	if (p)
+		zs_destroy_pool((struct zs_pool *)p);
+}
+
+unsigned long az_pool_alloc(struct az_pool *p, size_t size, int gfp)
+{
+	unsigned long h;
+
+	h = zs_malloc((struct zs_pool *)p, size, az_gfp(gfp) | __GFP_HIGHMEM |
+		      __GFP_MOVABLE);
+	return IS_ERR_VALUE(h) ? 0 : h;
+}
+
+void az_pool_free(struct az_pool *p, unsigned long handle)
+{
+	zs_free((struct zs_pool *)p, handle);
+}
+
+void *az_pool_map(struct az_pool *p, unsigned long handle, bool write)
+{
+	return zs_map_object((struct zs_pool *)p, handle,
+			     write ? ZS_MM_WO : ZS_MM_RO);
+}
+
+void az_pool_unmap(struct az_pool *p, unsigned long handle)
+{
+	zs_unmap_object((struct zs_pool *)p, handle);
+}
+
+u64 az_pool_bytes(struct az_pool *p)
+{
+	return (u64)zs_get_total_pages((struct zs_pool *)p) << PAGE_SHIFT;
+}
+
+/* Codecs */
+struct az_codec_ws {
+	void *lz4_mem;		/* LZ4_MEM_COMPRESS, also the dict stream */
+	void *cws;		/* zstd compression workspace */
+	void *dws;		/* zstd decompression workspace */
+	zstd_cctx *cctx;
+	zstd_dctx *dctx;
+	size_t csize, dsize;
+};
+
+struct az_codec_ws *az_codec_ws_create(void)
+{
+	struct az_codec_ws *w;
+	size_t b;
+	int l;
+
+	w = kzalloc(sizeof(*w), GFP_KERNEL);
+	if (!w)
+		return NULL;
+	w->lz4_mem = kvmalloc(LZ4_MEM_COMPRESS, GFP_KERNEL);
+	if (!w->lz4_mem)
+		goto fail;
+	for (l = AZ_ZSTD_LEVEL_MIN; l <= AZ_ZSTD_LEVEL_MAX; l++) {
+		zstd_parameters prm = zstd_get_params(l, AZ_PAGE_SIZE);
+
+		b = zstd_cctx_workspace_bound(&prm.cParams);
+		w->csize = max(w->csize, b);
+	}
+	w->cws = kvmalloc(w->csize, GFP_KERNEL);
+	if (!w->cws)
+		goto fail;
+	w->cctx = zstd_init_cctx(w->cws, w->csize);
+	if (!w->cctx)
+		goto fail;
+	w->dsize = zstd_dctx_workspace_bound();
+	w->dws = kvmalloc(w->dsize, GFP_KERNEL);
+	if (!w->dws)
+		goto fail;
+	w->dctx = zstd_init_dctx(w->dws, w->dsize);
+	if (!w->dctx)
+		goto fail;
+	return w;
+fail:
+	az_codec_ws_destroy(w);
+	return NULL;
+}
+
+void az_codec_ws_destroy(struct az_codec_ws *w)
+{
+	if (!w)
+		return;
+	kvfree(w->dws);
+	kvfree(w->cws);
+	kvfree(w->lz4_mem);
+	kfree(w);
+}
+
+size_t az_codec_ws_bytes(struct az_codec_ws *w)
+{
+	return LZ4_MEM_COMPRESS + w->csize + w->dsize;
+}
+
+int az_lz4_compress(struct az_codec_ws *w, const void *src, int len,
+		    void *dst, int cap)
+{
+	return LZ4_compress_fast(src, dst, len, cap, 1, w->lz4_mem);
+}
+
+int az_lz4_decompress(const void *src, int slen, void *dst, int cap)
+{
+	return LZ4_decompress_safe(src, dst, slen, cap);
+}
+
+int az_lz4_compress_dict(struct az_codec_ws *w, const void *dict, int dlen,
+			 const void *src, int len, void *dst, int cap)
+{
+	LZ4_stream_t *st = w->lz4_mem;
+
+	/* LZ4_resetStream is not exported in 6.1; it is this memset. */
+	memset(st, 0, sizeof(*st));
+	LZ4_loadDict(st, dict, dlen);
+	return LZ4_compress_fast_continue(st, src, dst, len, cap, 1);
+}
+
+int az_lz4_decompress_dict(const void *src, int slen, void *dst, int cap,
+			   const void *dict, int dlen)
+{
+	return LZ4_decompress_safe_usingDict(src, dst, slen, cap, dict, dlen);
+}
+
+int az_zstd_compress(struct az_codec_ws *w, int level, const void *src,
+		     int len, void *dst, int cap)
+{
+	zstd_parameters prm = zstd_get_params(level, len);
+	size_t r;
+
+	r = zstd_compress_cctx(w->cctx, dst, cap, src, len, &prm);
+	return zstd_is_error(r) ? 0 : (int)r;
+}
+
+int az_zstd_decompress(struct az_codec_ws *w, const void *src, int slen,
+		       void *dst, int cap)
+{
+	size_t r = zstd_decompress_dctx(w->dctx, dst, cap, src, slen);
+
+	return zstd_is_error(r) ? -1 : (int)r;
+}

@@ -1,0 +1,136 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * Kernel side of the store core's environment shim (see az_shim.h).
+ * Everything here is a thin inline over a kernel facility; the codec and
+ * pool wrappers that need more than one call live in az_shim_kernel.c.
+ */
+#ifndef AZ_SHIM_KERNEL_H
+#define AZ_SHIM_KERNEL_H
+
+#include <linux/types.h>
+#include <linux/kernel.h>
+#include <linux/errno.h>
+#include <linux/err.h>
+#include <linux/string.h>
+#include <linux/slab.h>
+#include <linux/mm.h>
+#include <linux/spinlock.h>
+#include <linux/bit_spinlock.h>
+#include <linux/atomic.h>
+#include <linux/llist.h>
+#include <linux/workqueue.h>
+#include <linux/xxhash.h>
+#include <linux/printk.h>
+#include <linux/log2.h>
+
+#define AZ_GFP_NOWAIT	0
+#define AZ_GFP_MAYSLEEP	1
+
+static inline gfp_t az_gfp(int gfp)
+{
+	return gfp == AZ_GFP_NOWAIT ? (GFP_NOWAIT | __GFP_NOWARN) :
+				      (GFP_NOIO | __GFP_NOWARN);
+}
+
+static inline void *az_alloc(size_t size, int gfp)
+{
+	return kmalloc(size, az_gfp(gfp));
+}
+
+static inline void *az_zalloc(size_t size, int gfp)
+{
+	return kzalloc(size, az_gfp(gfp));
+}
+
+static inline void az_free(const void *p)
+{
+	kfree(p);
+}
+
+/* Big tables and workspaces, process context only. */
+static inline void *az_valloc(size_t size)
+{
+	return kvzalloc(size, GFP_KERNEL);
+}
+
+static inline void az_vfree(const void *p)
+{
+	kvfree(p);
+}
+
+#define az_likely(x)	likely(x)
+#define az_unlikely(x)	unlikely(x)
+#define az_min(a, b)	min(a, b)
+#define az_max(a, b)	max(a, b)
+
+/* Locks */
+#define az_spinlock_t spinlock_t
+#define az_spin_init(l)		spin_lock_init(l)
+#define az_spin_lock(l)		spin_lock(l)
+#define az_spin_unlock(l)	spin_unlock(l)
+#define az_spin_destroy(l)	do { } while (0)
+#define az_bit_lock(bit, word)		bit_spin_lock(bit, word)
+#define az_bit_unlock(bit, word)	bit_spin_unlock(bit, word)
+#define az_cond_resched()	cond_resched()
+
+/* Atomics */
+#define az_atomic_t atomic_t
+#define az_atomic64_t atomic64_t
+#define az_atomic_read(a)		atomic_read(a)
+#define az_atomic_set(a, v)		atomic_set(a, v)
+#define az_atomic_inc(a)		atomic_inc(a)
+#define az_atomic_dec(a)		atomic_dec(a)
+#define az_atomic_dec_and_test(a)	atomic_dec_and_test(a)
+#define az_atomic_inc_not_zero(a)	atomic_inc_not_zero(a)
+#define az_atomic64_read(a)		((u64)atomic64_read(a))
+#define az_atomic64_set(a, v)		atomic64_set(a, v)
+#define az_atomic64_inc(a)		atomic64_inc(a)
+#define az_atomic64_dec(a)		atomic64_dec(a)
+#define az_atomic64_add(v, a)		atomic64_add(v, a)
+#define az_atomic64_sub(v, a)		atomic64_sub(v, a)
+#define az_set_bit(nr, w)		set_bit(nr, w)
+#define az_test_and_set_bit(nr, w)	test_and_set_bit(nr, w)
+
+/* Hashing */
+static inline u64 az_xxh64(const void *buf, size_t len, u64 seed)
+{
+	return xxh64(buf, len, seed);
+}
+
+/* Deferral: an llist drained by a work item. */
+struct az_defer_node {
+	struct llist_node node;
+};
+
+struct az_defer {
+	struct llist_head list;
+	struct work_struct work;
+	void (*fn)(void *arg);
+	void *arg;
+};
+
+void az_defer_init(struct az_defer *d, void (*fn)(void *arg), void *arg);
+/* Atomic context safe. */
+void az_defer_add(struct az_defer *d, struct az_defer_node *n);
+/* Returns the whole list (newest first), NULL when empty. */
+struct az_defer_node *az_defer_take(struct az_defer *d);
+
+static inline struct az_defer_node *az_defer_next(struct az_defer_node *n)
+{
+	struct llist_node *next = n->node.next;
+
+	return next ? container_of(next, struct az_defer_node, node) : NULL;
+}
+
+/* Wait for a running worker; process context. */
+void az_defer_sync(struct az_defer *d);
+
+#define az_err(fmt, ...)	pr_err("azswap: " fmt, ##__VA_ARGS__)
+#define az_warn(fmt, ...)	pr_warn("azswap: " fmt, ##__VA_ARGS__)
+#define az_info(fmt, ...)	pr_info("azswap: " fmt, ##__VA_ARGS__)
+#define AZ_WARN_ON(c)		WARN_ON_ONCE(c)
+
+/* Declarations shared with the host shim. */
+#include "az_shim_common.h"
+
+#endif /* AZ_SHIM_KERNEL_H */

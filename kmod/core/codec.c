@@ -1,0 +1,158 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * Object encoders and the validating decoder.
+ *
+ * Every object except a raw page starts with a 4-byte header (see
+ * az_internal.h).  The decoder trusts nothing in the object: it checks the
+ * header, requires the codec to produce exactly one page from exactly the
+ * payload, and requires a base for (and only for) delta encodings.
+ */
+#include "az_internal.h"
+
+static void az_put_hdr(u8 *out, u8 enc, u32 len)
+{
+	out[0] = enc;
+	out[1] = AZ_OBJ_VERSION;
+	out[2] = len & 0xff;
+	out[3] = (len >> 8) & 0xff;
+}
+
+int az_obj_encoding(const u8 *obj, u32 size)
+{
+	u32 len;
+
+	if (size == AZ_PAGE_SIZE)
+		return 0;
+	if (size <= AZ_HDR_SIZE || size > AZ_PAGE_SIZE)
+		return -EIO;
+	len = obj[2] | (u32)obj[3] << 8;
+	if (obj[1] != AZ_OBJ_VERSION || len != size - AZ_HDR_SIZE)
+		return -EIO;
+	if (obj[0] < AZ_ENC_LZ4 || obj[0] > AZ_ENC_MAX)
+		return -EIO;
+	return obj[0];
+}
+
+static void az_xor_page(u8 *dst, const u8 *a, const u8 *b)
+{
+	const u64 *x = (const u64 *)a, *y = (const u64 *)b;
+	u64 *d = (u64 *)dst;
+	unsigned int i;
+
+	for (i = 0; i < AZ_PAGE_SIZE / sizeof(u64); i++)
+		d[i] = x[i] ^ y[i];
+}
+
+/* Compress @src into @out + header; returns object size or 0. */
+static u32 az_compress(struct az_ctx *ctx, const struct az_policy *pol,
+		       const void *src, u8 *out, u32 cap, u8 enc_lz4,
+		       u8 enc_zstd, u8 *enc)
+{
+	u8 *dst = out + AZ_HDR_SIZE;
+	int n;
+
+	if (cap <= AZ_HDR_SIZE)
+		return 0;
+	cap -= AZ_HDR_SIZE;
+	if (pol->codec == AZ_CODEC_ZSTD) {
+		n = az_zstd_compress(ctx->ws, pol->level, src, AZ_PAGE_SIZE,
+				     dst, cap);
+		*enc = enc_zstd;
+	} else {
+		n = az_lz4_compress(ctx->ws, src, AZ_PAGE_SIZE, dst, cap);
+		*enc = enc_lz4;
+	}
+	if (n <= 0 || (u32)n > cap)
+		return 0;
+	az_put_hdr(out, *enc, n);
+	return n + AZ_HDR_SIZE;
+}
+
+u32 az_encode_plain(struct az_ctx *ctx, const struct az_policy *pol,
+		    const void *page, u8 *out, u8 *enc)
+{
+	u32 n;
+
+	n = az_compress(ctx, pol, page, out, AZ_RAW_THRESHOLD, AZ_ENC_LZ4,
+			AZ_ENC_ZSTD, enc);
+	if (!n || n >= AZ_RAW_THRESHOLD) {
+		*enc = 0;
+		return AZ_PAGE_SIZE;
+	}
+	return n;
+}
+
+/*
+ * Delta against @base: XOR then the policy codec (good for in-place
+ * edits), and for lz4 also lz4 with @base as dictionary (good for shifted
+ * content); the smaller wins.  Returns 0 unless the result is < @limit.
+ */
+u32 az_encode_delta(struct az_ctx *ctx, const struct az_policy *pol,
+		    const void *page, const void *base, u8 *out, u32 limit,
+		    u8 *enc)
+{
+	u32 cap = az_min(limit, (u32)AZ_RAW_THRESHOLD) - 1;
+	u32 n, m;
+	u8 e;
+	int r;
+
+	if (limit <= AZ_HDR_SIZE + 1)
+		return 0;
+	az_xor_page(ctx->xbuf, page, base);
+	n = az_compress(ctx, pol, ctx->xbuf, out, cap, AZ_ENC_XOR_LZ4,
+			AZ_ENC_XOR_ZSTD, enc);
+	if (n)
+		cap = n - 1;
+	if (pol->codec != AZ_CODEC_LZ4 || cap <= AZ_HDR_SIZE)
+		return n;
+	/* Dictionary mode into the scratch page, then keep the smaller. */
+	r = az_lz4_compress_dict(ctx->ws, base, AZ_PAGE_SIZE, page,
+				 AZ_PAGE_SIZE, ctx->xbuf + AZ_HDR_SIZE,
+				 cap - AZ_HDR_SIZE);
+	if (r <= 0)
+		return n;
+	m = r + AZ_HDR_SIZE;
+	e = AZ_ENC_DICT_LZ4;
+	az_put_hdr(ctx->xbuf, e, r);
+	memcpy(out, ctx->xbuf, m);
+	*enc = e;
+	return m;
+}
+
+int az_decode(struct az_ctx *ctx, const u8 *obj, u32 size, const void *base,
+	      void *page)
+{
+	const u8 *src = obj + AZ_HDR_SIZE;
+	int slen = (int)size - AZ_HDR_SIZE;
+	int enc, n;
+
+	enc = az_obj_encoding(obj, size);
+	if (enc < 0)
+		return -EIO;
+	if (!!base != az_enc_is_delta(enc))
+		return -EIO;
+	switch (enc) {
+	case 0:
+		memcpy(page, obj, AZ_PAGE_SIZE);
+		return 0;
+	case AZ_ENC_LZ4:
+	case AZ_ENC_XOR_LZ4:
+		n = az_lz4_decompress(src, slen, page, AZ_PAGE_SIZE);
+		break;
+	case AZ_ENC_ZSTD:
+	case AZ_ENC_XOR_ZSTD:
+		n = az_zstd_decompress(ctx->ws, src, slen, page, AZ_PAGE_SIZE);
+		break;
+	case AZ_ENC_DICT_LZ4:
+		n = az_lz4_decompress_dict(src, slen, page, AZ_PAGE_SIZE,
+					   base, AZ_PAGE_SIZE);
+		break;
+	default:
+		return -EIO;
+	}
+	if (n != AZ_PAGE_SIZE)
+		return -EIO;
+	if (enc == AZ_ENC_XOR_LZ4 || enc == AZ_ENC_XOR_ZSTD)
+		az_xor_page(page, page, base);
+	return 0;
+}

@@ -1,0 +1,264 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * Host implementation of the shim: malloc-backed pool with byte
+ * accounting, liblz4, libzstd, libxxhash.  Never built into the module.
+ */
+#include <stdlib.h>
+#include <sched.h>
+#define ZSTD_STATIC_LINKING_ONLY
+#include <zstd.h>
+#include <lz4.h>
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include "../az_shim.h"
+#include "../azcore.h"
+
+void *az_alloc(size_t size, int gfp)
+{
+	(void)gfp;
+	return malloc(size);
+}
+
+void *az_zalloc(size_t size, int gfp)
+{
+	(void)gfp;
+	return calloc(1, size);
+}
+
+void az_free(const void *p)
+{
+	free((void *)p);
+}
+
+void *az_valloc(size_t size)
+{
+	return calloc(1, size);
+}
+
+void az_vfree(const void *p)
+{
+	free((void *)p);
+}
+
+void az_bit_lock(int bit, unsigned long *word)
+{
+	unsigned long m = 1UL << bit;
+
+	while (__atomic_fetch_or(word, m, __ATOMIC_ACQUIRE) & m) {
+		while (__atomic_load_n(word, __ATOMIC_RELAXED) & m)
+			sched_yield();
+	}
+}
+
+void az_bit_unlock(int bit, unsigned long *word)
+{
+	__atomic_fetch_and(word, ~(1UL << bit), __ATOMIC_RELEASE);
+}
+
+u64 az_xxh64(const void *buf, size_t len, u64 seed)
+{
+	return XXH64(buf, len, seed);
+}
+
+bool az_warn_on(bool c, const char *file, int line)
+{
+	if (c)
+		fprintf(stderr, "azswap: WARNING at %s:%d\n", file, line);
+	return c;
+}
+
+void az_defer_init(struct az_defer *d, void (*fn)(void *arg), void *arg)
+{
+	d->head = NULL;
+	d->fn = fn;
+	d->arg = arg;
+}
+
+void az_defer_add(struct az_defer *d, struct az_defer_node *n)
+{
+	struct az_defer_node *h = __atomic_load_n(&d->head, __ATOMIC_RELAXED);
+
+	do {
+		n->next = h;
+	} while (!__atomic_compare_exchange_n(&d->head, &h, n, true,
+					      __ATOMIC_RELEASE,
+					      __ATOMIC_RELAXED));
+}
+
+struct az_defer_node *az_defer_take(struct az_defer *d)
+{
+	return __atomic_exchange_n(&d->head, NULL, __ATOMIC_ACQUIRE);
+}
+
+void az_defer_sync(struct az_defer *d)
+{
+	(void)d;
+}
+
+/*
+ * Pool: each object is its own malloc block so that ASan catches any
+ * access past its end.  A thread-local flag enforces zsmalloc's one
+ * mapping per CPU rule: nested mappings abort().
+ */
+struct az_pool {
+	az_atomic64_t bytes;
+	az_atomic64_t objs;
+};
+
+static __thread int az_pool_mapped;
+int az_host_fail_allocs;
+
+void az_host_fail_pool_allocs(int n)
+{
+	__atomic_store_n(&az_host_fail_allocs, n, AZ_SC);
+}
+
+struct az_pool *az_pool_create(const char *name)
+{
+	(void)name;
+	return calloc(1, sizeof(struct az_pool));
+}
+
+void az_pool_destroy(struct az_pool *p)
+{
+	if (p && az_atomic64_read(&p->objs))
+		fprintf(stderr, "azswap: pool destroyed with %llu objects\n",
+			(unsigned long long)az_atomic64_read(&p->objs));
+	free(p);
+}
+
+/* Size is kept in a header word before the object. */
+unsigned long az_pool_alloc(struct az_pool *p, size_t size, int gfp)
+{
+	size_t *b;
+
+	(void)gfp;
+	if (size == 0 || size > AZ_PAGE_SIZE)
+		return 0;
+	if (az_host_fail_allocs > 0 &&
+	    __atomic_sub_fetch(&az_host_fail_allocs, 1, AZ_SC) >= 0)
+		return 0;
+	b = malloc(sizeof(size_t) + size);
+	if (!b)
+		return 0;
+	b[0] = size;
+	az_atomic64_add(size, &p->bytes);
+	az_atomic64_inc(&p->objs);
+	return (unsigned long)(b + 1);
+}
+
+void az_pool_free(struct az_pool *p, unsigned long handle)
+{
+	size_t *b = (size_t *)handle - 1;
+
+	az_atomic64_sub(b[0], &p->bytes);
+	az_atomic64_dec(&p->objs);
+	free(b);
+}
+
+void *az_pool_map(struct az_pool *p, unsigned long handle, bool write)
+{
+	(void)p;
+	(void)write;
+	if (az_pool_mapped++)
+		abort();
+	return (void *)handle;
+}
+
+void az_pool_unmap(struct az_pool *p, unsigned long handle)
+{
+	(void)p;
+	(void)handle;
+	if (--az_pool_mapped)
+		abort();
+}
+
+u64 az_pool_bytes(struct az_pool *p)
+{
+	return az_atomic64_read(&p->bytes);
+}
+
+/* Codecs */
+struct az_codec_ws {
+	void *lz4_state;
+	LZ4_stream_t *lz4_stream;
+	ZSTD_CCtx *cctx;
+	ZSTD_DCtx *dctx;
+};
+
+struct az_codec_ws *az_codec_ws_create(void)
+{
+	struct az_codec_ws *w = calloc(1, sizeof(*w));
+
+	if (!w)
+		return NULL;
+	w->lz4_state = malloc(LZ4_sizeofState());
+	w->lz4_stream = LZ4_createStream();
+	w->cctx = ZSTD_createCCtx();
+	w->dctx = ZSTD_createDCtx();
+	if (!w->lz4_state || !w->lz4_stream || !w->cctx || !w->dctx) {
+		az_codec_ws_destroy(w);
+		return NULL;
+	}
+	return w;
+}
+
+void az_codec_ws_destroy(struct az_codec_ws *w)
+{
+	if (!w)
+		return;
+	free(w->lz4_state);
+	LZ4_freeStream(w->lz4_stream);
+	ZSTD_freeCCtx(w->cctx);
+	ZSTD_freeDCtx(w->dctx);
+	free(w);
+}
+
+size_t az_codec_ws_bytes(struct az_codec_ws *w)
+{
+	return LZ4_sizeofState() + sizeof(LZ4_stream_t) +
+	       ZSTD_sizeof_CCtx(w->cctx) + ZSTD_sizeof_DCtx(w->dctx);
+}
+
+int az_lz4_compress(struct az_codec_ws *w, const void *src, int len,
+		    void *dst, int cap)
+{
+	return LZ4_compress_fast_extState(w->lz4_state, src, dst, len, cap, 1);
+}
+
+int az_lz4_decompress(const void *src, int slen, void *dst, int cap)
+{
+	return LZ4_decompress_safe(src, dst, slen, cap);
+}
+
+int az_lz4_compress_dict(struct az_codec_ws *w, const void *dict, int dlen,
+			 const void *src, int len, void *dst, int cap)
+{
+	LZ4_resetStream(w->lz4_stream);
+	LZ4_loadDict(w->lz4_stream, dict, dlen);
+	return LZ4_compress_fast_continue(w->lz4_stream, src, dst, len, cap, 1);
+}
+
+int az_lz4_decompress_dict(const void *src, int slen, void *dst, int cap,
+			   const void *dict, int dlen)
+{
+	return LZ4_decompress_safe_usingDict(src, dst, slen, cap, dict, dlen);
+}
+
+int az_zstd_compress(struct az_codec_ws *w, int level, const void *src,
+		     int len, void *dst, int cap)
+{
+	/* One-shot: parameters are selected for srcSize == @len. */
+	size_t r = ZSTD_compressCCtx(w->cctx, dst, cap, src, len, level);
+
+	return ZSTD_isError(r) ? 0 : (int)r;
+}
+
+int az_zstd_decompress(struct az_codec_ws *w, const void *src, int slen,
+		       void *dst, int cap)
+{
+	size_t r = ZSTD_decompressDCtx(w->dctx, dst, cap, src, slen);
+
+	return ZSTD_isError(r) ? -1 : (int)r;
+}

@@ -1,0 +1,408 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * The redundancy indexes: how a new page finds an identical or similar
+ * stored page in its trust group.
+ *
+ *  dedup     xxh64 of the page -> chain of objects (az_obj.dnext).  Weak:
+ *            holds no reference; an object is unlinked by the deferred
+ *            free before its memory goes away.
+ *  template  (trust group, page index) -> base object.  Strong: each node
+ *            holds a reference, so a template page outlives the template's
+ *            slot (and the template) while a node or a delta refers to it.
+ *  similarity  super-feature -> object, a set-associative table of
+ *            AZ_SIM_WAYS ways per set; inserting shifts the set so the
+ *            oldest entry drops out (memory is fixed at create time).
+ *            Weak, like dedup.  Only non-delta objects go in: a delta is
+ *            never a base (depth 1).
+ *
+ * All three are protected by s->idx_lock (a spinlock, never held across
+ * a decode or an allocation).  Lookups take a reference with
+ * az_atomic_inc_not_zero under the lock, so an object whose last
+ * reference is gone (waiting for the deferred free) is never returned.
+ * Every match is confirmed by group (and for dedup by a full memcmp)
+ * before use: trust groups never share.
+ */
+#include "az_internal.h"
+
+struct az_tnode {
+	struct az_tnode *next;
+	u64 index;
+	u32 group;
+	u16 owner;
+	struct az_obj *obj;	/* a reference is held */
+};
+
+/* Objects per dedup bucket and slots per similarity entry, on average. */
+#define AZ_DEDUP_LOAD	4
+#define AZ_SIM_DENSITY	8
+
+static u32 az_pow2_below(u64 n, u32 min, u32 max)
+{
+	u32 p = min;
+
+	while (p < max && (u64)p * 2 <= n)
+		p *= 2;
+	return p;
+}
+
+int az_index_init(struct az_store *s)
+{
+	struct az_index *x = &s->idx;
+	u32 nd, nt, ns;
+
+	nd = az_pow2_below(s->nr_slots / AZ_DEDUP_LOAD, 256, 1U << 22);
+	nt = az_pow2_below(s->nr_slots / 8, 256, 1U << 20);
+	ns = az_pow2_below(s->nr_slots / AZ_SIM_DENSITY / AZ_SIM_WAYS, 64,
+			   1U << 20);
+	x->dbuckets = az_valloc(nd * sizeof(*x->dbuckets));
+	x->tbuckets = az_valloc(nt * sizeof(*x->tbuckets));
+	x->sim = az_valloc((size_t)ns * AZ_SIM_WAYS * sizeof(*x->sim));
+	if (!x->dbuckets || !x->tbuckets || !x->sim) {
+		az_index_destroy(s);
+		return -ENOMEM;
+	}
+	x->dmask = nd - 1;
+	x->tmask = nt - 1;
+	x->smask = ns - 1;
+	x->table_bytes = nd * sizeof(*x->dbuckets) +
+			 nt * sizeof(*x->tbuckets) +
+			 (u64)ns * AZ_SIM_WAYS * sizeof(*x->sim);
+	return 0;
+}
+
+void az_index_destroy(struct az_store *s)
+{
+	struct az_index *x = &s->idx;
+
+	AZ_WARN_ON(x->tnodes);
+	az_vfree(x->sim);
+	az_vfree(x->tbuckets);
+	az_vfree(x->dbuckets);
+	x->sim = NULL;
+	x->tbuckets = NULL;
+	x->dbuckets = NULL;
+}
+
+/*
+ * Index memory: the tables, the template nodes and the per-object index
+ * fields (hash, chain link, similarity positions) of indexed objects.
+ */
+u64 az_index_bytes(struct az_store *s)
+{
+	struct az_index *x = &s->idx;
+
+	return x->table_bytes + x->tnodes * sizeof(struct az_tnode) +
+	       x->indexed * (sizeof(u64) + sizeof(void *) +
+			     AZ_NR_SF * sizeof(u32));
+}
+
+static inline u64 az_mix(u64 v)
+{
+	v ^= v >> 33;
+	v *= 0xff51afd7ed558ccdULL;
+	v ^= v >> 33;
+	v *= 0xc4ceb9fe1a85ec53ULL;
+	v ^= v >> 33;
+	return v;
+}
+
+/* ---- dedup ------------------------------------------------------------ */
+
+static inline u32 az_dbucket(struct az_index *x, u64 hash)
+{
+	return (u32)(hash >> 20) & x->dmask;
+}
+
+#define AZ_DEDUP_CANDS	4
+
+struct az_obj *az_dedup_find(struct az_store *s, struct az_ctx *ctx,
+			     u32 group, u64 hash, const void *page,
+			     bool need_base)
+{
+	struct az_index *x = &s->idx;
+	struct az_obj *cand[AZ_DEDUP_CANDS], *o, *found = NULL;
+	int n = 0, i;
+
+	az_spin_lock(&s->idx_lock);
+	for (o = x->dbuckets[az_dbucket(x, hash)]; o && n < AZ_DEDUP_CANDS;
+	     o = o->dnext) {
+		if (o->hash != hash || o->group != group)
+			continue;
+		if (need_base && o->base)
+			continue;
+		if (az_atomic_inc_not_zero(&o->ref))
+			cand[n++] = o;
+	}
+	az_spin_unlock(&s->idx_lock);
+
+	for (i = 0; i < n; i++) {
+		o = cand[i];
+		if (!found && !az_obj_read(s, ctx, o, ctx->pbuf) &&
+		    !memcmp(ctx->pbuf, page, AZ_PAGE_SIZE)) {
+			found = o;
+			continue;
+		}
+		az_obj_put(s, o);
+	}
+	if (found && AZ_WARN_ON(found->group != group || !found->owner)) {
+		az_atomic64_inc(&s->cross_group);
+		az_obj_put(s, found);
+		found = NULL;
+	}
+	return found;
+}
+
+/* ---- similarity ------------------------------------------------------- */
+
+/*
+ * Features of a page: hash each 64-byte block, keep AZ_NR_SF * 4 min-hash
+ * values (minimum over blocks of a different odd multiplier permutation
+ * of the block hash) and fold each group of 4 into one super-feature.
+ * Two pages share a super-feature with probability ~J^4 where J is the
+ * Jaccard similarity of their block sets.
+ */
+#define AZ_SIM_BLOCK	64
+#define AZ_SIM_FEAT	(AZ_NR_SF * 4)
+
+static const u64 az_sim_mul[AZ_SIM_FEAT] = {
+	0x9e3779b97f4a7c15ULL, 0xbf58476d1ce4e5b9ULL, 0x94d049bb133111ebULL,
+	0xd6e8feb86659fd93ULL, 0xa0761d6478bd642fULL, 0xe7037ed1a0b428dbULL,
+	0x8ebc6af09c88c6e3ULL, 0x589965cc75374cc3ULL, 0x1d8e4e27c47d124fULL,
+	0xc2b2ae3d27d4eb4fULL, 0x165667b19e3779f9ULL, 0x85ebca77c2b2ae63ULL,
+};
+
+void az_sim_features(const void *page, u64 *sf)
+{
+	const u64 *w = page;
+	u64 feat[AZ_SIM_FEAT];
+	unsigned int b, i, j;
+
+	for (i = 0; i < AZ_SIM_FEAT; i++)
+		feat[i] = ~0ULL;
+	for (b = 0; b < AZ_PAGE_SIZE / AZ_SIM_BLOCK; b++) {
+		const u64 *p = w + b * (AZ_SIM_BLOCK / sizeof(u64));
+		u64 h = 0x27d4eb2f165667c5ULL;
+
+		for (j = 0; j < AZ_SIM_BLOCK / sizeof(u64); j++)
+			h = (h ^ p[j]) * 0x100000001b3ULL + (h >> 29);
+		h = az_mix(h);
+		for (i = 0; i < AZ_SIM_FEAT; i++) {
+			u64 v = h * az_sim_mul[i] + (h >> 31);
+
+			if (v < feat[i])
+				feat[i] = v;
+		}
+	}
+	for (i = 0; i < AZ_NR_SF; i++)
+		sf[i] = az_mix(feat[4 * i] ^ az_mix(feat[4 * i + 1] ^
+			       az_mix(feat[4 * i + 2] ^ az_mix(feat[4 * i + 3]))));
+}
+
+static inline u64 az_sim_key(u32 group, unsigned int i, u64 sf)
+{
+	/* The key binds the feature to its trust group and position. */
+	return sf ^ az_mix(((u64)group << 8) | i);
+}
+
+int az_sim_find(struct az_store *s, u32 group, const u64 *sf,
+		struct az_obj **out, int max)
+{
+	struct az_index *x = &s->idx;
+	struct az_sim_entry *e;
+	unsigned int i, w;
+	int n = 0, k;
+	u64 key;
+
+	az_spin_lock(&s->idx_lock);
+	for (i = 0; i < AZ_NR_SF && n < max; i++) {
+		key = az_sim_key(group, i, sf[i]);
+		e = &x->sim[(size_t)(az_mix(key) & x->smask) * AZ_SIM_WAYS];
+		for (w = 0; w < AZ_SIM_WAYS && n < max; w++) {
+			struct az_obj *o = e[w].obj;
+
+			if (!o || e[w].key != key || o->group != group ||
+			    !o->owner || o->base)
+				continue;
+			for (k = 0; k < n; k++)
+				if (out[k] == o)
+					break;
+			if (k < n)
+				continue;
+			if (az_atomic_inc_not_zero(&o->ref))
+				out[n++] = o;
+		}
+	}
+	az_spin_unlock(&s->idx_lock);
+	return n;
+}
+
+/* ---- insert / remove -------------------------------------------------- */
+
+void az_index_insert(struct az_store *s, struct az_obj *o, const u64 *sf)
+{
+	struct az_index *x = &s->idx;
+	struct az_sim_entry *e;
+	unsigned int i;
+	u32 b = az_dbucket(x, o->hash);
+	u64 key;
+
+	az_spin_lock(&s->idx_lock);
+	o->dnext = x->dbuckets[b];
+	x->dbuckets[b] = o;
+	o->nr_sf = 0;
+	if (sf && !o->base) {
+		for (i = 0; i < AZ_NR_SF; i++) {
+			key = az_sim_key(o->group, i, sf[i]);
+			o->sim_pos[i] = (u32)(az_mix(key) & x->smask);
+			e = &x->sim[(size_t)o->sim_pos[i] * AZ_SIM_WAYS];
+			/* Drop the oldest way, newest first. */
+			memmove(&e[1], &e[0], (AZ_SIM_WAYS - 1) * sizeof(*e));
+			e[0].key = key;
+			e[0].obj = o;
+		}
+		o->nr_sf = AZ_NR_SF;
+	}
+	x->indexed++;
+	az_set_bit(AZ_OBJ_INDEXED, &o->flags);
+	az_spin_unlock(&s->idx_lock);
+}
+
+void az_index_remove(struct az_store *s, struct az_obj *o)
+{
+	struct az_index *x = &s->idx;
+	struct az_obj **pp;
+	struct az_sim_entry *e;
+	unsigned int i, w;
+
+	az_spin_lock(&s->idx_lock);
+	for (pp = &x->dbuckets[az_dbucket(x, o->hash)]; *pp;
+	     pp = &(*pp)->dnext) {
+		if (*pp == o) {
+			*pp = o->dnext;
+			break;
+		}
+	}
+	for (i = 0; i < o->nr_sf; i++) {
+		e = &x->sim[(size_t)o->sim_pos[i] * AZ_SIM_WAYS];
+		for (w = 0; w < AZ_SIM_WAYS; w++)
+			if (e[w].obj == o)
+				e[w].obj = NULL;
+	}
+	x->indexed--;
+	az_spin_unlock(&s->idx_lock);
+}
+
+/* ---- template index --------------------------------------------------- */
+
+static inline u32 az_tbucket(struct az_index *x, u32 group, u64 index)
+{
+	return (u32)az_mix(index ^ ((u64)group << 40)) & x->tmask;
+}
+
+struct az_obj *az_template_find(struct az_store *s, u32 group, u64 index)
+{
+	struct az_index *x = &s->idx;
+	struct az_tnode *t;
+	struct az_obj *o = NULL;
+
+	az_spin_lock(&s->idx_lock);
+	for (t = x->tbuckets[az_tbucket(x, group, index)]; t; t = t->next) {
+		if (t->index == index && t->group == group) {
+			if (az_atomic_inc_not_zero(&t->obj->ref))
+				o = t->obj;
+			break;
+		}
+	}
+	az_spin_unlock(&s->idx_lock);
+	if (o && AZ_WARN_ON(o->group != group || o->base)) {
+		az_atomic64_inc(&s->cross_group);
+		az_obj_put(s, o);
+		o = NULL;
+	}
+	return o;
+}
+
+/*
+ * Point (@group, @index) at @o, replacing what was there.  The node takes
+ * its own reference to @o.  May sleep (node allocation).
+ */
+int az_template_set(struct az_store *s, u32 group, u64 index, u16 owner,
+		    struct az_obj *o)
+{
+	struct az_index *x = &s->idx;
+	struct az_tnode *t, *nt;
+	struct az_obj *old = NULL;
+	u16 old_owner = 0;
+
+	if (o->base)
+		return -EINVAL;
+	nt = az_alloc(sizeof(*nt), AZ_GFP_MAYSLEEP);
+	if (!nt)
+		return -ENOMEM;
+	az_atomic_inc(&o->ref);
+	az_obj_mark_shared(s, o);
+
+	az_spin_lock(&s->idx_lock);
+	for (t = x->tbuckets[az_tbucket(x, group, index)]; t; t = t->next)
+		if (t->index == index && t->group == group)
+			break;
+	if (t) {
+		old = t->obj;
+		old_owner = t->owner;
+		t->obj = o;
+		t->owner = owner;
+	} else {
+		u32 b = az_tbucket(x, group, index);
+
+		nt->index = index;
+		nt->group = group;
+		nt->owner = owner;
+		nt->obj = o;
+		nt->next = x->tbuckets[b];
+		x->tbuckets[b] = nt;
+		x->tnodes++;
+		nt = NULL;
+	}
+	az_spin_unlock(&s->idx_lock);
+
+	az_free(nt);
+	az_atomic64_inc(&s->owners[owner].loaded_pages);
+	if (old) {
+		az_atomic64_dec(&s->owners[old_owner].loaded_pages);
+		az_obj_put(s, old);
+	} else {
+		az_atomic64_inc(&s->template_pages);
+	}
+	return 0;
+}
+
+void az_template_drop_owner(struct az_store *s, u16 owner)
+{
+	struct az_index *x = &s->idx;
+	struct az_tnode **pp, *t, *dead = NULL;
+	u32 b;
+
+	az_spin_lock(&s->idx_lock);
+	for (b = 0; b <= x->tmask; b++) {
+		pp = &x->tbuckets[b];
+		while ((t = *pp)) {
+			if (t->owner != owner) {
+				pp = &t->next;
+				continue;
+			}
+			*pp = t->next;
+			t->next = dead;
+			dead = t;
+			x->tnodes--;
+		}
+	}
+	az_spin_unlock(&s->idx_lock);
+
+	while ((t = dead)) {
+		dead = t->next;
+		az_atomic64_dec(&s->owners[owner].loaded_pages);
+		az_atomic64_dec(&s->template_pages);
+		az_obj_put(s, t->obj);
+		az_free(t);
+	}
+}

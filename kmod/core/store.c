@@ -1,0 +1,738 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * The slot table and the store/load/free paths.
+ *
+ * A slot holds nothing, a repeated word (SAME) or a reference to an
+ * object.  Objects are refcounted: a slot, a delta using the object as
+ * base and a template index entry each hold one reference.  An object
+ * whose last reference goes away in az_store_free (atomic context) is
+ * freed on the spot when nothing else can see it, or handed to the
+ * deferred free (az_defer) when it is linked in an index or holds a base.
+ */
+#include "az_internal.h"
+
+static const char * const az_kind_names[AZ_NR_KINDS] = {
+	"same", "dup", "tdelta", "xdelta", "plain", "raw",
+};
+
+const char *az_kind_name(enum az_kind k)
+{
+	return (unsigned int)k < AZ_NR_KINDS ? az_kind_names[k] : "?";
+}
+
+/* ---- contexts --------------------------------------------------------- */
+
+struct az_ctx *az_ctx_create(void)
+{
+	struct az_ctx *ctx = az_valloc(sizeof(*ctx));
+
+	if (!ctx)
+		return NULL;
+	ctx->ws = az_codec_ws_create();
+	ctx->obuf = az_valloc(AZ_OBUF_SIZE);
+	ctx->tbuf = az_valloc(AZ_OBUF_SIZE);
+	ctx->pbuf = az_valloc(AZ_PAGE_SIZE);
+	ctx->xbuf = az_valloc(AZ_PAGE_SIZE);
+	if (!ctx->ws || !ctx->obuf || !ctx->tbuf || !ctx->pbuf || !ctx->xbuf) {
+		az_ctx_destroy(ctx);
+		return NULL;
+	}
+	return ctx;
+}
+
+void az_ctx_destroy(struct az_ctx *ctx)
+{
+	if (!ctx)
+		return;
+	az_vfree(ctx->xbuf);
+	az_vfree(ctx->pbuf);
+	az_vfree(ctx->tbuf);
+	az_vfree(ctx->obuf);
+	az_codec_ws_destroy(ctx->ws);
+	az_vfree(ctx);
+}
+
+/* ---- same-filled pages ------------------------------------------------ */
+
+bool az_page_same(const void *page, u64 *word)
+{
+	const u64 *w = page;
+	u64 v = w[0];
+	unsigned int i;
+
+	/* Check the last word first: most pages differ early or late. */
+	if (w[AZ_PAGE_SIZE / sizeof(u64) - 1] != v)
+		return false;
+	for (i = 1; i < AZ_PAGE_SIZE / sizeof(u64) - 1; i++)
+		if (w[i] != v)
+			return false;
+	*word = v;
+	return true;
+}
+
+static void az_fill_page(void *page, u64 v)
+{
+	u64 *w = page;
+	unsigned int i;
+
+	if (!v) {
+		memset(page, 0, AZ_PAGE_SIZE);
+		return;
+	}
+	for (i = 0; i < AZ_PAGE_SIZE / sizeof(u64); i++)
+		w[i] = v;
+}
+
+/* ---- objects ---------------------------------------------------------- */
+
+static struct az_obj *az_obj_alloc(struct az_store *s, u32 size, int gfp)
+{
+	struct az_obj *o = az_zalloc(sizeof(*o), gfp);
+
+	if (!o)
+		return NULL;
+	o->handle = az_pool_alloc(s->pool, size, gfp);
+	if (!o->handle) {
+		az_free(o);
+		return NULL;
+	}
+	o->size = size;
+	az_atomic_set(&o->ref, 1);
+	return o;
+}
+
+/* Bytes are charged to the creating owner: see azcore.h. */
+static void az_obj_account(struct az_store *s, struct az_obj *o, bool tmpl)
+{
+	az_atomic64_add(o->size, &s->stored_bytes);
+	az_atomic64_inc(&s->objects);
+	az_atomic64_add(o->size, &s->owners[o->owner].excl_bytes);
+	if (tmpl) {
+		az_set_bit(AZ_OBJ_TEMPLATE, &o->flags);
+		az_atomic64_add(o->size, &s->template_bytes);
+	}
+}
+
+/* Last reference gone and unreachable: release everything. */
+static void az_obj_destroy(struct az_store *s, struct az_obj *o)
+{
+	struct az_owner *ow = &s->owners[o->owner];
+
+	if (o->flags & (1UL << AZ_OBJ_SHARED))
+		az_atomic64_sub(o->size, &ow->shared_bytes);
+	else
+		az_atomic64_sub(o->size, &ow->excl_bytes);
+	if (o->flags & (1UL << AZ_OBJ_TEMPLATE))
+		az_atomic64_sub(o->size, &s->template_bytes);
+	if (o->flags & (1UL << AZ_OBJ_BASE))
+		az_atomic64_dec(&s->bases);
+	az_atomic64_sub(o->size, &s->stored_bytes);
+	az_atomic64_dec(&s->objects);
+	az_pool_free(s->pool, o->handle);
+	if (o->base)
+		az_obj_put(s, o->base);
+	az_free(o);
+}
+
+/*
+ * Drop a reference.  Atomic context safe: an object that an index can
+ * still reach (or that holds a base) goes to the deferred free, which
+ * unlinks it under idx_lock; anything else is freed here.
+ */
+void az_obj_put(struct az_store *s, struct az_obj *o)
+{
+	if (!az_atomic_dec_and_test(&o->ref))
+		return;
+	if (o->flags & (1UL << AZ_OBJ_INDEXED) || o->base) {
+		az_atomic64_inc(&s->deferred);
+		az_defer_add(&s->defer, &o->dnode);
+		return;
+	}
+	az_obj_destroy(s, o);
+}
+
+static void az_store_run_deferred(void *arg)
+{
+	struct az_store *s = arg;
+	struct az_defer_node *n, *next;
+	struct az_obj *o;
+
+	while ((n = az_defer_take(&s->defer))) {
+		for (; n; n = next) {
+			next = az_defer_next(n);
+			o = container_of(n, struct az_obj, dnode);
+			if (o->flags & (1UL << AZ_OBJ_INDEXED))
+				az_index_remove(s, o);
+			az_atomic64_dec(&s->deferred);
+			az_obj_destroy(s, o);
+		}
+		az_cond_resched();
+	}
+}
+
+void az_store_drain(struct az_store *s)
+{
+	az_defer_sync(&s->defer);
+	az_store_run_deferred(s);
+}
+
+void az_obj_mark_shared(struct az_store *s, struct az_obj *o)
+{
+	struct az_owner *ow = &s->owners[o->owner];
+
+	if (az_test_and_set_bit(AZ_OBJ_SHARED, &o->flags))
+		return;
+	az_atomic64_sub(o->size, &ow->excl_bytes);
+	az_atomic64_add(o->size, &ow->shared_bytes);
+}
+
+void az_obj_mark_base(struct az_store *s, struct az_obj *o)
+{
+	az_obj_mark_shared(s, o);
+	if (!az_test_and_set_bit(AZ_OBJ_BASE, &o->flags))
+		az_atomic64_inc(&s->bases);
+}
+
+static int az_obj_decode(struct az_store *s, struct az_ctx *ctx,
+			 struct az_obj *o, const void *base, void *page)
+{
+	void *src;
+	int err;
+
+	src = az_pool_map(s->pool, o->handle, false);
+	err = az_decode(ctx, src, o->size, base, page);
+	az_pool_unmap(s->pool, o->handle);
+	return err;
+}
+
+/*
+ * Decode @o into @page (never ctx->xbuf, which holds the base).  The
+ * caller holds a reference to @o (or the lock of a slot referring to it),
+ * which keeps its base alive too.
+ */
+int az_obj_read(struct az_store *s, struct az_ctx *ctx, struct az_obj *o,
+		void *page)
+{
+	int err;
+
+	if (o->base) {
+		/* Depth 1: a base never has a base of its own. */
+		if (AZ_WARN_ON(o->base->base))
+			return -EIO;
+		err = az_obj_decode(s, ctx, o->base, NULL, ctx->xbuf);
+		if (err)
+			return err;
+		if (s->pol.verify &&
+		    az_xxh64(ctx->xbuf, AZ_PAGE_SIZE, 0) != o->base->hash)
+			return -EIO;
+		return az_obj_decode(s, ctx, o, ctx->xbuf, page);
+	}
+	return az_obj_decode(s, ctx, o, NULL, page);
+}
+
+/* ---- slots ------------------------------------------------------------ */
+
+static inline void az_slot_lock(struct az_store *s, u64 slot)
+{
+	az_bit_lock(AZ_SLOT_LOCK_BIT, &s->slots[slot].flags);
+}
+
+static inline void az_slot_unlock(struct az_store *s, u64 slot)
+{
+	az_bit_unlock(AZ_SLOT_LOCK_BIT, &s->slots[slot].flags);
+}
+
+static void az_account_slot(struct az_store *s, unsigned int kind, u16 own,
+			    int sign)
+{
+	struct az_owner *ow = &s->owners[own];
+
+	if (sign > 0) {
+		az_atomic64_inc(&s->pages_stored);
+		az_atomic64_inc(&s->kind_pages[kind]);
+		az_atomic64_inc(&ow->pages);
+		az_atomic64_inc(&ow->kind_pages[kind]);
+	} else {
+		az_atomic64_dec(&s->pages_stored);
+		az_atomic64_dec(&s->kind_pages[kind]);
+		az_atomic64_dec(&ow->pages);
+		az_atomic64_dec(&ow->kind_pages[kind]);
+	}
+}
+
+/* Empty @slot.  Atomic context safe. */
+static void az_slot_clear(struct az_store *s, u64 slot)
+{
+	struct az_slot *sl = &s->slots[slot];
+	unsigned long flags;
+	u64 val;
+
+	az_slot_lock(s, slot);
+	flags = sl->flags;
+	val = sl->val;
+	sl->val = 0;
+	sl->flags &= 1UL << AZ_SLOT_LOCK_BIT;
+	az_slot_unlock(s, slot);
+
+	if (!(flags & AZ_SLOT_USED))
+		return;
+	az_atomic64_inc(&s->frees);
+	az_account_slot(s, (flags & AZ_SLOT_KIND_MASK) >> AZ_SLOT_KIND_SHIFT,
+			flags & AZ_SLOT_OWNER_MASK, -1);
+	if (((flags & AZ_SLOT_KIND_MASK) >> AZ_SLOT_KIND_SHIFT) != AZ_KIND_SAME)
+		az_obj_put(s, (struct az_obj *)(unsigned long)val);
+}
+
+/* Fill an empty slot; a racing put on the same slot loses its old page. */
+static void az_slot_set(struct az_store *s, u64 slot, unsigned int kind,
+			u16 own, u64 val)
+{
+	struct az_slot *sl = &s->slots[slot];
+	unsigned long old;
+	u64 oval;
+
+	az_account_slot(s, kind, own, 1);
+	az_slot_lock(s, slot);
+	old = sl->flags;
+	oval = sl->val;
+	sl->val = val;
+	sl->flags = (old & (1UL << AZ_SLOT_LOCK_BIT)) | AZ_SLOT_USED |
+		    ((unsigned long)kind << AZ_SLOT_KIND_SHIFT) | own;
+	az_slot_unlock(s, slot);
+
+	/* Only when callers broke the one-writer-per-slot rule. */
+	if (az_unlikely(old & AZ_SLOT_USED)) {
+		az_account_slot(s, (old & AZ_SLOT_KIND_MASK) >>
+				AZ_SLOT_KIND_SHIFT, old & AZ_SLOT_OWNER_MASK,
+				-1);
+		if (((old & AZ_SLOT_KIND_MASK) >> AZ_SLOT_KIND_SHIFT) !=
+		    AZ_KIND_SAME)
+			az_obj_put(s, (struct az_obj *)(unsigned long)oval);
+	}
+}
+
+/* ---- store ------------------------------------------------------------ */
+
+struct az_store *az_store_create(u64 nr_slots, const char *name)
+{
+	struct az_store *s;
+
+	if (!nr_slots || nr_slots > (1ULL << 40))
+		return NULL;
+	s = az_valloc(sizeof(*s));
+	if (!s)
+		return NULL;
+	s->nr_slots = nr_slots;
+	s->slots = az_valloc(nr_slots * sizeof(struct az_slot));
+	if (!s->slots)
+		goto fail_slots;
+	s->owners = az_valloc(AZ_MAX_OWNERS * sizeof(struct az_owner));
+	if (!s->owners)
+		goto fail_owners;
+	s->pool = az_pool_create(name);
+	if (!s->pool)
+		goto fail_pool;
+	az_spin_init(&s->reg_lock);
+	az_spin_init(&s->idx_lock);
+	if (az_index_init(s))
+		goto fail_index;
+	az_owners_init(s);
+	az_defer_init(&s->defer, az_store_run_deferred, s);
+	s->pol.codec = AZ_CODEC_LZ4;
+	s->pol.level = 3;
+	s->pol.dedup = 1;
+	s->pol.tdelta = 1;
+	s->pol.xdelta = 1;
+	s->pol.sim_effort = 4;
+	s->pol.delta_max_pct = 80;
+	s->pol.verify = 1;
+	return s;
+
+fail_index:
+	az_spin_destroy(&s->idx_lock);
+	az_spin_destroy(&s->reg_lock);
+	az_pool_destroy(s->pool);
+fail_pool:
+	az_vfree(s->owners);
+fail_owners:
+	az_vfree(s->slots);
+fail_slots:
+	az_vfree(s);
+	return NULL;
+}
+
+void az_store_destroy(struct az_store *s)
+{
+	u64 i;
+	u32 o;
+
+	if (!s)
+		return;
+	for (i = 0; i < s->nr_slots; i++) {
+		if (s->slots[i].flags & AZ_SLOT_USED)
+			az_slot_clear(s, i);
+		if (!(i & 4095))
+			az_cond_resched();
+	}
+	for (o = 1; o < AZ_MAX_OWNERS; o++)
+		if (s->owners[o].flags & AZ_OWN_TEMPLATE)
+			az_template_drop_owner(s, o);
+	az_store_drain(s);
+	AZ_WARN_ON(az_atomic64_read(&s->objects));
+	az_index_destroy(s);
+	az_pool_destroy(s->pool);
+	az_spin_destroy(&s->idx_lock);
+	az_spin_destroy(&s->reg_lock);
+	az_vfree(s->owners);
+	az_vfree(s->slots);
+	az_vfree(s);
+}
+
+u64 az_store_nr_slots(struct az_store *s)
+{
+	return s->nr_slots;
+}
+
+void az_store_set_mem_limit(struct az_store *s, u64 bytes)
+{
+	s->mem_limit = bytes;
+}
+
+int az_store_set_policy(struct az_store *s, const struct az_policy *p)
+{
+	if (p->codec > AZ_CODEC_ZSTD)
+		return -EINVAL;
+	if (p->codec == AZ_CODEC_ZSTD &&
+	    (p->level < AZ_ZSTD_LEVEL_MIN || p->level > AZ_ZSTD_LEVEL_MAX))
+		return -EINVAL;
+	if (p->level > AZ_ZSTD_LEVEL_MAX)
+		return -EINVAL;
+	if (p->dedup > 1 || p->tdelta > 1 || p->xdelta > 1 || p->verify > 1)
+		return -EINVAL;
+	if (p->sim_effort > 64 || !p->delta_max_pct || p->delta_max_pct > 100)
+		return -EINVAL;
+	if ((p->codec != s->pol.codec ||
+	     (p->codec == AZ_CODEC_ZSTD && p->level != s->pol.level)) &&
+	    (az_atomic64_read(&s->pages_stored) ||
+	     az_atomic64_read(&s->objects)))
+		return -EBUSY;
+	s->pol = *p;
+	if (s->pol.codec == AZ_CODEC_LZ4 && !s->pol.level)
+		s->pol.level = 3;
+	return 0;
+}
+
+void az_store_get_policy(struct az_store *s, struct az_policy *p)
+{
+	*p = s->pol;
+}
+
+/* What put decided, before the object is allocated. */
+struct az_choice {
+	unsigned int kind;
+	u32 size;
+	u8 enc;
+	u8 *buf;		/* encoded object (ctx->obuf or ctx->tbuf) */
+	struct az_obj *base;	/* referenced base of a delta */
+};
+
+/* Try a delta of @page against @b; keeps the better of it and @c. */
+static void az_try_delta(struct az_store *s, struct az_ctx *ctx,
+			 const struct az_policy *pol, const void *page,
+			 struct az_obj *b, unsigned int kind, u32 limit,
+			 struct az_choice *c, u8 **spare)
+{
+	u32 n;
+	u8 enc, *t;
+
+	if (c->size < limit)
+		limit = c->size;
+	if (az_obj_read(s, ctx, b, ctx->pbuf) ||
+	    (pol->verify && az_xxh64(ctx->pbuf, AZ_PAGE_SIZE, 0) != b->hash))
+		goto drop;
+	n = az_encode_delta(ctx, pol, page, ctx->pbuf, *spare, limit, &enc);
+	if (!n)
+		goto drop;
+	if (c->base)
+		az_obj_put(s, c->base);
+	t = c->buf;
+	c->buf = *spare;
+	*spare = t;
+	c->size = n;
+	c->enc = enc;
+	c->kind = kind;
+	c->base = b;
+	return;
+drop:
+	az_obj_put(s, b);
+}
+
+/*
+ * Pick the cheapest representation of a non-same page:
+ * DUP -> TDELTA -> XDELTA -> PLAIN/RAW.  On return either *dup holds a
+ * referenced identical object, or @c describes a new object to create.
+ */
+static void az_choose(struct az_store *s, struct az_ctx *ctx,
+		      const struct az_policy *pol, const void *page,
+		      const struct az_page_info *pi, const struct az_pin *pin,
+		      u64 hash, const u64 *sf, struct az_choice *c,
+		      struct az_obj **dup)
+{
+	struct az_obj *cand[64];
+	u8 *spare = ctx->tbuf;
+	u32 limit;
+	int i, n;
+
+	*dup = NULL;
+	if (pin->reg && pol->dedup) {
+		*dup = az_dedup_find(s, ctx, pin->group, hash, page, pin->tmpl);
+		if (*dup)
+			return;
+	}
+	c->buf = ctx->obuf;
+	c->base = NULL;
+	c->size = az_encode_plain(ctx, pol, page, c->buf, &c->enc);
+	c->kind = c->size == AZ_PAGE_SIZE ? AZ_KIND_RAW : AZ_KIND_PLAIN;
+	/* Template pages must stay bases: never deltas. */
+	if (!pin->reg || pin->tmpl)
+		return;
+	limit = (u32)((u64)c->size * pol->delta_max_pct / 100);
+	if (pol->tdelta && pi) {
+		struct az_obj *b = az_template_find(s, pin->group, pi->index);
+
+		if (b)
+			az_try_delta(s, ctx, pol, page, b, AZ_KIND_TDELTA,
+				     limit, c, &spare);
+	}
+	if (pol->xdelta && pol->sim_effort) {
+		n = az_sim_find(s, pin->group, sf, cand,
+				az_min(pol->sim_effort, (u32)ARRAY_SIZE(cand)));
+		for (i = 0; i < n; i++) {
+			if (cand[i] == c->base) {
+				az_obj_put(s, cand[i]);
+				continue;
+			}
+			az_try_delta(s, ctx, pol, page, cand[i], AZ_KIND_XDELTA,
+				     limit, c, &spare);
+		}
+	}
+}
+
+int az_store_put(struct az_store *s, struct az_ctx *ctx, u64 slot,
+		 const void *page, const struct az_page_info *pi)
+{
+	struct az_policy pol = s->pol;
+	struct az_choice c;
+	struct az_pin pin;
+	struct az_obj *o;
+	u64 word, hash = 0, sf[AZ_NR_SF];
+	void *dst;
+	int err;
+
+	if (slot >= s->nr_slots)
+		return -EINVAL;
+	az_atomic64_inc(&s->stores);
+	/* The slot is empty from here on, whatever happens. */
+	az_slot_clear(s, slot);
+
+	az_owner_pin(s, pi ? pi->owner : 0, &pin);
+	if (az_page_same(page, &word)) {
+		az_slot_set(s, slot, AZ_KIND_SAME, pin.idx, word);
+		err = 0;
+		goto out;
+	}
+	if (pin.reg || pol.verify)
+		hash = az_xxh64(page, AZ_PAGE_SIZE, 0);
+	if (pin.reg && pol.xdelta)
+		az_sim_features(page, sf);
+	az_choose(s, ctx, &pol, page, pi, &pin, hash, sf, &c, &o);
+	if (o) {
+		az_obj_mark_shared(s, o);
+		if (pin.tmpl && pi)
+			az_template_set(s, pin.group, pi->index, pin.idx, o);
+		az_slot_set(s, slot, AZ_KIND_DUP, pin.idx,
+			    (u64)(unsigned long)o);
+		err = 0;
+		goto out;
+	}
+	o = az_obj_alloc(s, c.size, AZ_GFP_NOWAIT);
+	if (!o)
+		o = az_obj_alloc(s, c.size, AZ_GFP_MAYSLEEP);
+	if (!o)
+		goto nomem;
+	if (s->mem_limit && az_pool_bytes(s->pool) > s->mem_limit) {
+		az_pool_free(s->pool, o->handle);
+		az_free(o);
+		goto nomem;
+	}
+	o->enc = c.enc;
+	o->owner = pin.idx;
+	o->group = pin.group;
+	o->hash = hash;
+	o->base = c.base;
+	dst = az_pool_map(s->pool, o->handle, true);
+	memcpy(dst, c.size == AZ_PAGE_SIZE ? page : c.buf, c.size);
+	az_pool_unmap(s->pool, o->handle);
+	az_obj_account(s, o, pin.tmpl);
+	if (c.base)
+		az_obj_mark_base(s, c.base);
+	if (pin.reg)
+		az_index_insert(s, o, pol.xdelta && !c.base ? sf : NULL);
+	if (pin.tmpl && pi)
+		az_template_set(s, pin.group, pi->index, pin.idx, o);
+	az_slot_set(s, slot, c.kind, pin.idx, (u64)(unsigned long)o);
+	err = 0;
+	goto out;
+
+nomem:
+	if (c.base)
+		az_obj_put(s, c.base);
+	az_atomic64_inc(&s->failed_stores);
+	err = -ENOMEM;
+out:
+	az_owner_unpin(s, &pin);
+	return err;
+}
+
+int az_store_get(struct az_store *s, struct az_ctx *ctx, u64 slot, void *page)
+{
+	struct az_slot *sl;
+	struct az_obj *o;
+	unsigned long flags;
+	int err = 0;
+
+	if (slot >= s->nr_slots)
+		return -EINVAL;
+	sl = &s->slots[slot];
+	az_atomic64_inc(&s->loads);
+	az_slot_lock(s, slot);
+	flags = sl->flags;
+	if (!(flags & AZ_SLOT_USED)) {
+		az_slot_unlock(s, slot);
+		memset(page, 0, AZ_PAGE_SIZE);
+		return 0;
+	}
+	if (((flags & AZ_SLOT_KIND_MASK) >> AZ_SLOT_KIND_SHIFT) ==
+	    AZ_KIND_SAME) {
+		az_fill_page(page, sl->val);
+		az_slot_unlock(s, slot);
+		return 0;
+	}
+	/* The slot lock keeps the object (and so its base) alive. */
+	o = (struct az_obj *)(unsigned long)sl->val;
+	err = az_obj_read(s, ctx, o, page);
+	if (!err && s->pol.verify && az_xxh64(page, AZ_PAGE_SIZE, 0) != o->hash)
+		err = -EIO;
+	az_slot_unlock(s, slot);
+	if (err)
+		az_atomic64_inc(&s->failed_loads);
+	return err;
+}
+
+void az_store_free(struct az_store *s, u64 slot)
+{
+	if (slot < s->nr_slots)
+		az_slot_clear(s, slot);
+}
+
+int az_store_slot_kind(struct az_store *s, u64 slot)
+{
+	unsigned long flags;
+
+	if (slot >= s->nr_slots)
+		return -EINVAL;
+	az_slot_lock(s, slot);
+	flags = s->slots[slot].flags;
+	az_slot_unlock(s, slot);
+	if (!(flags & AZ_SLOT_USED))
+		return -ENOENT;
+	return (flags & AZ_SLOT_KIND_MASK) >> AZ_SLOT_KIND_SHIFT;
+}
+
+/*
+ * Snapshot-file template page: a base keyed by @index in @tid's group,
+ * held by the template index (no slot).
+ */
+int az_store_template_load(struct az_store *s, struct az_ctx *ctx, u64 tid,
+			   u64 index, const void *page)
+{
+	struct az_policy pol = s->pol;
+	struct az_page_info pi = { .owner = tid, .index = index };
+	struct az_choice c;
+	struct az_pin pin;
+	struct az_obj *o;
+	u64 word, hash, sf[AZ_NR_SF];
+	void *dst;
+	int err;
+
+	az_owner_pin(s, tid, &pin);
+	if (!pin.tmpl) {
+		err = -ENOENT;
+		goto out;
+	}
+	err = 0;
+	if (az_page_same(page, &word))
+		goto out;	/* a delta against a same page gains nothing */
+	hash = az_xxh64(page, AZ_PAGE_SIZE, 0);
+	az_sim_features(page, sf);
+	az_choose(s, ctx, &pol, page, &pi, &pin, hash, sf, &c, &o);
+	if (o) {
+		az_obj_mark_shared(s, o);
+		err = az_template_set(s, pin.group, index, pin.idx, o);
+		az_obj_put(s, o);
+		goto out;
+	}
+	err = -ENOMEM;
+	o = az_obj_alloc(s, c.size, AZ_GFP_MAYSLEEP);
+	if (!o)
+		goto out;
+	if (s->mem_limit && az_pool_bytes(s->pool) > s->mem_limit) {
+		az_pool_free(s->pool, o->handle);
+		az_free(o);
+		goto out;
+	}
+	o->enc = c.enc;
+	o->owner = pin.idx;
+	o->group = pin.group;
+	o->hash = hash;
+	dst = az_pool_map(s->pool, o->handle, true);
+	memcpy(dst, c.size == AZ_PAGE_SIZE ? page : c.buf, c.size);
+	az_pool_unmap(s->pool, o->handle);
+	az_obj_account(s, o, true);
+	az_index_insert(s, o, pol.xdelta ? sf : NULL);
+	err = az_template_set(s, pin.group, index, pin.idx, o);
+	az_obj_put(s, o);
+out:
+	if (err == -ENOMEM)
+		az_atomic64_inc(&s->failed_stores);
+	az_owner_unpin(s, &pin);
+	return err;
+}
+
+void az_store_get_stats(struct az_store *s, struct az_stats *st)
+{
+	unsigned int k;
+
+	memset(st, 0, sizeof(*st));
+	st->pages_stored = az_atomic64_read(&s->pages_stored);
+	st->orig_bytes = st->pages_stored * AZ_PAGE_SIZE;
+	st->stored_bytes = az_atomic64_read(&s->stored_bytes);
+	st->pool_bytes = az_pool_bytes(s->pool);
+	st->index_bytes = az_index_bytes(s);
+	st->objects = az_atomic64_read(&s->objects);
+	st->meta_bytes = s->nr_slots * sizeof(struct az_slot) +
+			 AZ_MAX_OWNERS * sizeof(struct az_owner) +
+			 st->objects * sizeof(struct az_obj) + st->index_bytes;
+	st->template_bytes = az_atomic64_read(&s->template_bytes);
+	for (k = 0; k < AZ_NR_KINDS; k++)
+		st->kind_pages[k] = az_atomic64_read(&s->kind_pages[k]);
+	st->bases = az_atomic64_read(&s->bases);
+	st->failed_stores = az_atomic64_read(&s->failed_stores);
+	st->failed_loads = az_atomic64_read(&s->failed_loads);
+	st->stores = az_atomic64_read(&s->stores);
+	st->loads = az_atomic64_read(&s->loads);
+	st->frees = az_atomic64_read(&s->frees);
+	st->template_pages = az_atomic64_read(&s->template_pages);
+	st->cross_group = az_atomic64_read(&s->cross_group);
+	st->deferred = az_atomic64_read(&s->deferred);
+}
