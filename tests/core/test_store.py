@@ -1,0 +1,287 @@
+"""Store core, device-issue paths: SAME/PLAIN/RAW, codecs, limits, stats, corruption."""
+
+from __future__ import annotations
+
+import errno
+import random
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from controlplane.corelib import PAGE_SIZE, CoreError, Store
+
+from . import pages
+
+CODECS = [
+    {"codec": 0},
+    {"codec": 1, "level": 1},
+    {"codec": 1, "level": 3},
+    {"codec": 1, "level": 9},
+]
+
+
+def page_strategy() -> st.SearchStrategy[bytes]:
+    generated = st.builds(pages.make, st.sampled_from(sorted(pages.KINDS)), st.integers(0, 2**32))
+    near = st.builds(
+        lambda k, s, e: pages.mutate(pages.make(k, s), random.Random(s), e),
+        st.sampled_from(["text", "heap", "zero"]),
+        st.integers(0, 2**32),
+        st.integers(1, 64),
+    )
+    arbitrary = st.binary(min_size=PAGE_SIZE, max_size=PAGE_SIZE)
+    return st.one_of(generated, near, arbitrary)
+
+
+def check_stats(s: Store, live: dict[int, bytes]) -> None:
+    stt = s.stats()
+    assert stt["pages_stored"] == len(live)
+    assert sum(stt["kind_pages"].values()) == len(live)
+    assert stt["orig_bytes"] == len(live) * PAGE_SIZE
+    # The host pool holds exactly the object bytes.
+    assert stt["pool_bytes"] == stt["stored_bytes"]
+    assert stt["cross_group"] == 0
+
+
+@pytest.mark.parametrize("pol", CODECS, ids=lambda p: "-".join(f"{k}{v}" for k, v in p.items()))
+@pytest.mark.parametrize("kind", sorted(pages.KINDS))
+def test_roundtrip_kinds(make_store, pol, kind):
+    s = make_store(64, **pol)
+    expect = {"zero": "same", "same": "same", "random": "raw", "text": "plain", "heap": "plain"}
+    for i in range(8):
+        p = pages.make(kind, i)
+        s.put(i, p)
+        assert s.get(i) == p
+        if kind in expect:
+            assert s.kind(i) == expect[kind]
+    check_stats(s, {i: b"" for i in range(8)})
+
+
+FIXTURE_OK = [HealthCheck.function_scoped_fixture]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=FIXTURE_OK)
+@given(data=st.lists(page_strategy(), min_size=1, max_size=12), codec=st.sampled_from(CODECS))
+def test_roundtrip_property(make_store, data, codec):
+    s = make_store(16, **codec)
+    live: dict[int, bytes] = {}
+    for i, p in enumerate(data):
+        slot = i % 16
+        s.put(slot, p)
+        live[slot] = p
+    for slot, p in live.items():
+        assert s.get(slot) == p
+    check_stats(s, live)
+    for slot in live:
+        s.free(slot)
+    s.drain()
+    stt = s.stats()
+    assert stt["objects"] == 0 and stt["pool_bytes"] == 0 and stt["pages_stored"] == 0
+
+
+def test_empty_and_bad_slots(store):
+    assert store.get(5) == bytes(PAGE_SIZE)
+    assert store.kind(5) is None
+    store.free(5)  # freeing an empty slot is a no-op
+    with pytest.raises(CoreError) as e:
+        store.put(store.nr_slots, bytes(PAGE_SIZE))
+    assert e.value.errno == errno.EINVAL
+    with pytest.raises(CoreError) as e:
+        store.get(store.nr_slots)
+    assert e.value.errno == errno.EINVAL
+    store.free(store.nr_slots + 10)
+
+
+def test_overwrite_slot(store):
+    a, b = pages.make("text", 1), pages.make("heap", 2)
+    store.put(3, a)
+    store.put(3, b)
+    assert store.get(3) == b
+    check_stats(store, {3: b})
+
+
+def test_same_filled_any_word(store):
+    rng = random.Random(7)
+    for i in range(50):
+        p = pages.same(rng)
+        store.put(i, p)
+        assert store.kind(i) == "same"
+        assert store.get(i) == p
+    assert store.stats()["objects"] == 0
+    # One differing byte anywhere, including the first and last, is not same.
+    for pos in (0, 7, 8, 2048, PAGE_SIZE - 1):
+        p = bytearray(PAGE_SIZE)
+        p[pos] = 1
+        store.put(100, bytes(p))
+        assert store.kind(100) != "same"
+        assert store.get(100) == bytes(p)
+
+
+def test_raw_threshold(store):
+    rng = random.Random(3)
+    # Half random, half zero: compresses to ~2 KiB -> plain.
+    p = rng.randbytes(PAGE_SIZE // 2) + bytes(PAGE_SIZE // 2)
+    store.put(0, p)
+    assert store.kind(0) == "plain"
+    # 80% random: above 3/4 of a page -> raw.
+    p = rng.randbytes(PAGE_SIZE * 8 // 10) + bytes(PAGE_SIZE - PAGE_SIZE * 8 // 10)
+    store.put(1, p)
+    assert store.kind(1) == "raw"
+    assert store.get(0)[: PAGE_SIZE // 2] == p[:0] + store.get(0)[: PAGE_SIZE // 2]
+    assert store.get(1) == p
+
+
+@pytest.mark.parametrize("pol", CODECS[:2])
+def test_mem_limit_enomem_nothing_lost(make_store, pol):
+    s = make_store(512, **pol)
+    s.set_mem_limit(64 * 1024)
+    live: dict[int, bytes] = {}
+    failed = 0
+    for i in range(512):
+        p = pages.make(["text", "heap", "random", "zero"][i % 4], i)
+        try:
+            s.put(i, p)
+            live[i] = p
+        except CoreError as e:
+            assert e.errno == errno.ENOMEM
+            assert s.kind(i) is None
+            assert s.get(i) == bytes(PAGE_SIZE)
+            failed += 1
+    assert failed > 0
+    stt = s.stats()
+    assert stt["failed_stores"] == failed
+    assert stt["pool_bytes"] <= 64 * 1024
+    for i, p in live.items():
+        assert s.get(i) == p
+    # Same-filled pages need no allocation: they still go in when full.
+    s.put(511, bytes(PAGE_SIZE))
+    assert s.kind(511) == "same"
+    check_stats(s, {**live, 511: b""})
+
+
+def test_alloc_failure_leaves_slot_empty(store):
+    p = pages.make("text", 1)
+    store.put(1, p)
+    store.fail_pool_allocs(2)  # both allocation phases fail
+    with pytest.raises(CoreError) as e:
+        store.put(1, pages.make("heap", 2))
+    assert e.value.errno == errno.ENOMEM
+    store.fail_pool_allocs(0)
+    assert store.kind(1) is None
+    store.put(2, p)
+    assert store.get(2) == p
+    check_stats(store, {2: p})
+
+
+def test_second_phase_allocation_retries(store):
+    p = pages.make("text", 4)
+    store.fail_pool_allocs(1)  # only the no-wait attempt fails
+    store.put(1, p)
+    assert store.get(1) == p
+    store.fail_pool_allocs(0)
+
+
+def test_policy_validation(store):
+    bad = [
+        {"codec": 2},
+        {"codec": 1, "level": 0},
+        {"codec": 1, "level": 10},
+        {"dedup": 2},
+        {"sim_effort": 65},
+        {"delta_max_pct": 0},
+        {"delta_max_pct": 101},
+        {"verify": 3},
+    ]
+    before = store.policy()
+    for b in bad:
+        with pytest.raises(CoreError) as e:
+            store.set_policy(**b)
+        assert e.value.errno == errno.EINVAL
+        assert store.policy() == before
+    store.put(0, pages.make("text", 0))
+    with pytest.raises(CoreError) as e:
+        store.set_policy(codec=1, level=3)
+    assert e.value.errno == errno.EBUSY
+    store.set_policy(sim_effort=8, dedup=0)  # non-codec knobs may change live
+    store.free(0)
+    store.drain()
+    store.set_policy(codec=1, level=5)
+    assert store.policy()["level"] == 5
+
+
+@pytest.mark.parametrize("pol", CODECS[:2])
+@pytest.mark.parametrize("kind", ["text", "heap", "random"])
+def test_corrupted_object_rejected(make_store, pol, kind):
+    s = make_store(8, **pol)
+    p = pages.make(kind, 11)
+    rng = random.Random(5)
+    rejected = 0
+    for _ in range(40):
+        s.put(0, p)
+        s.corrupt(0, rng.randrange(PAGE_SIZE), 1 << rng.randrange(8))
+        # A flip may be harmless (a match offset moved onto equal bytes):
+        # then the page is still right.  Otherwise the load must fail.
+        try:
+            assert s.get(0) == p
+        except CoreError as e:
+            assert e.errno == errno.EIO
+            rejected += 1
+    assert rejected >= 30
+    assert s.stats()["failed_loads"] == rejected
+
+
+def test_corruption_without_verify_never_crashes(make_store):
+    s = make_store(8, verify=0)
+    rng = random.Random(9)
+    for trial in range(200):
+        p = pages.make(["text", "heap"][trial % 2], trial)
+        s.put(0, p)
+        for _ in range(rng.randrange(1, 4)):
+            s.corrupt(0, rng.randrange(PAGE_SIZE), rng.randrange(1, 256))
+        try:
+            s.get(0)
+        except CoreError as e:
+            assert e.errno == errno.EIO
+
+
+@pytest.mark.parametrize("pol", CODECS[:2])
+def test_decoder_rejects_truncated_and_garbage(make_store, pol):
+    s = make_store(4, **pol)
+    for kind in ("text", "heap"):
+        p = pages.make(kind, 1)
+        obj = s.encode(p)
+        assert len(obj) < PAGE_SIZE
+        assert s.decode(obj) == p
+        for n in range(len(obj)):
+            with pytest.raises(CoreError) as e:
+                s.decode(obj[:n])
+            assert e.value.errno == errno.EIO
+        # Extra trailing bytes: the length field no longer matches.
+        with pytest.raises(CoreError):
+            s.decode(obj + b"\0")
+        # A plain object must not be decoded as a delta and vice versa.
+        with pytest.raises(CoreError):
+            s.decode(obj, base=p)
+    rng = random.Random(1)
+    for _ in range(300):
+        blob = rng.randbytes(rng.randrange(1, PAGE_SIZE + 1))
+        try:
+            s.decode(blob)
+        except CoreError as e:
+            assert e.errno == errno.EIO
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=FIXTURE_OK)
+@given(
+    blob=st.binary(min_size=0, max_size=PAGE_SIZE),
+    enc=st.integers(0, 7),
+    with_base=st.booleans(),
+)
+def test_decoder_property_random_objects(store, blob, enc, with_base):
+    # A well-formed header over arbitrary payload: must be EIO or a page.
+    obj = bytes([enc, 1, len(blob) & 0xFF, len(blob) >> 8]) + blob
+    try:
+        out = store.decode(obj, base=bytes(PAGE_SIZE) if with_base else None)
+        assert len(out) == PAGE_SIZE
+    except CoreError as e:
+        assert e.errno == errno.EIO
