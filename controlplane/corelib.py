@@ -347,8 +347,11 @@ class Store:
         p = Policy(**self.policy())
         n = _check(
             self.lib.az_debug_encode(
-                self._ctx.ptr, ctypes.byref(p), _page(page),
-                None if base is None else _page(base), out,
+                self._ctx.ptr,
+                ctypes.byref(p),
+                _page(page),
+                None if base is None else _page(base),
+                out,
             ),
             "encode",
         )
@@ -359,8 +362,11 @@ class Store:
         out = ctypes.create_string_buffer(PAGE_SIZE)
         _check(
             self.lib.az_debug_decode(
-                self._ctx.ptr, bytes(obj), len(obj),
-                None if base is None else _page(base), out,
+                self._ctx.ptr,
+                bytes(obj),
+                len(obj),
+                None if base is None else _page(base),
+                out,
             ),
             "decode",
         )

@@ -7,11 +7,12 @@ import struct
 
 PAGE = 4096
 
-WORDS = [
-    *"the model loss step batch token tensor gradient optimizer learning rate epoch".split(),
-    *"import def return self class for in if else None True False print len range".split(),
-    *"sandbox agent tool call result json value key error stdout stderr status ok".split(),
-]
+_VOCAB = (
+    "the model loss step batch token tensor gradient optimizer learning rate epoch "
+    "import def return self class for in if else None True False print len range "
+    "sandbox agent tool call result json value key error stdout stderr status ok"
+)
+WORDS = _VOCAB.split()
 
 
 def zero(rng: random.Random) -> bytes:
