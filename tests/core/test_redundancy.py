@@ -1,0 +1,297 @@
+"""Redundancy store: dedup, template delta, similarity delta, refcounts, accounting."""
+
+from __future__ import annotations
+
+import errno
+import random
+
+import pytest
+
+from controlplane.corelib import PAGE_SIZE, CoreError, Store
+
+from . import pages
+
+T1, T2 = 100, 200  # templates of groups 1 and 2
+A, B, C = 11, 12, 21  # sandboxes: A, B in group 1; C in group 2
+U = 99  # never registered
+
+
+def setup_groups(s: Store) -> None:
+    s.add_template(T1, 1)
+    s.add_template(T2, 2)
+    s.add_sandbox(A, 1)
+    s.add_sandbox(B, 1)
+    s.add_sandbox(C, 2)
+
+
+def check_accounting(s: Store) -> None:
+    stt = s.stats()
+    owners = s.list_owners()
+    assert sum(o["pages"] for o in owners) == stt["pages_stored"]
+    assert sum(o["exclusive_bytes"] + o["shared_bytes"] for o in owners) == stt["stored_bytes"]
+    for k in stt["kind_pages"]:
+        assert sum(o["kind_pages"][k] for o in owners) == stt["kind_pages"][k]
+    assert sum(o["template_pages"] for o in owners) == stt["template_pages"]
+    tb = sum(o["exclusive_bytes"] + o["shared_bytes"] for o in owners if o["is_template"])
+    assert tb == stt["template_bytes"]
+    assert stt["pool_bytes"] == stt["stored_bytes"]
+    assert stt["cross_group"] == 0
+
+
+def empty_everything(s: Store, slots) -> None:
+    for i in slots:
+        s.free(i)
+    for o in s.list_owners():
+        if o["is_template"] and o["registered"]:
+            s.del_template(o["cgroup_id"])
+    s.drain()
+    stt = s.stats()
+    assert stt["objects"] == 0, stt
+    assert stt["pool_bytes"] == 0
+    assert stt["bases"] == 0
+    assert stt["template_pages"] == 0
+    assert stt["deferred"] == 0
+    check_accounting(s)
+
+
+@pytest.fixture
+def rs(make_store) -> Store:
+    s = make_store(1024)
+    setup_groups(s)
+    return s
+
+
+def test_registry_errors(rs):
+    for fn, args, err in [
+        (rs.add_sandbox, (A, 1), errno.EEXIST),
+        (rs.add_template, (A, 1), errno.EEXIST),
+        (rs.add_sandbox, (0, 1), errno.EINVAL),
+        (rs.del_sandbox, (U,), errno.ENOENT),
+        (rs.del_template, (A,), errno.ENOENT),  # a sandbox, not a template
+        (rs.del_sandbox, (T1,), errno.ENOENT),
+        (rs.owner_stats, (U,), errno.ENOENT),
+        (rs.template_load, (A, 0, pages.make("text", 0)), errno.ENOENT),
+        (rs.template_load, (U, 0, pages.make("text", 0)), errno.ENOENT),
+    ]:
+        with pytest.raises(CoreError) as e:
+            fn(*args)
+        assert e.value.errno == err, (fn, args)
+    rs.del_sandbox(A)
+    rs.add_sandbox(A, 1)
+    assert rs.owner_stats(A)["registered"] == 1
+
+
+def test_dedup_within_group(rs):
+    p = pages.make("heap", 1)
+    rs.put(0, p, owner=A)
+    rs.put(1, p, owner=B)
+    rs.put(2, p, owner=A)
+    assert [rs.kind(i) for i in range(3)] == ["plain", "dup", "dup"]
+    assert rs.stats()["objects"] == 1
+    check_accounting(rs)
+    # The creator frees its slot: the duplicates still read back.
+    rs.free(0)
+    rs.drain()
+    assert rs.get(1) == p and rs.get(2) == p
+    check_accounting(rs)
+    empty_everything(rs, [1, 2])
+
+
+def test_no_sharing_across_groups_or_unregistered(rs):
+    p = pages.make("heap", 2)
+    rs.put(0, p, owner=A)
+    rs.put(1, p, owner=C)  # group 2
+    rs.put(2, p, owner=U)  # unregistered
+    rs.put(3, p, owner=U)
+    rs.put(4, p, owner=0)
+    assert [rs.kind(i) for i in range(5)] == ["plain"] * 5
+    near = pages.mutate(p, random.Random(1), 2)
+    rs.put(5, near, owner=C, index=7)
+    rs.put(6, near, owner=U)
+    # Slot 5 may be a delta against C's own page (slot 1, group 2) only.
+    assert rs.kind(6) == "plain"
+    for i, q in enumerate([p, p, p, p, p, near, near]):
+        assert rs.get(i) == q
+    check_accounting(rs)
+    empty_everything(rs, range(7))
+
+
+def test_cross_group_never_shares_even_with_identical_templates(rs):
+    rng = random.Random(4)
+    base = [pages.make("heap", 100 + i) for i in range(16)]
+    for i, b in enumerate(base):
+        rs.template_load(T1, i, b)
+    for i, b in enumerate(base):
+        rs.put(i, pages.mutate(b, rng, 3), owner=C, index=i)  # group 2: no template
+        rs.put(100 + i, b, owner=C, index=i)
+    kinds = {rs.kind(i) for i in [*range(16), *range(100, 116)]}
+    assert kinds <= {"plain", "dup", "xdelta"}  # dup/xdelta only among C's own pages
+    for i in range(16):
+        # Any sharing must be against C's own objects (group 2).
+        assert rs.kind(i) in ("plain", "xdelta")
+    assert rs.stats()["cross_group"] == 0
+    check_accounting(rs)
+    empty_everything(rs, [*range(16), *range(100, 116)])
+
+
+@pytest.mark.parametrize("codec", [{"codec": 0}, {"codec": 1, "level": 3}])
+def test_template_delta_survives_template_removal(make_store, codec):
+    s = make_store(1024, **codec)
+    setup_groups(s)
+    rng = random.Random(2)
+    tpages = [pages.make(["heap", "text"][i % 2], i) for i in range(32)]
+    for i, p in enumerate(tpages):
+        s.put(500 + i, p, owner=T1, index=i)  # a running template swaps out
+    mine = {i: pages.mutate(p, rng, rng.randrange(1, 12)) for i, p in enumerate(tpages)}
+    for i, p in mine.items():
+        s.put(i, p, owner=A, index=i)
+    kinds = [s.kind(i) for i in mine]
+    assert kinds.count("tdelta") >= 28, kinds
+    plain = sum(len(s.encode(p)) for p in mine.values())
+    stt = s.stats()
+    assert stt["template_pages"] == 32
+    assert stt["bases"] >= 28
+    check_accounting(s)
+    # Template's slots go, then the template itself: bases live on.
+    for i in range(32):
+        s.free(500 + i)
+    s.del_template(T1)
+    s.drain()
+    for i, p in mine.items():
+        assert s.get(i) == p
+    own = s.owner_stats(A)
+    assert own["exclusive_bytes"] + own["shared_bytes"] < plain / 3
+    check_accounting(s)
+    empty_everything(s, list(mine))
+
+
+def test_snapshot_template_load(rs):
+    rng = random.Random(3)
+    snap = [pages.make("heap", 1000 + i) for i in range(64)]
+    for i, p in enumerate(snap):
+        rs.template_load(T1, i, p)
+    rs.template_load(T1, 64, bytes(PAGE_SIZE))  # same-filled: nothing to keep
+    assert rs.stats()["template_pages"] == 64
+    assert rs.owner_stats(T1)["template_pages"] == 64
+    for i, p in enumerate(snap):
+        rs.put(i, pages.mutate(p, rng, 4), owner=A, index=i)
+        rs.put(100 + i, p, owner=B, index=i)  # untouched page: a duplicate
+    assert all(rs.kind(i) == "tdelta" for i in range(64))
+    assert all(rs.kind(100 + i) == "dup" for i in range(64))
+    check_accounting(rs)
+    rs.del_template(T1)
+    rs.drain()
+    rng = random.Random(3)
+    for i, p in enumerate(snap):
+        assert rs.get(i) == pages.mutate(p, rng, 4)
+        assert rs.get(100 + i) == p
+    assert rs.stats()["template_pages"] == 0
+    check_accounting(rs)
+    empty_everything(rs, [*range(64), *range(100, 164)])
+
+
+def test_template_reload_replaces_entry(rs):
+    a, b = pages.make("heap", 1), pages.make("heap", 2)
+    rs.template_load(T1, 5, a)
+    rs.template_load(T1, 5, b)
+    assert rs.stats()["template_pages"] == 1
+    rs.drain()
+    assert rs.stats()["objects"] == 1
+    rs.put(0, pages.mutate(b, random.Random(0), 2), owner=A, index=5)
+    assert rs.kind(0) == "tdelta"
+    empty_everything(rs, [0])
+
+
+def test_similarity_delta_cross_sandbox(rs):
+    rng = random.Random(5)
+    src = [pages.make("heap", 2000 + i) for i in range(32)]
+    for i, p in enumerate(src):
+        rs.put(i, p, owner=A, index=i)
+    # B's pages are near-duplicates at unrelated indexes (no template).
+    near = {100 + i: pages.mutate(p, rng, 4) for i, p in enumerate(src)}
+    for slot, p in near.items():
+        rs.put(slot, p, owner=B, index=5000 + slot)
+    kinds = [rs.kind(s) for s in near]
+    assert kinds.count("xdelta") >= 24, kinds
+    # The bases (A's pages) outlive A's slots.
+    for i in range(32):
+        rs.free(i)
+    rs.drain()
+    for slot, p in near.items():
+        assert rs.get(slot) == p
+    a = rs.owner_stats(A)
+    assert a["pages"] == 0 and a["shared_bytes"] > 0  # creator keeps paying
+    check_accounting(rs)
+    empty_everything(rs, near)
+
+
+def test_shifted_content_uses_dictionary_delta(rs):
+    rng = random.Random(6)
+    p = pages.make("text", 7)
+    rs.template_load(T1, 0, p)
+    q = pages.shift(p, rng)
+    rs.put(0, q, owner=A, index=0)
+    assert rs.kind(0) == "tdelta"
+    assert rs.get(0) == q
+    empty_everything(rs, [0])
+
+
+def test_policy_switches_mechanisms_off(rs):
+    p = pages.make("heap", 9)
+    rs.template_load(T1, 0, p)
+    rs.set_policy(dedup=0, tdelta=0, xdelta=0)
+    rs.put(0, p, owner=A, index=0)
+    rs.put(1, pages.mutate(p, random.Random(1), 2), owner=A, index=0)
+    assert rs.kind(0) == "plain" and rs.kind(1) == "plain"
+    rs.set_policy(dedup=1, tdelta=1, xdelta=0)
+    rs.put(2, pages.mutate(p, random.Random(2), 2), owner=A, index=1)  # other index
+    assert rs.kind(2) == "plain"
+    rs.set_policy(xdelta=1)
+    rs.put(3, pages.mutate(p, random.Random(3), 2), owner=A, index=1)
+    assert rs.kind(3) == "xdelta"
+    empty_everything(rs, range(4))
+
+
+def test_delta_never_chains(rs):
+    """Depth 1: a delta is never used as a base, even when it is the closest page."""
+    rng = random.Random(8)
+    p = pages.make("heap", 10)
+    rs.template_load(T1, 0, p)
+    q = pages.mutate(p, rng, 2)
+    rs.put(0, q, owner=A, index=0)
+    assert rs.kind(0) == "tdelta"
+    r = pages.mutate(q, rng, 1)
+    rs.put(1, r, owner=B, index=9)  # closest to q (a delta), similar to p
+    assert rs.kind(1) in ("xdelta", "plain")
+    rs.del_template(T1)
+    rs.free(0)
+    rs.drain()
+    assert rs.get(1) == r
+    empty_everything(rs, [1])
+
+
+def test_removed_owner_keeps_reporting_until_empty(rs):
+    p = pages.make("text", 3)
+    rs.put(0, p, owner=A)
+    rs.del_sandbox(A)
+    ids = {o["cgroup_id"]: o for o in rs.list_owners()}
+    assert ids[A]["registered"] == 0 and ids[A]["pages"] == 1
+    rs.put(1, p, owner=A)  # unregistered now: no sharing, charged to bucket 0
+    assert rs.kind(1) == "plain"
+    check_accounting(rs)
+    rs.free(0)
+    rs.drain()
+    assert A not in {o["cgroup_id"] for o in rs.list_owners()}
+    empty_everything(rs, [1])
+
+
+def test_many_owners_and_reuse(make_store):
+    s = make_store(64)
+    for i in range(1, 1024):
+        s.add_sandbox(i, i % 7)
+    with pytest.raises(CoreError) as e:
+        s.add_sandbox(5000, 1)
+    assert e.value.errno == errno.ENOSPC
+    s.del_sandbox(3)
+    s.add_sandbox(5000, 1)  # reuses the idle entry
+    assert s.owner_stats(5000)["group"] == 1
