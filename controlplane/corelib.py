@@ -160,6 +160,7 @@ def load_lib(path: str | os.PathLike[str] | None = None) -> ctypes.CDLL:
         "az_host_fail_pool_allocs": (None, [ctypes.c_int]),
         "az_debug_decode": (ctypes.c_int, [vp, cp, u32, cp, cp]),
         "az_debug_encode": (ctypes.c_int, [vp, ctypes.POINTER(Policy), cp, cp, cp]),
+        "az_store_debug_check": (ctypes.c_int, [vp]),
     }
     for name, (res, args) in decl.items():
         fn = getattr(lib, name)
@@ -336,6 +337,10 @@ class Store:
     def corrupt(self, slot: int, offset: int, xor: int) -> None:
         """Flip bits of the stored object behind ``slot`` (test only)."""
         _check(self.lib.az_store_debug_corrupt(self._s, slot, offset, xor), "corrupt")
+
+    def check(self) -> None:
+        """Verify refcounts, depth-1 bases and trust-group scoping (test only)."""
+        _check(self.lib.az_store_debug_check(self._s), "consistency check")
 
     def fail_pool_allocs(self, n: int) -> None:
         """Make the next ``n`` pool allocations fail (test only)."""

@@ -119,7 +119,14 @@ struct az_owner {
 
 /* ---- indexes (index.c) ----------------------------------------------- */
 
-struct az_tnode;
+/* Template index node: (group, index) -> base. */
+struct az_tnode {
+	struct az_tnode *next;
+	u64 index;
+	u32 group;
+	u16 owner;
+	struct az_obj *obj;	/* a reference is held */
+};
 
 struct az_sim_entry {
 	u64 key;		/* super-feature mixed with the trust group */

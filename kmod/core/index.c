@@ -24,14 +24,6 @@
  */
 #include "az_internal.h"
 
-struct az_tnode {
-	struct az_tnode *next;
-	u64 index;
-	u32 group;
-	u16 owner;
-	struct az_obj *obj;	/* a reference is held */
-};
-
 /* Objects per dedup bucket and slots per similarity entry, on average. */
 #define AZ_DEDUP_LOAD	4
 #define AZ_SIM_DENSITY	8

@@ -25,6 +25,7 @@ def setup_groups(s: Store) -> None:
 
 
 def check_accounting(s: Store) -> None:
+    s.check()
     stt = s.stats()
     owners = s.list_owners()
     assert sum(o["pages"] for o in owners) == stt["pages_stored"]

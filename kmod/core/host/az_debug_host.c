@@ -4,6 +4,8 @@
  * object, run the encoders and the decoder on caller buffers.  Never
  * built into the module.
  */
+#include <stdlib.h>
+
 #include "../az_internal.h"
 
 int az_store_debug_corrupt(struct az_store *s, u64 slot, u32 off, u8 xor);
@@ -72,4 +74,154 @@ int az_debug_encode(struct az_ctx *ctx, const struct az_policy *pol,
 	}
 	n = az_encode_delta(ctx, pol, page, base, out, AZ_PAGE_SIZE, &enc);
 	return n ? (int)n : -ENOSPC;
+}
+
+/*
+ * Consistency check of the whole store (no concurrent use, deferred list
+ * drained): every reachable object's refcount equals the references the
+ * slots, the deltas and the template index hold; bases are never deltas;
+ * sharing stays inside one trust group; unregistered pages never share;
+ * the object count matches.  Returns 0, or -EUCLEAN after printing what
+ * is wrong.
+ */
+int az_store_debug_check(struct az_store *s);
+
+struct az_chk {
+	struct az_obj **v;
+	size_t n, cap;
+};
+
+static int az_chk_add(struct az_chk *c, struct az_obj *o)
+{
+	if (c->n == c->cap) {
+		size_t cap = c->cap ? c->cap * 2 : 1024;
+		struct az_obj **v = realloc(c->v, cap * sizeof(*v));
+
+		if (!v)
+			return -ENOMEM;
+		c->v = v;
+		c->cap = cap;
+	}
+	c->v[c->n++] = o;
+	return 0;
+}
+
+static int az_ptr_cmp(const void *a, const void *b)
+{
+	uintptr_t x = (uintptr_t)*(void * const *)a;
+	uintptr_t y = (uintptr_t)*(void * const *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+#define AZ_CHK(cond, ...) do {						\
+	if (!(cond)) {							\
+		fprintf(stderr, "azcore check: " __VA_ARGS__);		\
+		fputc('\n', stderr);					\
+		err = -EUCLEAN;						\
+	}								\
+} while (0)
+
+int az_store_debug_check(struct az_store *s)
+{
+	struct az_chk refs = { 0 }, objs = { 0 };
+	struct az_tnode *t;
+	struct az_defer_node *dn;
+	size_t i, j, n0, uniq = 0;
+	u64 slot;
+	int err = 0;
+
+	for (slot = 0; slot < s->nr_slots; slot++) {
+		struct az_slot *sl = &s->slots[slot];
+		unsigned int kind = (sl->flags & AZ_SLOT_KIND_MASK) >>
+				    AZ_SLOT_KIND_SHIFT;
+		u16 own = sl->flags & AZ_SLOT_OWNER_MASK;
+		struct az_obj *o;
+
+		if (!(sl->flags & AZ_SLOT_USED) || kind == AZ_KIND_SAME)
+			continue;
+		o = (struct az_obj *)(unsigned long)sl->val;
+		if (az_chk_add(&refs, o) || az_chk_add(&objs, o))
+			goto nomem;
+		AZ_CHK(!!o->base == (kind == AZ_KIND_TDELTA ||
+				     kind == AZ_KIND_XDELTA) || kind ==
+		       AZ_KIND_DUP, "slot %llu kind %u base %p",
+		       (unsigned long long)slot, kind, (void *)o->base);
+		if (!own) {
+			AZ_CHK(kind == AZ_KIND_PLAIN || kind == AZ_KIND_RAW,
+			       "unregistered slot %llu shares (kind %u)",
+			       (unsigned long long)slot, kind);
+			AZ_CHK(!o->owner, "unregistered slot %llu -> owned obj",
+			       (unsigned long long)slot);
+		} else if (o->owner) {
+			AZ_CHK(s->owners[own].group == o->group,
+			       "slot %llu group %u obj group %u",
+			       (unsigned long long)slot,
+			       s->owners[own].group, o->group);
+		} else {
+			AZ_CHK(kind == AZ_KIND_PLAIN || kind == AZ_KIND_RAW,
+			       "slot %llu registered but shares an unowned obj",
+			       (unsigned long long)slot);
+		}
+	}
+	for (i = 0; i <= s->idx.tmask; i++) {
+		for (t = s->idx.tbuckets[i]; t; t = t->next) {
+			if (az_chk_add(&refs, t->obj) ||
+			    az_chk_add(&objs, t->obj))
+				goto nomem;
+			AZ_CHK(!t->obj->base, "template entry is a delta");
+			AZ_CHK(t->obj->group == t->group,
+			       "template entry group %u obj group %u",
+			       t->group, t->obj->group);
+		}
+	}
+	/* Objects waiting for the deferred free still hold their base. */
+	for (dn = s->defer.head; dn; dn = dn->next) {
+		struct az_obj *o = container_of(dn, struct az_obj, dnode);
+
+		AZ_CHK(!az_atomic_read(&o->ref), "deferred obj has refs");
+		if (o->base && (az_chk_add(&refs, o->base) ||
+				az_chk_add(&objs, o->base)))
+			goto nomem;
+	}
+	/* Unique objects; each delta holds one reference to its base. */
+	qsort(objs.v, objs.n, sizeof(*objs.v), az_ptr_cmp);
+	n0 = objs.n;
+	for (i = 0; i < n0; i++) {
+		struct az_obj *o = objs.v[i];
+
+		if ((i && o == objs.v[i - 1]) || !o->base)
+			continue;
+		if (az_chk_add(&refs, o->base) || az_chk_add(&objs, o->base))
+			goto nomem;
+		AZ_CHK(!o->base->base, "delta chain deeper than 1");
+		AZ_CHK(o->base->group == o->group && o->owner &&
+		       o->base->owner, "delta across groups %u -> %u",
+		       o->group, o->base->group);
+		AZ_CHK(o->base->flags & (1UL << AZ_OBJ_BASE),
+		       "base not flagged");
+	}
+	qsort(objs.v, objs.n, sizeof(*objs.v), az_ptr_cmp);
+	for (i = 0; i < objs.n; i++)
+		if (!i || objs.v[i] != objs.v[i - 1])
+			uniq++;
+	qsort(refs.v, refs.n, sizeof(*refs.v), az_ptr_cmp);
+	for (i = 0; i < refs.n; i = j) {
+		for (j = i; j < refs.n && refs.v[j] == refs.v[i]; j++)
+			;
+		AZ_CHK((size_t)az_atomic_read(&refs.v[i]->ref) == j - i,
+		       "obj %p ref %d, expected %zu", (void *)refs.v[i],
+		       az_atomic_read(&refs.v[i]->ref), j - i);
+	}
+	AZ_CHK(uniq + az_atomic64_read(&s->deferred) ==
+	       az_atomic64_read(&s->objects), "objects %llu reachable %zu",
+	       (unsigned long long)az_atomic64_read(&s->objects), uniq);
+	AZ_CHK(!az_atomic64_read(&s->cross_group), "cross_group != 0");
+	free(refs.v);
+	free(objs.v);
+	return err;
+nomem:
+	free(refs.v);
+	free(objs.v);
+	return -ENOMEM;
 }
