@@ -6,13 +6,7 @@
  */
 #include <stdlib.h>
 
-#include "../az_internal.h"
-
-int az_store_debug_corrupt(struct az_store *s, u64 slot, u32 off, u8 xor);
-int az_debug_decode(struct az_ctx *ctx, const u8 *obj, u32 size,
-		    const void *base, void *page);
-int az_debug_encode(struct az_ctx *ctx, const struct az_policy *pol,
-		    const void *page, const void *base, u8 *out);
+#include "az_debug_host.h"
 
 /* XOR @xor into byte @off (modulo the size) of @slot's object. */
 int az_store_debug_corrupt(struct az_store *s, u64 slot, u32 off, u8 xor)
@@ -84,8 +78,6 @@ int az_debug_encode(struct az_ctx *ctx, const struct az_policy *pol,
  * the object count matches.  Returns 0, or -EUCLEAN after printing what
  * is wrong.
  */
-int az_store_debug_check(struct az_store *s);
-
 struct az_chk {
 	struct az_obj **v;
 	size_t n, cap;
@@ -185,7 +177,8 @@ int az_store_debug_check(struct az_store *s)
 			goto nomem;
 	}
 	/* Unique objects; each delta holds one reference to its base. */
-	qsort(objs.v, objs.n, sizeof(*objs.v), az_ptr_cmp);
+	if (objs.n)
+		qsort(objs.v, objs.n, sizeof(*objs.v), az_ptr_cmp);
 	n0 = objs.n;
 	for (i = 0; i < n0; i++) {
 		struct az_obj *o = objs.v[i];
@@ -201,11 +194,13 @@ int az_store_debug_check(struct az_store *s)
 		AZ_CHK(o->base->flags & (1UL << AZ_OBJ_BASE),
 		       "base not flagged");
 	}
-	qsort(objs.v, objs.n, sizeof(*objs.v), az_ptr_cmp);
+	if (objs.n)
+		qsort(objs.v, objs.n, sizeof(*objs.v), az_ptr_cmp);
 	for (i = 0; i < objs.n; i++)
 		if (!i || objs.v[i] != objs.v[i - 1])
 			uniq++;
-	qsort(refs.v, refs.n, sizeof(*refs.v), az_ptr_cmp);
+	if (refs.n)
+		qsort(refs.v, refs.n, sizeof(*refs.v), az_ptr_cmp);
 	for (i = 0; i < refs.n; i = j) {
 		for (j = i; j < refs.n && refs.v[j] == refs.v[i]; j++)
 			;

@@ -139,7 +139,12 @@ unsigned long az_pool_alloc(struct az_pool *p, size_t size, int gfp)
 	if (az_host_fail_allocs > 0 &&
 	    __atomic_sub_fetch(&az_host_fail_allocs, 1, AZ_SC) >= 0)
 		return 0;
+#ifdef AZ_PLANT_OOB
+	/* Deliberate off-by-one for tests/core/test_asan.py. */
+	b = malloc(sizeof(size_t) + size - 1);
+#else
 	b = malloc(sizeof(size_t) + size);
+#endif
 	if (!b)
 		return 0;
 	b[0] = size;

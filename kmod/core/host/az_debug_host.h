@@ -1,0 +1,15 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/* Host-only test hooks (host/az_debug_host.c); see controlplane/corelib.py. */
+#ifndef AZ_DEBUG_HOST_H
+#define AZ_DEBUG_HOST_H
+
+#include "../az_internal.h"
+
+int az_store_debug_corrupt(struct az_store *s, u64 slot, u32 off, u8 xor);
+int az_debug_decode(struct az_ctx *ctx, const u8 *obj, u32 size,
+		    const void *base, void *page);
+int az_debug_encode(struct az_ctx *ctx, const struct az_policy *pol,
+		    const void *page, const void *base, u8 *out);
+int az_store_debug_check(struct az_store *s);
+
+#endif /* AZ_DEBUG_HOST_H */
