@@ -161,6 +161,8 @@ def load_lib(path: str | os.PathLike[str] | None = None) -> ctypes.CDLL:
         "az_debug_decode": (ctypes.c_int, [vp, cp, u32, cp, cp]),
         "az_debug_encode": (ctypes.c_int, [vp, ctypes.POINTER(Policy), cp, cp, cp]),
         "az_store_debug_check": (ctypes.c_int, [vp]),
+        "az_host_put_batch": (ctypes.c_int, [vp, vp, u64, cp, u32, ctypes.POINTER(PageInfo)]),
+        "az_host_get_batch": (ctypes.c_int, [vp, vp, u64, vp, u32]),
     }
     for name, (res, args) in decl.items():
         fn = getattr(lib, name)
@@ -253,6 +255,41 @@ class Store:
     def get(self, slot: int) -> bytes:
         _check(self.lib.az_store_get(self._s, self._ctx.ptr, slot, self._buf), f"get slot {slot}")
         return self._buf.raw
+
+    def put_many(
+        self,
+        first_slot: int,
+        data: bytes,
+        owners: list[int] | None = None,
+        indexes: list[int] | None = None,
+    ) -> None:
+        """Store len(data) // PAGE_SIZE pages in consecutive slots (one C call)."""
+        if len(data) % PAGE_SIZE:
+            raise ValueError("data must be whole pages")
+        n = len(data) // PAGE_SIZE
+        info = None
+        if owners is not None or indexes is not None:
+            arr = (PageInfo * n)()
+            for i in range(n):
+                arr[i].owner = owners[i] if owners is not None else 0
+                arr[i].index = indexes[i] if indexes is not None else 0
+            info = arr
+        rc = self.lib.az_host_put_batch(self._s, self._ctx.ptr, first_slot, data, n, info)
+        if _check(rc, f"put_many at slot {first_slot}") != n:
+            raise CoreError(errno.ENOMEM, f"put_many stopped at slot {first_slot + rc}")
+
+    def get_many(self, first_slot: int, n: int, out: bytearray | None = None) -> bytearray:
+        """Read n consecutive slots (one C call), into ``out`` if given."""
+        if out is None:
+            out = bytearray(n * PAGE_SIZE)
+        if len(out) < n * PAGE_SIZE:
+            raise ValueError("output buffer too small")
+        cbuf = (ctypes.c_char * len(out)).from_buffer(out)
+        rc = self.lib.az_host_get_batch(self._s, self._ctx.ptr, first_slot, cbuf, n)
+        del cbuf
+        if _check(rc, f"get_many at slot {first_slot}") != n:
+            raise CoreError(errno.EIO, f"get_many failed at slot {first_slot + rc}")
+        return out
 
     def free(self, slot: int) -> None:
         self.lib.az_store_free(self._s, slot)

@@ -43,8 +43,16 @@ static inline bool az_enc_is_delta(unsigned int enc)
 	return enc >= AZ_ENC_XOR_LZ4 && enc <= AZ_ENC_DICT_LZ4;
 }
 
-/* Number of super-features per page (similarity index keys). */
-#define AZ_NR_SF	3
+/* Similarity features: see az_sim_features() in index.c. */
+#ifndef AZ_NR_SF
+#define AZ_NR_SF		3	/* super-features (index keys) */
+#endif
+#ifndef AZ_SIM_PER_SF
+#define AZ_SIM_PER_SF		2	/* min-hash features per super-feature */
+#endif
+#ifndef AZ_SIM_BLOCK_SIZE
+#define AZ_SIM_BLOCK_SIZE	32	/* bytes per hashed block */
+#endif
 
 /* Bits in az_obj.flags (atomic bitops). */
 enum {

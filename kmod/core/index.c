@@ -24,9 +24,17 @@
  */
 #include "az_internal.h"
 
-/* Objects per dedup bucket and slots per similarity entry, on average. */
+/*
+ * Sizing, fixed at create time from the number of slots: one dedup
+ * bucket per 4 slots (8 bytes each) and one similarity entry per slot
+ * (16 bytes each; every non-delta object takes AZ_NR_SF entries, the
+ * oldest drop out).  Measured with tests/core/bench_core.py: halving the
+ * similarity table halves the similar pages found on a full device.
+ */
 #define AZ_DEDUP_LOAD	4
-#define AZ_SIM_DENSITY	8
+#ifndef AZ_SIM_DENSITY
+#define AZ_SIM_DENSITY	1
+#endif
 
 static u32 az_pow2_below(u64 n, u32 min, u32 max)
 {
@@ -147,30 +155,27 @@ struct az_obj *az_dedup_find(struct az_store *s, struct az_ctx *ctx,
 /* ---- similarity ------------------------------------------------------- */
 
 /*
- * Features of a page: hash each 64-byte block, keep AZ_NR_SF * 4 min-hash
- * values (minimum over blocks of a different odd multiplier permutation
- * of the block hash) and fold each group of 4 into one super-feature.
- * Two pages share a super-feature with probability ~J^4 where J is the
- * Jaccard similarity of their block sets.
+ * Features of a page: hash each AZ_SIM_BLOCK-byte block, keep
+ * AZ_NR_SF * AZ_SIM_PER_SF min-hash values (minimum over the blocks of a
+ * different odd-multiplier permutation of the block hash) and fold each
+ * group of AZ_SIM_PER_SF into one super-feature.  Two pages share a
+ * super-feature with probability ~J^AZ_SIM_PER_SF where J is the Jaccard
+ * similarity of their block sets; small blocks keep J high when a page
+ * differs by scattered 8-byte fields (pointers, counters).
  */
-#define AZ_SIM_BLOCK	64
-#define AZ_SIM_FEAT	(AZ_NR_SF * 4)
-
-static const u64 az_sim_mul[AZ_SIM_FEAT] = {
-	0x9e3779b97f4a7c15ULL, 0xbf58476d1ce4e5b9ULL, 0x94d049bb133111ebULL,
-	0xd6e8feb86659fd93ULL, 0xa0761d6478bd642fULL, 0xe7037ed1a0b428dbULL,
-	0x8ebc6af09c88c6e3ULL, 0x589965cc75374cc3ULL, 0x1d8e4e27c47d124fULL,
-	0xc2b2ae3d27d4eb4fULL, 0x165667b19e3779f9ULL, 0x85ebca77c2b2ae63ULL,
-};
+#define AZ_SIM_BLOCK	AZ_SIM_BLOCK_SIZE
+#define AZ_SIM_FEAT	(AZ_NR_SF * AZ_SIM_PER_SF)
 
 void az_sim_features(const void *page, u64 *sf)
 {
 	const u64 *w = page;
-	u64 feat[AZ_SIM_FEAT];
+	u64 feat[AZ_SIM_FEAT], mul[AZ_SIM_FEAT];
 	unsigned int b, i, j;
 
-	for (i = 0; i < AZ_SIM_FEAT; i++)
+	for (i = 0; i < AZ_SIM_FEAT; i++) {
 		feat[i] = ~0ULL;
+		mul[i] = az_mix(0x9e3779b97f4a7c15ULL * (i + 1)) | 1;
+	}
 	for (b = 0; b < AZ_PAGE_SIZE / AZ_SIM_BLOCK; b++) {
 		const u64 *p = w + b * (AZ_SIM_BLOCK / sizeof(u64));
 		u64 h = 0x27d4eb2f165667c5ULL;
@@ -179,15 +184,19 @@ void az_sim_features(const void *page, u64 *sf)
 			h = (h ^ p[j]) * 0x100000001b3ULL + (h >> 29);
 		h = az_mix(h);
 		for (i = 0; i < AZ_SIM_FEAT; i++) {
-			u64 v = h * az_sim_mul[i] + (h >> 31);
+			u64 v = h * mul[i];
 
 			if (v < feat[i])
 				feat[i] = v;
 		}
 	}
-	for (i = 0; i < AZ_NR_SF; i++)
-		sf[i] = az_mix(feat[4 * i] ^ az_mix(feat[4 * i + 1] ^
-			       az_mix(feat[4 * i + 2] ^ az_mix(feat[4 * i + 3]))));
+	for (i = 0; i < AZ_NR_SF; i++) {
+		u64 x = 0;
+
+		for (j = 0; j < AZ_SIM_PER_SF; j++)
+			x = az_mix(x ^ feat[i * AZ_SIM_PER_SF + j]);
+		sf[i] = x;
+	}
 }
 
 static inline u64 az_sim_key(u32 group, unsigned int i, u64 sf)

@@ -220,3 +220,39 @@ nomem:
 	free(objs.v);
 	return -ENOMEM;
 }
+
+/*
+ * Batch calls for replay and benchmarks (one ctypes call per batch):
+ * page i of @pages goes to slot @first + i with @pi[i] (or no info).
+ * Return the number done before the first error, or the error if none.
+ */
+int az_host_put_batch(struct az_store *s, struct az_ctx *ctx, u64 first,
+		      const u8 *pages, u32 n, const struct az_page_info *pi)
+{
+	u32 i;
+	int err;
+
+	for (i = 0; i < n; i++) {
+		err = az_store_put(s, ctx, first + i,
+				   pages + (size_t)i * AZ_PAGE_SIZE,
+				   pi ? &pi[i] : NULL);
+		if (err)
+			return i ? (int)i : err;
+	}
+	return n;
+}
+
+int az_host_get_batch(struct az_store *s, struct az_ctx *ctx, u64 first,
+		      u8 *pages, u32 n)
+{
+	u32 i;
+	int err;
+
+	for (i = 0; i < n; i++) {
+		err = az_store_get(s, ctx, first + i,
+				   pages + (size_t)i * AZ_PAGE_SIZE);
+		if (err)
+			return i ? (int)i : err;
+	}
+	return n;
+}

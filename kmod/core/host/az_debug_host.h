@@ -11,5 +11,9 @@ int az_debug_decode(struct az_ctx *ctx, const u8 *obj, u32 size,
 int az_debug_encode(struct az_ctx *ctx, const struct az_policy *pol,
 		    const void *page, const void *base, u8 *out);
 int az_store_debug_check(struct az_store *s);
+int az_host_put_batch(struct az_store *s, struct az_ctx *ctx, u64 first,
+		      const u8 *pages, u32 n, const struct az_page_info *pi);
+int az_host_get_batch(struct az_store *s, struct az_ctx *ctx, u64 first,
+		      u8 *pages, u32 n);
 
 #endif /* AZ_DEBUG_HOST_H */
