@@ -110,6 +110,7 @@ static inline struct az_defer_node *az_defer_next(struct az_defer_node *n)
 }
 
 void az_defer_sync(struct az_defer *d);
+void az_defer_destroy(struct az_defer *d);
 
 #define az_err(fmt, ...)	fprintf(stderr, "azswap: " fmt, ##__VA_ARGS__)
 #define az_warn(fmt, ...)	fprintf(stderr, "azswap: " fmt, ##__VA_ARGS__)

@@ -45,6 +45,12 @@ void az_defer_sync(struct az_defer *d)
 	flush_work(&d->work);
 }
 
+void az_defer_destroy(struct az_defer *d)
+{
+	cancel_work_sync(&d->work);
+	WARN_ON_ONCE(!llist_empty(&d->list));
+}
+
 /* Pool: zsmalloc.  The struct is the zs_pool itself. */
 struct az_pool *az_pool_create(const char *name)
 {

@@ -124,6 +124,8 @@ static inline struct az_defer_node *az_defer_next(struct az_defer_node *n)
 
 /* Wait for a running worker; process context. */
 void az_defer_sync(struct az_defer *d);
+/* Cancel and wait for the worker before the deferral goes away. */
+void az_defer_destroy(struct az_defer *d);
 
 #define az_err(fmt, ...)	pr_err("azswap: " fmt, ##__VA_ARGS__)
 #define az_warn(fmt, ...)	pr_warn("azswap: " fmt, ##__VA_ARGS__)

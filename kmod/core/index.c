@@ -377,6 +377,7 @@ int az_template_set(struct az_store *s, u32 group, u64 index, u16 owner,
 	return 0;
 }
 
+/* Walks the whole table, dropping idx_lock every 1024 buckets. */
 void az_template_drop_owner(struct az_store *s, u16 owner)
 {
 	struct az_index *x = &s->idx;
@@ -385,6 +386,11 @@ void az_template_drop_owner(struct az_store *s, u16 owner)
 
 	az_spin_lock(&s->idx_lock);
 	for (b = 0; b <= x->tmask; b++) {
+		if (b && !(b & 1023)) {
+			az_spin_unlock(&s->idx_lock);
+			az_cond_resched();
+			az_spin_lock(&s->idx_lock);
+		}
 		pp = &x->tbuckets[b];
 		while ((t = *pp)) {
 			if (t->owner != owner) {

@@ -377,7 +377,11 @@ void az_store_destroy(struct az_store *s)
 	for (o = 1; o < AZ_MAX_OWNERS; o++)
 		if (s->owners[o].flags & AZ_OWN_TEMPLATE)
 			az_template_drop_owner(s, o);
-	az_store_drain(s);
+	/* Freeing a delta may queue its base: drain until nothing is left. */
+	do {
+		az_store_drain(s);
+	} while (az_atomic64_read(&s->deferred));
+	az_defer_destroy(&s->defer);
 	AZ_WARN_ON(az_atomic64_read(&s->objects));
 	az_index_destroy(s);
 	az_pool_destroy(s->pool);

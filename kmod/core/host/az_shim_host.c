@@ -96,6 +96,12 @@ void az_defer_sync(struct az_defer *d)
 	(void)d;
 }
 
+void az_defer_destroy(struct az_defer *d)
+{
+	if (__atomic_load_n(&d->head, AZ_SC))
+		fprintf(stderr, "azswap: deferral destroyed with work queued\n");
+}
+
 /*
  * Pool: each object is its own malloc block so that ASan catches any
  * access past its end.  A thread-local flag enforces zsmalloc's one
