@@ -1,9 +1,9 @@
 /* SPDX-License-Identifier: GPL-2.0 */
 /*
  * azswap store core: the public API used by the kernel glue (the .c files
- * in kmod/) and by the host library (build/libazcore.so, used by tests, fuzzing and
- * trace replay).  Everything below is plain C; the only environment calls
- * go through az_shim.h.
+ * in kmod/) and by the host library (build/libazcore.so, used by tests,
+ * fuzzing and trace replay).  Everything below is plain C; the only
+ * environment calls go through az_shim.h.  Design notes: docs/store.md.
  *
  * A store maps swap slots (0 .. nr_slots-1) to stored pages.  Every page is
  * kept in the cheapest representation the policy allows:
@@ -21,9 +21,13 @@
  * stored SAME/PLAIN/RAW only.
  *
  * Concurrency contract for callers:
- *   - az_store_put/get may sleep (allocation with AZ_GFP_MAYSLEEP) unless
- *     told otherwise; each call needs exclusive use of the az_ctx it is
- *     given (the glue keeps one per CPU, guarded by a mutex).
+ *   - az_store_put and az_store_template_load may sleep (the second
+ *     allocation attempt uses AZ_GFP_MAYSLEEP = GFP_NOIO); az_store_get
+ *     never sleeps (it decodes under the slot's bit spinlock, like zram).
+ *     Each call needs exclusive use of the az_ctx it is given (the glue
+ *     keeps one per CPU, guarded by a mutex).
+ *   - Registry calls (add/del sandbox/template) run in process context;
+ *     az_store_del_* may briefly wait for puts in flight for that owner.
  *   - az_store_free never sleeps and never allocates: it may run under the
  *     swap lock (swap_slot_free_notify).
  *   - Different slots may be used concurrently; calls on the same slot are
@@ -62,7 +66,13 @@ struct az_page_info {
 	u64 index;	/* page->index: linear page index / file page offset */
 };
 
-/* Store-wide policy; az_store_set_policy validates every field. */
+/*
+ * Store-wide policy; az_store_set_policy validates every field.
+ * Defaults: lz4, level 3, dedup/tdelta/xdelta on, sim_effort 4,
+ * delta_max_pct 80, verify on (a load whose page does not hash to the
+ * value recorded at store time fails with -EIO; costs ~10% of load
+ * throughput on the host).
+ */
 struct az_policy {
 	u32 codec;		/* enum az_codec: codec for PLAIN objects */
 	u32 level;		/* zstd level 1..9 (ignored for lz4) */
@@ -71,7 +81,7 @@ struct az_policy {
 	u32 xdelta;		/* bool: similarity (cross-sandbox) delta */
 	u32 sim_effort;		/* candidates checked per page, 0..64 */
 	u32 delta_max_pct;	/* accept a delta only if <= this % of plain */
-	u32 verify;		/* bool: check xxh64 of every page read back */
+	u32 verify;		/* bool: xxh64-check every page read back */
 };
 
 /* Global statistics (one snapshot; counters are monotonic unless noted). */
@@ -96,15 +106,30 @@ struct az_stats {
 	u64 deferred;		/* objects waiting for the deferred free */
 };
 
-/* Per owner (sandbox or template) statistics. */
+/*
+ * Per owner (sandbox or template) statistics.
+ *
+ * Accounting rule ("creator pays"): every stored object is charged, for
+ * its whole life, to the owner whose page created it.  Its bytes count in
+ * that owner's exclusive_bytes until anything else refers to it (a DUP
+ * slot, a delta using it as base, a template index entry); from then on
+ * they count in the creator's shared_bytes, even after the creator's own
+ * slot is freed or the creator is removed.  Slots that merely refer to
+ * someone else's object (DUP) cost their owner 0 bytes; a delta object
+ * is charged to its own creator.  So for every owner entry, including
+ * cgroup id 0 (all unregistered cgroups) and removed owners that still
+ * own bytes:  sum(exclusive_bytes + shared_bytes) == stored_bytes,
+ * sum(pages) == pages_stored and sum(kind_pages[k]) == kind_pages[k];
+ * template owners' bytes sum to template_bytes.
+ */
 struct az_owner_stats {
 	u64 cgroup_id;
 	u32 group;		/* trust group */
 	u32 is_template;
 	u64 pages;		/* slots this owner holds now */
-	u64 orig_bytes;
-	u64 exclusive_bytes;	/* objects only this owner references */
-	u64 shared_bytes;	/* its share of shared objects (see ABI doc) */
+	u64 orig_bytes;		/* pages * AZ_PAGE_SIZE */
+	u64 exclusive_bytes;	/* bytes of objects it created, unshared */
+	u64 shared_bytes;	/* bytes of objects it created, now shared */
 	u64 kind_pages[AZ_NR_KINDS];
 	u64 template_pages;	/* its pages in the template index */
 	u32 registered;		/* 0 once removed (kept while it owns bytes) */
@@ -151,8 +176,15 @@ void az_store_get_stats(struct az_store *s, struct az_stats *st);
 u64 az_store_nr_slots(struct az_store *s);
 
 /*
- * Registry (netlink commands map onto these).  Errors: -EEXIST duplicate,
- * -ENOENT unknown, -EINVAL bad argument, -ENOMEM, -EBUSY removal refused.
+ * Registry (netlink commands map onto these).  Errors: -EEXIST duplicate
+ * (the id is registered, as a sandbox or a template), -ENOENT unknown (or
+ * of the other kind), -EINVAL cgroup id 0, -ENOSPC owner table full
+ * (1023 owners per store).  Removal always succeeds for a registered
+ * owner: its stored pages stay readable and stay charged to it (listed
+ * with registered = 0) until they are freed; new pages of that cgroup are
+ * stored unshared.  Removing a template also drops its template index
+ * entries; bases in use by deltas live on.  Re-adding a removed owner
+ * reuses its entry.
  */
 int az_store_add_sandbox(struct az_store *s, u64 cgroup_id, u32 group);
 int az_store_del_sandbox(struct az_store *s, u64 cgroup_id);
@@ -161,7 +193,10 @@ int az_store_add_template(struct az_store *s, u64 cgroup_id, u32 group);
 int az_store_del_template(struct az_store *s, u64 cgroup_id);
 /*
  * Snapshot-file templates: @tid is a synthetic owner id registered with
- * az_store_add_template(); each page becomes a base keyed by @index.
+ * az_store_add_template(); each page becomes a base keyed by @index (a
+ * page already loaded at that index in the group is replaced).  A
+ * same-filled page stores nothing and returns 0.  -ENOENT when @tid is not
+ * a registered template, -ENOMEM when the pool is full.
  */
 int az_store_template_load(struct az_store *s, struct az_ctx *ctx, u64 tid,
 			   u64 index, const void *page);
