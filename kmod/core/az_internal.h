@@ -88,8 +88,18 @@ struct az_obj {
 
 /*
  * A slot: @flags holds the lock bit, a used bit, the kind and the owner
- * index; @val is the repeated word (SAME) or a struct az_obj pointer.
- * Both are protected by the slot's bit lock.
+ * index; @val is the repeated word (SAME), a struct az_obj pointer, or -
+ * for a DIRECT slot - a pool handle.  Both are protected by the slot's bit
+ * lock.
+ *
+ * DIRECT slots are the zram-style fast path for pages that can never be
+ * shared (unregistered owners): PLAIN/RAW objects without an az_obj, the
+ * object size and the top 26 bits of the page's xxh64 kept in @flags.
+ *
+ *   bits  0-11  owner index       bit 17     DIRECT
+ *   bits 12-15  kind              bit 24     lock
+ *   bit  16     used              bits 25-37 object size (DIRECT)
+ *                                 bits 38-63 xxh64 >> 38 (DIRECT)
  */
 struct az_slot {
 	unsigned long flags;
@@ -100,7 +110,28 @@ struct az_slot {
 #define AZ_SLOT_KIND_SHIFT	12
 #define AZ_SLOT_KIND_MASK	(0xfUL << AZ_SLOT_KIND_SHIFT)
 #define AZ_SLOT_USED		(1UL << 16)
+#define AZ_SLOT_DIRECT		(1UL << 17)
 #define AZ_SLOT_LOCK_BIT	24
+#define AZ_SLOT_SIZE_SHIFT	25
+#define AZ_SLOT_SIZE_MASK	0x1fffUL
+#define AZ_SLOT_CHECK_SHIFT	38
+
+static inline unsigned int az_slot_kind(unsigned long flags)
+{
+	return (flags & AZ_SLOT_KIND_MASK) >> AZ_SLOT_KIND_SHIFT;
+}
+
+static inline u32 az_slot_size(unsigned long flags)
+{
+	return (flags >> AZ_SLOT_SIZE_SHIFT) & AZ_SLOT_SIZE_MASK;
+}
+
+/* The part of a page hash a DIRECT slot keeps, in place. */
+static inline unsigned long az_slot_check(u64 hash)
+{
+	return (unsigned long)(hash >> AZ_SLOT_CHECK_SHIFT) <<
+	       AZ_SLOT_CHECK_SHIFT;
+}
 
 /* ---- owners ----------------------------------------------------------- */
 

@@ -23,6 +23,11 @@
 #include <linux/printk.h>
 #include <linux/log2.h>
 
+/* Slot flags pack a size and a hash check above bit 32 (az_internal.h). */
+#if BITS_PER_LONG != 64
+#error "azswap's store core needs a 64-bit kernel"
+#endif
+
 #define AZ_GFP_NOWAIT	0
 #define AZ_GFP_MAYSLEEP	1
 

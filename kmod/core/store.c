@@ -85,13 +85,17 @@ static void az_fill_page(void *page, u64 v)
 
 /* ---- objects ---------------------------------------------------------- */
 
-static struct az_obj *az_obj_alloc(struct az_store *s, u32 size, int gfp)
+static unsigned long az_pool_alloc2(struct az_store *s, u32 size);
+
+static struct az_obj *az_obj_alloc(struct az_store *s, u32 size)
 {
-	struct az_obj *o = az_zalloc(sizeof(*o), gfp);
+	struct az_obj *o = az_zalloc(sizeof(*o), AZ_GFP_NOWAIT);
 
 	if (!o)
+		o = az_zalloc(sizeof(*o), AZ_GFP_MAYSLEEP);
+	if (!o)
 		return NULL;
-	o->handle = az_pool_alloc(s->pool, size, gfp);
+	o->handle = az_pool_alloc2(s, size);
 	if (!o->handle) {
 		az_free(o);
 		return NULL;
@@ -260,6 +264,26 @@ static void az_account_slot(struct az_store *s, unsigned int kind, u16 own,
 	}
 }
 
+/* Release what a slot referred to (after it was emptied). */
+static void az_slot_release(struct az_store *s, unsigned long flags, u64 val)
+{
+	unsigned int kind = az_slot_kind(flags);
+	u32 size;
+
+	az_account_slot(s, kind, flags & AZ_SLOT_OWNER_MASK, -1);
+	if (kind == AZ_KIND_SAME)
+		return;
+	if (flags & AZ_SLOT_DIRECT) {
+		size = az_slot_size(flags);
+		az_pool_free(s->pool, (unsigned long)val);
+		az_atomic64_sub(size, &s->stored_bytes);
+		az_atomic64_dec(&s->objects);
+		az_atomic64_sub(size, &s->owners[0].excl_bytes);
+		return;
+	}
+	az_obj_put(s, (struct az_obj *)(unsigned long)val);
+}
+
 /* Empty @slot.  Atomic context safe. */
 static void az_slot_clear(struct az_store *s, u64 slot)
 {
@@ -277,15 +301,15 @@ static void az_slot_clear(struct az_store *s, u64 slot)
 	if (!(flags & AZ_SLOT_USED))
 		return;
 	az_atomic64_inc(&s->frees);
-	az_account_slot(s, (flags & AZ_SLOT_KIND_MASK) >> AZ_SLOT_KIND_SHIFT,
-			flags & AZ_SLOT_OWNER_MASK, -1);
-	if (((flags & AZ_SLOT_KIND_MASK) >> AZ_SLOT_KIND_SHIFT) != AZ_KIND_SAME)
-		az_obj_put(s, (struct az_obj *)(unsigned long)val);
+	az_slot_release(s, flags, val);
 }
 
-/* Fill an empty slot; a racing put on the same slot loses its old page. */
+/*
+ * Fill an empty slot.  @extra: AZ_SLOT_DIRECT, size and check bits.  A
+ * racing put on the same slot (callers must not do that) loses its page.
+ */
 static void az_slot_set(struct az_store *s, u64 slot, unsigned int kind,
-			u16 own, u64 val)
+			u16 own, u64 val, unsigned long extra)
 {
 	struct az_slot *sl = &s->slots[slot];
 	unsigned long old;
@@ -297,18 +321,11 @@ static void az_slot_set(struct az_store *s, u64 slot, unsigned int kind,
 	oval = sl->val;
 	sl->val = val;
 	sl->flags = (old & (1UL << AZ_SLOT_LOCK_BIT)) | AZ_SLOT_USED |
-		    ((unsigned long)kind << AZ_SLOT_KIND_SHIFT) | own;
+		    ((unsigned long)kind << AZ_SLOT_KIND_SHIFT) | own | extra;
 	az_slot_unlock(s, slot);
 
-	/* Only when callers broke the one-writer-per-slot rule. */
-	if (az_unlikely(old & AZ_SLOT_USED)) {
-		az_account_slot(s, (old & AZ_SLOT_KIND_MASK) >>
-				AZ_SLOT_KIND_SHIFT, old & AZ_SLOT_OWNER_MASK,
-				-1);
-		if (((old & AZ_SLOT_KIND_MASK) >> AZ_SLOT_KIND_SHIFT) !=
-		    AZ_KIND_SAME)
-			az_obj_put(s, (struct az_obj *)(unsigned long)oval);
-	}
+	if (az_unlikely(old & AZ_SLOT_USED))
+		az_slot_release(s, old, oval);
 }
 
 /* ---- store ------------------------------------------------------------ */
@@ -522,6 +539,49 @@ static void az_choose(struct az_store *s, struct az_ctx *ctx,
 	}
 }
 
+/* Two-phase pool allocation (zram): no reclaim first, then GFP_NOIO. */
+static unsigned long az_pool_alloc2(struct az_store *s, u32 size)
+{
+	unsigned long h = az_pool_alloc(s->pool, size, AZ_GFP_NOWAIT);
+
+	if (!h)
+		h = az_pool_alloc(s->pool, size, AZ_GFP_MAYSLEEP);
+	if (h && s->mem_limit && az_pool_bytes(s->pool) > s->mem_limit) {
+		az_pool_free(s->pool, h);
+		h = 0;
+	}
+	return h;
+}
+
+/* Unshareable page: PLAIN/RAW in a DIRECT slot, no az_obj. */
+static int az_put_direct(struct az_store *s, struct az_ctx *ctx,
+			 const struct az_policy *pol, u64 slot,
+			 const void *page, u64 hash)
+{
+	unsigned long h;
+	u32 size;
+	void *dst;
+	u8 enc;
+
+	size = az_encode_plain(ctx, pol, page, ctx->obuf, &enc);
+	h = az_pool_alloc2(s, size);
+	if (!h) {
+		az_atomic64_inc(&s->failed_stores);
+		return -ENOMEM;
+	}
+	dst = az_pool_map(s->pool, h, true);
+	memcpy(dst, size == AZ_PAGE_SIZE ? page : ctx->obuf, size);
+	az_pool_unmap(s->pool, h);
+	az_atomic64_add(size, &s->stored_bytes);
+	az_atomic64_inc(&s->objects);
+	az_atomic64_add(size, &s->owners[0].excl_bytes);
+	az_slot_set(s, slot, size == AZ_PAGE_SIZE ? AZ_KIND_RAW : AZ_KIND_PLAIN,
+		    0, h, AZ_SLOT_DIRECT |
+		    ((unsigned long)size << AZ_SLOT_SIZE_SHIFT) |
+		    (pol->verify ? az_slot_check(hash) : 0));
+	return 0;
+}
+
 int az_store_put(struct az_store *s, struct az_ctx *ctx, u64 slot,
 		 const void *page, const struct az_page_info *pi)
 {
@@ -541,12 +601,16 @@ int az_store_put(struct az_store *s, struct az_ctx *ctx, u64 slot,
 
 	az_owner_pin(s, pi ? pi->owner : 0, &pin);
 	if (az_page_same(page, &word)) {
-		az_slot_set(s, slot, AZ_KIND_SAME, pin.idx, word);
+		az_slot_set(s, slot, AZ_KIND_SAME, pin.idx, word, 0);
 		err = 0;
 		goto out;
 	}
 	if (pin.reg || pol.verify)
 		hash = az_xxh64(page, AZ_PAGE_SIZE, 0);
+	if (!pin.reg) {
+		err = az_put_direct(s, ctx, &pol, slot, page, hash);
+		goto out;
+	}
 	if (pin.reg && pol.xdelta)
 		az_sim_features(page, sf);
 	az_choose(s, ctx, &pol, page, pi, &pin, hash, sf, &c, &o);
@@ -555,20 +619,13 @@ int az_store_put(struct az_store *s, struct az_ctx *ctx, u64 slot,
 		if (pin.tmpl && pi)
 			az_template_set(s, pin.group, pi->index, pin.idx, o);
 		az_slot_set(s, slot, AZ_KIND_DUP, pin.idx,
-			    (u64)(unsigned long)o);
+			    (u64)(unsigned long)o, 0);
 		err = 0;
 		goto out;
 	}
-	o = az_obj_alloc(s, c.size, AZ_GFP_NOWAIT);
-	if (!o)
-		o = az_obj_alloc(s, c.size, AZ_GFP_MAYSLEEP);
+	o = az_obj_alloc(s, c.size);
 	if (!o)
 		goto nomem;
-	if (s->mem_limit && az_pool_bytes(s->pool) > s->mem_limit) {
-		az_pool_free(s->pool, o->handle);
-		az_free(o);
-		goto nomem;
-	}
 	o->enc = c.enc;
 	o->owner = pin.idx;
 	o->group = pin.group;
@@ -584,7 +641,7 @@ int az_store_put(struct az_store *s, struct az_ctx *ctx, u64 slot,
 		az_index_insert(s, o, pol.xdelta && !c.base ? sf : NULL);
 	if (pin.tmpl && pi)
 		az_template_set(s, pin.group, pi->index, pin.idx, o);
-	az_slot_set(s, slot, c.kind, pin.idx, (u64)(unsigned long)o);
+	az_slot_set(s, slot, c.kind, pin.idx, (u64)(unsigned long)o, 0);
 	err = 0;
 	goto out;
 
@@ -616,11 +673,24 @@ int az_store_get(struct az_store *s, struct az_ctx *ctx, u64 slot, void *page)
 		memset(page, 0, AZ_PAGE_SIZE);
 		return 0;
 	}
-	if (((flags & AZ_SLOT_KIND_MASK) >> AZ_SLOT_KIND_SHIFT) ==
-	    AZ_KIND_SAME) {
+	if (az_slot_kind(flags) == AZ_KIND_SAME) {
 		az_fill_page(page, sl->val);
 		az_slot_unlock(s, slot);
 		return 0;
+	}
+	if (flags & AZ_SLOT_DIRECT) {
+		unsigned long h = (unsigned long)sl->val;
+		void *src = az_pool_map(s->pool, h, false);
+
+		err = az_decode(ctx, src, az_slot_size(flags), NULL, page);
+		az_pool_unmap(s->pool, h);
+		/* The check bits are 0 when stored with verify off. */
+		if (!err && s->pol.verify && (flags >> AZ_SLOT_CHECK_SHIFT) &&
+		    az_slot_check(az_xxh64(page, AZ_PAGE_SIZE, 0)) !=
+		    (flags & ~((1UL << AZ_SLOT_CHECK_SHIFT) - 1)))
+			err = -EIO;
+		az_slot_unlock(s, slot);
+		goto done;
 	}
 	/* The slot lock keeps the object (and so its base) alive. */
 	o = (struct az_obj *)(unsigned long)sl->val;
@@ -628,6 +698,7 @@ int az_store_get(struct az_store *s, struct az_ctx *ctx, u64 slot, void *page)
 	if (!err && s->pol.verify && az_xxh64(page, AZ_PAGE_SIZE, 0) != o->hash)
 		err = -EIO;
 	az_slot_unlock(s, slot);
+done:
 	if (err)
 		az_atomic64_inc(&s->failed_loads);
 	return err;
@@ -650,7 +721,7 @@ int az_store_slot_kind(struct az_store *s, u64 slot)
 	az_slot_unlock(s, slot);
 	if (!(flags & AZ_SLOT_USED))
 		return -ENOENT;
-	return (flags & AZ_SLOT_KIND_MASK) >> AZ_SLOT_KIND_SHIFT;
+	return az_slot_kind(flags);
 }
 
 /*
@@ -687,14 +758,9 @@ int az_store_template_load(struct az_store *s, struct az_ctx *ctx, u64 tid,
 		goto out;
 	}
 	err = -ENOMEM;
-	o = az_obj_alloc(s, c.size, AZ_GFP_MAYSLEEP);
+	o = az_obj_alloc(s, c.size);
 	if (!o)
 		goto out;
-	if (s->mem_limit && az_pool_bytes(s->pool) > s->mem_limit) {
-		az_pool_free(s->pool, o->handle);
-		az_free(o);
-		goto out;
-	}
 	o->enc = c.enc;
 	o->owner = pin.idx;
 	o->group = pin.group;

@@ -69,6 +69,7 @@ def run_core(all_pages: list[bytes], owners, indexes, setup=None, **pol) -> dict
         "get": mbps(len(data), tget),
         "kinds": st["kind_pages"],
         "index": st["index_bytes"],
+        "meta": st["meta_bytes"],
     }
 
 
@@ -134,11 +135,15 @@ def main() -> None:
         ("  same, sim_effort=16", run_core(allp, owners, shuffled, reg, codec=0, sim_effort=16)),
     ]
     print(f"{len(allp)} pages ({len(allp) * PAGE_SIZE / 2**20:.1f} MiB)")
-    print(f"{'system':26} {'stored MiB':>10} {'ratio':>6} {'put MB/s':>9} {'get MB/s':>9}")
+    print("stored = object bytes; meta = slot table, object headers and indexes (core only)")
+    hdr = f"{'system':26} {'stored MiB':>10} {'ratio':>6} {'put MB/s':>9} {'get MB/s':>9}"
+    print(f"{hdr} {'meta MiB':>9} {'index KiB':>9}  kinds")
     for name, r in rows:
+        meta = f"{r['meta'] / 2**20:9.2f} {r['index'] / 1024:9.0f}" if "meta" in r else " " * 19
+        kinds = " ".join(f"{k}={v}" for k, v in r.get("kinds", {}).items() if v)
         print(
             f"{name:26} {r['stored'] / 2**20:10.2f} {r['ratio']:6.2f} "
-            f"{r['put']:9.0f} {r['get']:9.0f}  {r.get('kinds', '')}"
+            f"{r['put']:9.0f} {r['get']:9.0f} {meta}  {kinds}"
         )
 
 

@@ -26,6 +26,14 @@ int az_store_debug_corrupt(struct az_store *s, u64 slot, u32 off, u8 xor)
 		err = -ENOENT;
 		goto out;
 	}
+	if (sl->flags & AZ_SLOT_DIRECT) {
+		unsigned long h = (unsigned long)sl->val;
+
+		p = az_pool_map(s->pool, h, true);
+		p[off % az_slot_size(sl->flags)] ^= xor;
+		az_pool_unmap(s->pool, h);
+		goto out;
+	}
 	o = (struct az_obj *)(unsigned long)sl->val;
 	p = az_pool_map(s->pool, o->handle, true);
 	p[off % o->size] ^= xor;
@@ -119,7 +127,7 @@ int az_store_debug_check(struct az_store *s)
 	struct az_chk refs = { 0 }, objs = { 0 };
 	struct az_tnode *t;
 	struct az_defer_node *dn;
-	size_t i, j, n0, uniq = 0;
+	size_t i, j, n0, uniq = 0, direct = 0;
 	u64 slot;
 	int err = 0;
 
@@ -132,6 +140,14 @@ int az_store_debug_check(struct az_store *s)
 
 		if (!(sl->flags & AZ_SLOT_USED) || kind == AZ_KIND_SAME)
 			continue;
+		if (sl->flags & AZ_SLOT_DIRECT) {
+			AZ_CHK(!own && (kind == AZ_KIND_PLAIN ||
+					kind == AZ_KIND_RAW),
+			       "direct slot %llu owner %u kind %u",
+			       (unsigned long long)slot, own, kind);
+			direct++;
+			continue;
+		}
 		o = (struct az_obj *)(unsigned long)sl->val;
 		if (az_chk_add(&refs, o) || az_chk_add(&objs, o))
 			goto nomem;
@@ -208,7 +224,7 @@ int az_store_debug_check(struct az_store *s)
 		       "obj %p ref %d, expected %zu", (void *)refs.v[i],
 		       az_atomic_read(&refs.v[i]->ref), j - i);
 	}
-	AZ_CHK(uniq + az_atomic64_read(&s->deferred) ==
+	AZ_CHK(uniq + direct + az_atomic64_read(&s->deferred) ==
 	       az_atomic64_read(&s->objects), "objects %llu reachable %zu",
 	       (unsigned long long)az_atomic64_read(&s->objects), uniq);
 	AZ_CHK(!az_atomic64_read(&s->cross_group), "cross_group != 0");
