@@ -209,7 +209,8 @@ struct az_store {
 	az_atomic64_t stored_bytes;
 	az_atomic64_t template_bytes;
 	az_atomic64_t template_pages;
-	az_atomic64_t objects;
+	az_atomic64_t objects;		/* including DIRECT ones */
+	az_atomic64_t direct;		/* DIRECT objects (no az_obj) */
 	az_atomic64_t bases;
 	az_atomic64_t kind_pages[AZ_NR_KINDS];
 	az_atomic64_t failed_stores;
@@ -274,7 +275,7 @@ void az_owners_init(struct az_store *s);
 
 /* ---- index.c ---------------------------------------------------------- */
 
-int az_index_init(struct az_store *s);
+int az_index_ensure(struct az_store *s);
 void az_index_destroy(struct az_store *s);
 u64 az_index_bytes(struct az_store *s);
 /* Identical page in @group: returns a referenced object or NULL. */

@@ -45,42 +45,63 @@ static u32 az_pow2_below(u64 n, u32 min, u32 max)
 	return p;
 }
 
-int az_index_init(struct az_store *s)
+static void az_index_free(struct az_index *x)
 {
-	struct az_index *x = &s->idx;
-	u32 nd, nt, ns;
-
-	nd = az_pow2_below(s->nr_slots / AZ_DEDUP_LOAD, 256, 1U << 22);
-	nt = az_pow2_below(s->nr_slots / 8, 256, 1U << 20);
-	ns = az_pow2_below(s->nr_slots / AZ_SIM_DENSITY / AZ_SIM_WAYS, 64,
-			   1U << 20);
-	x->dbuckets = az_valloc(nd * sizeof(*x->dbuckets));
-	x->tbuckets = az_valloc(nt * sizeof(*x->tbuckets));
-	x->sim = az_valloc((size_t)ns * AZ_SIM_WAYS * sizeof(*x->sim));
-	if (!x->dbuckets || !x->tbuckets || !x->sim) {
-		az_index_destroy(s);
-		return -ENOMEM;
-	}
-	x->dmask = nd - 1;
-	x->tmask = nt - 1;
-	x->smask = ns - 1;
-	x->table_bytes = nd * sizeof(*x->dbuckets) +
-			 nt * sizeof(*x->tbuckets) +
-			 (u64)ns * AZ_SIM_WAYS * sizeof(*x->sim);
-	return 0;
-}
-
-void az_index_destroy(struct az_store *s)
-{
-	struct az_index *x = &s->idx;
-
-	AZ_WARN_ON(x->tnodes);
 	az_vfree(x->sim);
 	az_vfree(x->tbuckets);
 	az_vfree(x->dbuckets);
 	x->sim = NULL;
 	x->tbuckets = NULL;
 	x->dbuckets = NULL;
+}
+
+/*
+ * The indexes are allocated when the first owner is registered, so a
+ * store that is only used zram-style pays nothing for them.  Process
+ * context.  The tables are installed under reg_lock before any owner is
+ * marked registered; puts only touch them after pinning a registered
+ * owner under the same lock, which orders the accesses.
+ */
+int az_index_ensure(struct az_store *s)
+{
+	struct az_index x = { 0 };
+	u32 nd, nt, ns;
+
+	if (s->idx.dbuckets)	/* racy peek; installed once, never freed */
+		return 0;
+	nd = az_pow2_below(s->nr_slots / AZ_DEDUP_LOAD, 256, 1U << 22);
+	nt = az_pow2_below(s->nr_slots / 8, 256, 1U << 20);
+	ns = az_pow2_below(s->nr_slots / AZ_SIM_DENSITY / AZ_SIM_WAYS, 64,
+			   1U << 22);
+	x.dbuckets = az_valloc(nd * sizeof(*x.dbuckets));
+	x.tbuckets = az_valloc(nt * sizeof(*x.tbuckets));
+	x.sim = az_valloc((size_t)ns * AZ_SIM_WAYS * sizeof(*x.sim));
+	if (!x.dbuckets || !x.tbuckets || !x.sim) {
+		az_index_free(&x);
+		return -ENOMEM;
+	}
+	x.dmask = nd - 1;
+	x.tmask = nt - 1;
+	x.smask = ns - 1;
+	x.table_bytes = nd * sizeof(*x.dbuckets) + nt * sizeof(*x.tbuckets) +
+			(u64)ns * AZ_SIM_WAYS * sizeof(*x.sim);
+
+	az_spin_lock(&s->reg_lock);
+	if (!s->idx.dbuckets) {
+		s->idx = x;
+		x.dbuckets = NULL;
+		x.tbuckets = NULL;
+		x.sim = NULL;
+	}
+	az_spin_unlock(&s->reg_lock);
+	az_index_free(&x);
+	return 0;
+}
+
+void az_index_destroy(struct az_store *s)
+{
+	AZ_WARN_ON(s->idx.tnodes);
+	az_index_free(&s->idx);
 }
 
 /*
@@ -384,6 +405,8 @@ void az_template_drop_owner(struct az_store *s, u16 owner)
 	struct az_tnode **pp, *t, *dead = NULL;
 	u32 b;
 
+	if (!x->tbuckets)
+		return;
 	az_spin_lock(&s->idx_lock);
 	for (b = 0; b <= x->tmask; b++) {
 		if (b && !(b & 1023)) {

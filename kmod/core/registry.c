@@ -77,6 +77,9 @@ static int az_owner_add(struct az_store *s, u64 cgroup_id, u32 group,
 
 	if (!cgroup_id)
 		return -EINVAL;
+	err = az_index_ensure(s);
+	if (err)
+		return err;
 	az_spin_lock(&s->reg_lock);
 	i = az_owner_find(s, cgroup_id);
 	if (i) {

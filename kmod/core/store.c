@@ -278,6 +278,7 @@ static void az_slot_release(struct az_store *s, unsigned long flags, u64 val)
 		az_pool_free(s->pool, (unsigned long)val);
 		az_atomic64_sub(size, &s->stored_bytes);
 		az_atomic64_dec(&s->objects);
+		az_atomic64_dec(&s->direct);
 		az_atomic64_sub(size, &s->owners[0].excl_bytes);
 		return;
 	}
@@ -351,8 +352,6 @@ struct az_store *az_store_create(u64 nr_slots, const char *name)
 		goto fail_pool;
 	az_spin_init(&s->reg_lock);
 	az_spin_init(&s->idx_lock);
-	if (az_index_init(s))
-		goto fail_index;
 	az_owners_init(s);
 	az_defer_init(&s->defer, az_store_run_deferred, s);
 	s->pol.codec = AZ_CODEC_LZ4;
@@ -365,10 +364,6 @@ struct az_store *az_store_create(u64 nr_slots, const char *name)
 	s->pol.verify = 1;
 	return s;
 
-fail_index:
-	az_spin_destroy(&s->idx_lock);
-	az_spin_destroy(&s->reg_lock);
-	az_pool_destroy(s->pool);
 fail_pool:
 	az_vfree(s->owners);
 fail_owners:
@@ -574,6 +569,7 @@ static int az_put_direct(struct az_store *s, struct az_ctx *ctx,
 	az_pool_unmap(s->pool, h);
 	az_atomic64_add(size, &s->stored_bytes);
 	az_atomic64_inc(&s->objects);
+	az_atomic64_inc(&s->direct);
 	az_atomic64_add(size, &s->owners[0].excl_bytes);
 	az_slot_set(s, slot, size == AZ_PAGE_SIZE ? AZ_KIND_RAW : AZ_KIND_PLAIN,
 		    0, h, AZ_SLOT_DIRECT |
@@ -792,7 +788,8 @@ void az_store_get_stats(struct az_store *s, struct az_stats *st)
 	st->objects = az_atomic64_read(&s->objects);
 	st->meta_bytes = s->nr_slots * sizeof(struct az_slot) +
 			 AZ_MAX_OWNERS * sizeof(struct az_owner) +
-			 st->objects * sizeof(struct az_obj) + st->index_bytes;
+			 (st->objects - az_atomic64_read(&s->direct)) *
+			 sizeof(struct az_obj) + st->index_bytes;
 	st->template_bytes = az_atomic64_read(&s->template_bytes);
 	for (k = 0; k < AZ_NR_KINDS; k++)
 		st->kind_pages[k] = az_atomic64_read(&s->kind_pages[k]);

@@ -172,7 +172,7 @@ int az_store_debug_check(struct az_store *s)
 			       (unsigned long long)slot);
 		}
 	}
-	for (i = 0; i <= s->idx.tmask; i++) {
+	for (i = 0; s->idx.tbuckets && i <= s->idx.tmask; i++) {
 		for (t = s->idx.tbuckets[i]; t; t = t->next) {
 			if (az_chk_add(&refs, t->obj) ||
 			    az_chk_add(&objs, t->obj))
