@@ -82,6 +82,10 @@ static inline bool az_atomic_inc_not_zero(az_atomic_t *a)
 #define az_atomic64_add(x, a)	((void)__atomic_add_fetch(&(a)->v, (x), AZ_SC))
 #define az_atomic64_sub(x, a)	((void)__atomic_sub_fetch(&(a)->v, (x), AZ_SC))
 #define az_set_bit(nr, w) ((void)__atomic_fetch_or((w), 1UL << (nr), AZ_SC))
+#define az_test_bit(nr, w) \
+	(!!(__atomic_load_n((w), __ATOMIC_RELAXED) & (1UL << (nr))))
+#define AZ_READ_ONCE(x)		__atomic_load_n(&(x), __ATOMIC_RELAXED)
+#define AZ_WRITE_ONCE(x, v)	__atomic_store_n(&(x), (v), __ATOMIC_RELAXED)
 #define az_test_and_set_bit(nr, w) \
 	(!!(__atomic_fetch_or((w), 1UL << (nr), AZ_SC) & (1UL << (nr))))
 

@@ -94,6 +94,9 @@ static inline void az_vfree(const void *p)
 #define az_atomic64_add(v, a)		atomic64_add(v, a)
 #define az_atomic64_sub(v, a)		atomic64_sub(v, a)
 #define az_set_bit(nr, w)		set_bit(nr, w)
+#define az_test_bit(nr, w)		test_bit(nr, w)
+#define AZ_READ_ONCE(x)			READ_ONCE(x)
+#define AZ_WRITE_ONCE(x, v)		WRITE_ONCE(x, v)
 #define az_test_and_set_bit(nr, w)	test_and_set_bit(nr, w)
 
 /* Hashing */

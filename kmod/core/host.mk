@@ -25,7 +25,7 @@ AZ_LDLIBS  := -llz4 -lzstd -pthread
 AZ_ASAN    := -O1 -fsanitize=address,undefined -fno-omit-frame-pointer \
 	      -fno-sanitize-recover=undefined
 
-.PHONY: all hostlib fuzz fuzz-gcc planted clean-hostlib
+.PHONY: all hostlib fuzz fuzz-gcc planted stress clean-hostlib
 all hostlib: $(AZ_BUILD)/libazcore.so $(AZ_BUILD)/libazcore-asan.so
 
 $(AZ_BUILD)/libazcore.so: $(AZ_SRCS) $(AZ_HDRS)
@@ -69,7 +69,19 @@ $(AZ_BUILD)/azcore-fuzz-gcc: $(AZ_SRCS) $(AZ_HDRS) $(AZ_CORE)/fuzz/fuzz_decode.c
 	$(AZ_CC) $(AZ_CFLAGS) $(AZ_ASAN) -o $@ $(AZ_SRCS) $(AZ_CORE)/fuzz/fuzz_decode.c \
 		$(AZ_CORE)/fuzz/standalone.c $(AZ_LDLIBS)
 
+# Multi-threaded stress (host/stress.c) under ASan or TSan.
+stress: $(AZ_BUILD)/azcore-stress $(AZ_BUILD)/azcore-stress-tsan
+
+$(AZ_BUILD)/azcore-stress: $(AZ_SRCS) $(AZ_HDRS) $(AZ_CORE)/host/stress.c
+	@mkdir -p $(AZ_BUILD)
+	$(AZ_CC) $(AZ_CFLAGS) $(AZ_ASAN) -o $@ $(AZ_SRCS) $(AZ_CORE)/host/stress.c $(AZ_LDLIBS)
+
+$(AZ_BUILD)/azcore-stress-tsan: $(AZ_SRCS) $(AZ_HDRS) $(AZ_CORE)/host/stress.c
+	@mkdir -p $(AZ_BUILD)
+	$(AZ_CC) $(AZ_CFLAGS) -O1 -fsanitize=thread -o $@ $(AZ_SRCS) \
+		$(AZ_CORE)/host/stress.c $(AZ_LDLIBS)
+
 clean-hostlib:
 	rm -f $(AZ_BUILD)/libazcore.so $(AZ_BUILD)/libazcore-asan.so \
 		$(AZ_BUILD)/libazcore-asan-planted.so $(AZ_BUILD)/azcore-fuzz \
-		$(AZ_BUILD)/azcore-fuzz-gcc
+		$(AZ_BUILD)/azcore-fuzz-gcc $(AZ_BUILD)/azcore-stress $(AZ_BUILD)/azcore-stress-tsan

@@ -112,9 +112,10 @@ u64 az_index_bytes(struct az_store *s)
 {
 	struct az_index *x = &s->idx;
 
-	return x->table_bytes + x->tnodes * sizeof(struct az_tnode) +
-	       x->indexed * (sizeof(u64) + sizeof(void *) +
-			     AZ_NR_SF * sizeof(u32));
+	return AZ_READ_ONCE(x->table_bytes) +
+	       AZ_READ_ONCE(x->tnodes) * sizeof(struct az_tnode) +
+	       AZ_READ_ONCE(x->indexed) * (sizeof(u64) + sizeof(void *) +
+					    AZ_NR_SF * sizeof(u32));
 }
 
 static inline u64 az_mix(u64 v)
@@ -284,7 +285,7 @@ void az_index_insert(struct az_store *s, struct az_obj *o, const u64 *sf)
 		}
 		o->nr_sf = AZ_NR_SF;
 	}
-	x->indexed++;
+	AZ_WRITE_ONCE(x->indexed, x->indexed + 1);
 	az_set_bit(AZ_OBJ_INDEXED, &o->flags);
 	az_spin_unlock(&s->idx_lock);
 }
@@ -310,7 +311,7 @@ void az_index_remove(struct az_store *s, struct az_obj *o)
 			if (e[w].obj == o)
 				e[w].obj = NULL;
 	}
-	x->indexed--;
+	AZ_WRITE_ONCE(x->indexed, x->indexed - 1);
 	az_spin_unlock(&s->idx_lock);
 }
 
@@ -382,7 +383,7 @@ int az_template_set(struct az_store *s, u32 group, u64 index, u16 owner,
 		nt->obj = o;
 		nt->next = x->tbuckets[b];
 		x->tbuckets[b] = nt;
-		x->tnodes++;
+		AZ_WRITE_ONCE(x->tnodes, x->tnodes + 1);
 		nt = NULL;
 	}
 	az_spin_unlock(&s->idx_lock);
@@ -423,7 +424,7 @@ void az_template_drop_owner(struct az_store *s, u16 owner)
 			*pp = t->next;
 			t->next = dead;
 			dead = t;
-			x->tnodes--;
+			AZ_WRITE_ONCE(x->tnodes, x->tnodes - 1);
 		}
 	}
 	az_spin_unlock(&s->idx_lock);

@@ -47,7 +47,7 @@ void az_owner_pin(struct az_store *s, u64 cgroup_id, struct az_pin *pin)
 	pin->tmpl = false;
 	pin->group = 0;
 	/* Racy peek: no registered owner means nothing to look up. */
-	if (!s->nr_reg || !cgroup_id)
+	if (!AZ_READ_ONCE(s->nr_reg) || !cgroup_id)
 		return;
 	az_spin_lock(&s->reg_lock);
 	i = az_owner_find(s, cgroup_id);
@@ -108,7 +108,7 @@ static int az_owner_add(struct az_store *s, u64 cgroup_id, u32 group,
 	}
 	ow->group = group;
 	ow->flags = AZ_OWN_USED | AZ_OWN_REG | (tmpl ? AZ_OWN_TEMPLATE : 0);
-	s->nr_reg++;
+	AZ_WRITE_ONCE(s->nr_reg, s->nr_reg + 1);
 out:
 	az_spin_unlock(&s->reg_lock);
 	return err;
@@ -130,7 +130,7 @@ static int az_owner_del(struct az_store *s, u64 cgroup_id, bool tmpl)
 	}
 	/* Keep USED and TEMPLATE: the entry still reports what it owns. */
 	ow->flags &= ~AZ_OWN_REG;
-	s->nr_reg--;
+	AZ_WRITE_ONCE(s->nr_reg, s->nr_reg - 1);
 out:
 	az_spin_unlock(&s->reg_lock);
 	if (err)

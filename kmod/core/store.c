@@ -122,13 +122,13 @@ static void az_obj_destroy(struct az_store *s, struct az_obj *o)
 {
 	struct az_owner *ow = &s->owners[o->owner];
 
-	if (o->flags & (1UL << AZ_OBJ_SHARED))
+	if (az_test_bit(AZ_OBJ_SHARED, &o->flags))
 		az_atomic64_sub(o->size, &ow->shared_bytes);
 	else
 		az_atomic64_sub(o->size, &ow->excl_bytes);
-	if (o->flags & (1UL << AZ_OBJ_TEMPLATE))
+	if (az_test_bit(AZ_OBJ_TEMPLATE, &o->flags))
 		az_atomic64_sub(o->size, &s->template_bytes);
-	if (o->flags & (1UL << AZ_OBJ_BASE))
+	if (az_test_bit(AZ_OBJ_BASE, &o->flags))
 		az_atomic64_dec(&s->bases);
 	az_atomic64_sub(o->size, &s->stored_bytes);
 	az_atomic64_dec(&s->objects);
@@ -147,7 +147,7 @@ void az_obj_put(struct az_store *s, struct az_obj *o)
 {
 	if (!az_atomic_dec_and_test(&o->ref))
 		return;
-	if (o->flags & (1UL << AZ_OBJ_INDEXED) || o->base) {
+	if (az_test_bit(AZ_OBJ_INDEXED, &o->flags) || o->base) {
 		az_atomic64_inc(&s->deferred);
 		az_defer_add(&s->defer, &o->dnode);
 		return;
@@ -165,7 +165,7 @@ static void az_store_run_deferred(void *arg)
 		for (; n; n = next) {
 			next = az_defer_next(n);
 			o = container_of(n, struct az_obj, dnode);
-			if (o->flags & (1UL << AZ_OBJ_INDEXED))
+			if (az_test_bit(AZ_OBJ_INDEXED, &o->flags))
 				az_index_remove(s, o);
 			az_atomic64_dec(&s->deferred);
 			az_obj_destroy(s, o);
@@ -226,7 +226,7 @@ int az_obj_read(struct az_store *s, struct az_ctx *ctx, struct az_obj *o,
 		err = az_obj_decode(s, ctx, o->base, NULL, ctx->xbuf);
 		if (err)
 			return err;
-		if (s->pol.verify &&
+		if (AZ_READ_ONCE(s->pol.verify) &&
 		    az_xxh64(ctx->xbuf, AZ_PAGE_SIZE, 0) != o->base->hash)
 			return -EIO;
 		return az_obj_decode(s, ctx, o, ctx->xbuf, page);
@@ -411,7 +411,24 @@ u64 az_store_nr_slots(struct az_store *s)
 
 void az_store_set_mem_limit(struct az_store *s, u64 bytes)
 {
-	s->mem_limit = bytes;
+	AZ_WRITE_ONCE(s->mem_limit, bytes);
+}
+
+/*
+ * The policy is read field by field without a lock (READ_ONCE): a put
+ * racing with set_policy may see a mix of old and new fields, each of
+ * them valid on its own.  Writers serialise on reg_lock.
+ */
+static void az_policy_snapshot(struct az_store *s, struct az_policy *p)
+{
+	p->codec = AZ_READ_ONCE(s->pol.codec);
+	p->level = AZ_READ_ONCE(s->pol.level);
+	p->dedup = AZ_READ_ONCE(s->pol.dedup);
+	p->tdelta = AZ_READ_ONCE(s->pol.tdelta);
+	p->xdelta = AZ_READ_ONCE(s->pol.xdelta);
+	p->sim_effort = AZ_READ_ONCE(s->pol.sim_effort);
+	p->delta_max_pct = AZ_READ_ONCE(s->pol.delta_max_pct);
+	p->verify = AZ_READ_ONCE(s->pol.verify);
 }
 
 int az_store_set_policy(struct az_store *s, const struct az_policy *p)
@@ -427,20 +444,30 @@ int az_store_set_policy(struct az_store *s, const struct az_policy *p)
 		return -EINVAL;
 	if (p->sim_effort > 64 || !p->delta_max_pct || p->delta_max_pct > 100)
 		return -EINVAL;
+	az_spin_lock(&s->reg_lock);
 	if ((p->codec != s->pol.codec ||
 	     (p->codec == AZ_CODEC_ZSTD && p->level != s->pol.level)) &&
 	    (az_atomic64_read(&s->pages_stored) ||
-	     az_atomic64_read(&s->objects)))
+	     az_atomic64_read(&s->objects))) {
+		az_spin_unlock(&s->reg_lock);
 		return -EBUSY;
-	s->pol = *p;
-	if (s->pol.codec == AZ_CODEC_LZ4 && !s->pol.level)
-		s->pol.level = 3;
+	}
+	AZ_WRITE_ONCE(s->pol.codec, p->codec);
+	AZ_WRITE_ONCE(s->pol.level, p->codec == AZ_CODEC_LZ4 && !p->level ?
+		      3 : p->level);
+	AZ_WRITE_ONCE(s->pol.dedup, p->dedup);
+	AZ_WRITE_ONCE(s->pol.tdelta, p->tdelta);
+	AZ_WRITE_ONCE(s->pol.xdelta, p->xdelta);
+	AZ_WRITE_ONCE(s->pol.sim_effort, p->sim_effort);
+	AZ_WRITE_ONCE(s->pol.delta_max_pct, p->delta_max_pct);
+	AZ_WRITE_ONCE(s->pol.verify, p->verify);
+	az_spin_unlock(&s->reg_lock);
 	return 0;
 }
 
 void az_store_get_policy(struct az_store *s, struct az_policy *p)
 {
-	*p = s->pol;
+	az_policy_snapshot(s, p);
 }
 
 /* What put decided, before the object is allocated. */
@@ -537,11 +564,15 @@ static void az_choose(struct az_store *s, struct az_ctx *ctx,
 /* Two-phase pool allocation (zram): no reclaim first, then GFP_NOIO. */
 static unsigned long az_pool_alloc2(struct az_store *s, u32 size)
 {
-	unsigned long h = az_pool_alloc(s->pool, size, AZ_GFP_NOWAIT);
+	u64 limit = AZ_READ_ONCE(s->mem_limit);
+	unsigned long h;
 
+	h = az_pool_alloc(s->pool, size, AZ_GFP_NOWAIT);
 	if (!h)
 		h = az_pool_alloc(s->pool, size, AZ_GFP_MAYSLEEP);
-	if (h && s->mem_limit && az_pool_bytes(s->pool) > s->mem_limit) {
+	if (!h)
+		return 0;
+	if (limit && az_pool_bytes(s->pool) > limit) {
 		az_pool_free(s->pool, h);
 		h = 0;
 	}
@@ -581,7 +612,7 @@ static int az_put_direct(struct az_store *s, struct az_ctx *ctx,
 int az_store_put(struct az_store *s, struct az_ctx *ctx, u64 slot,
 		 const void *page, const struct az_page_info *pi)
 {
-	struct az_policy pol = s->pol;
+	struct az_policy pol;
 	struct az_choice c;
 	struct az_pin pin;
 	struct az_obj *o;
@@ -591,6 +622,7 @@ int az_store_put(struct az_store *s, struct az_ctx *ctx, u64 slot,
 
 	if (slot >= s->nr_slots)
 		return -EINVAL;
+	az_policy_snapshot(s, &pol);
 	az_atomic64_inc(&s->stores);
 	/* The slot is empty from here on, whatever happens. */
 	az_slot_clear(s, slot);
@@ -681,7 +713,8 @@ int az_store_get(struct az_store *s, struct az_ctx *ctx, u64 slot, void *page)
 		err = az_decode(ctx, src, az_slot_size(flags), NULL, page);
 		az_pool_unmap(s->pool, h);
 		/* The check bits are 0 when stored with verify off. */
-		if (!err && s->pol.verify && (flags >> AZ_SLOT_CHECK_SHIFT) &&
+		if (!err && AZ_READ_ONCE(s->pol.verify) &&
+		    (flags >> AZ_SLOT_CHECK_SHIFT) &&
 		    az_slot_check(az_xxh64(page, AZ_PAGE_SIZE, 0)) !=
 		    (flags & ~((1UL << AZ_SLOT_CHECK_SHIFT) - 1)))
 			err = -EIO;
@@ -691,7 +724,8 @@ int az_store_get(struct az_store *s, struct az_ctx *ctx, u64 slot, void *page)
 	/* The slot lock keeps the object (and so its base) alive. */
 	o = (struct az_obj *)(unsigned long)sl->val;
 	err = az_obj_read(s, ctx, o, page);
-	if (!err && s->pol.verify && az_xxh64(page, AZ_PAGE_SIZE, 0) != o->hash)
+	if (!err && AZ_READ_ONCE(s->pol.verify) &&
+	    az_xxh64(page, AZ_PAGE_SIZE, 0) != o->hash)
 		err = -EIO;
 	az_slot_unlock(s, slot);
 done:
@@ -727,7 +761,7 @@ int az_store_slot_kind(struct az_store *s, u64 slot)
 int az_store_template_load(struct az_store *s, struct az_ctx *ctx, u64 tid,
 			   u64 index, const void *page)
 {
-	struct az_policy pol = s->pol;
+	struct az_policy pol;
 	struct az_page_info pi = { .owner = tid, .index = index };
 	struct az_choice c;
 	struct az_pin pin;
@@ -736,6 +770,7 @@ int az_store_template_load(struct az_store *s, struct az_ctx *ctx, u64 tid,
 	void *dst;
 	int err;
 
+	az_policy_snapshot(s, &pol);
 	az_owner_pin(s, tid, &pin);
 	if (!pin.tmpl) {
 		err = -ENOENT;
