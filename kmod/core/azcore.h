@@ -69,7 +69,9 @@ struct az_page_info {
 /*
  * Store-wide policy; az_store_set_policy validates every field.
  * Defaults: lz4, level 3, dedup/tdelta/xdelta on, sim_effort 4,
- * delta_max_pct 80, verify on (a load whose page does not hash to the
+ * delta_max_pct 80, verify on.  At most 12 similarity candidates exist
+ * per page (3 super-features x 4 ways), so sim_effort > 12 acts as 12.
+ * With verify on, a load whose page does not hash to the
  * value recorded at store time fails with -EIO; costs ~10% of load
  * throughput on the host).
  */

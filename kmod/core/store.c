@@ -479,6 +479,9 @@ struct az_choice {
 	struct az_obj *base;	/* referenced base of a delta */
 };
 
+/* A delta this small is not worth searching further candidates for. */
+#define AZ_DELTA_GOOD	64
+
 /* Try a delta of @page against @b; keeps the better of it and @c. */
 static void az_try_delta(struct az_store *s, struct az_ctx *ctx,
 			 const struct az_policy *pol, const void *page,
@@ -521,7 +524,8 @@ static void az_choose(struct az_store *s, struct az_ctx *ctx,
 		      u64 hash, const u64 *sf, struct az_choice *c,
 		      struct az_obj **dup)
 {
-	struct az_obj *cand[64];
+	/* At most one candidate per way of each super-feature's set. */
+	struct az_obj *cand[AZ_NR_SF * AZ_SIM_WAYS];
 	u8 *spare = ctx->tbuf;
 	u32 limit;
 	int i, n;
@@ -551,7 +555,9 @@ static void az_choose(struct az_store *s, struct az_ctx *ctx,
 		n = az_sim_find(s, pin->group, sf, cand,
 				az_min(pol->sim_effort, (u32)ARRAY_SIZE(cand)));
 		for (i = 0; i < n; i++) {
-			if (cand[i] == c->base) {
+			/* Good enough already: skip the rest. */
+			if (cand[i] == c->base || (c->base &&
+						   c->size <= AZ_DELTA_GOOD)) {
 				az_obj_put(s, cand[i]);
 				continue;
 			}
