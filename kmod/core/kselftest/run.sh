@@ -1,0 +1,27 @@
+#!/bin/sh
+# Build the store core alone as azcore_selftest.ko (a copy of kmod/core in a
+# temporary directory, so nothing is written into the checkout) and load it
+# in the test kernel through vm-tests/run: the module runs
+# az_core_selftest() at load and refuses to load if it fails.
+#   kmod/core/kselftest/run.sh [KDIR]
+set -eu
+top=$(cd "$(dirname "$0")/../../.." && pwd)
+kdir=${1:-/lib/modules/$("$top/scripts/kver")/build}
+tmp=$(mktemp -d /tmp/azcore-kselftest.XXXXXX)
+trap 'rm -rf "$tmp"' EXIT
+mkdir "$tmp/core"
+cp "$top"/kmod/core/*.c "$top"/kmod/core/*.h "$top/kmod/core/Kbuild.inc" "$tmp/core/"
+cp "$top/kmod/core/kselftest/azcore_selftest.c" "$tmp/"
+cat > "$tmp/Kbuild" <<'KB'
+include $(src)/core/Kbuild.inc
+obj-m := azcore-selftest.o
+azcore-selftest-y := azcore_selftest.o $(azcore-objs)
+ccflags-y := -Werror
+KB
+make -s -C "$kdir" M="$tmp" modules
+mods="zsmalloc lz4_compress lz4_decompress zstd_compress zstd_decompress"
+"$top/vm-tests/run" --timeout 300 -- sh -c "
+	for m in $mods; do modprobe \$m; done
+	insmod $tmp/azcore-selftest.ko || { dmesg | grep azswap; exit 1; }
+	dmesg | grep 'azswap: selftest'
+	rmmod azcore_selftest"
