@@ -339,6 +339,28 @@ class Store:
     def list_owners(self) -> list[dict[str, Any]]:
         return list(self._iter_owners())
 
+    def group_stats(self) -> dict[int, dict[str, Any]]:
+        """Per trust group sums over its registered and removed owners.
+
+        Owner entry 0 (unregistered cgroups) is left out; per the accounting
+        rule in azcore.h, adding it back gives the global totals.
+        """
+        out: dict[int, dict[str, Any]] = {}
+        keys = ("pages", "orig_bytes", "exclusive_bytes", "shared_bytes", "template_pages")
+        for o in self.list_owners():
+            if o["cgroup_id"] == 0:
+                continue
+            g = out.setdefault(
+                o["group"],
+                {k: 0 for k in keys} | {"kind_pages": dict.fromkeys(KINDS, 0), "owners": 0},
+            )
+            for k in keys:
+                g[k] += o[k]
+            for k in KINDS:
+                g["kind_pages"][k] += o["kind_pages"][k]
+            g["owners"] += 1
+        return out
+
     def _iter_owners(self) -> Iterator[dict[str, Any]]:
         batch = 64
         arr = (OwnerStats * batch)()

@@ -35,6 +35,11 @@ def check_accounting(s: Store) -> None:
     assert sum(o["template_pages"] for o in owners) == stt["template_pages"]
     tb = sum(o["exclusive_bytes"] + o["shared_bytes"] for o in owners if o["is_template"])
     assert tb == stt["template_bytes"]
+    unreg = next(o for o in owners if o["cgroup_id"] == 0)
+    groups = s.group_stats()
+    assert sum(g["pages"] for g in groups.values()) + unreg["pages"] == stt["pages_stored"]
+    grouped = sum(g["exclusive_bytes"] + g["shared_bytes"] for g in groups.values())
+    assert grouped + unreg["exclusive_bytes"] + unreg["shared_bytes"] == stt["stored_bytes"]
     assert stt["pool_bytes"] == stt["stored_bytes"]
     assert stt["cross_group"] == 0
 
