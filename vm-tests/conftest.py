@@ -1,0 +1,159 @@
+"""Host side of the in-guest test suite: one pytest session for host and guest tests.
+
+Tests under vm-tests/guest/ are ordinary pytest files that must run as root inside the test
+kernel.  On the host this plugin collects them (their names come from a host-side
+``pytest --collect-only`` of those files), and the first guest test that runs boots the test
+kernel ONCE through vm-tests/run, runs every selected guest test inside, and hands each host item
+the outcome its twin had in the guest (pass, fail with the guest's traceback, skip with reason).
+
+Inside the guest (AZSWAP_IN_GUEST=1) and in the collect-only subprocess (AZSWAP_GUEST_COLLECT=1)
+this plugin stays out of the way and pytest collects the files normally.
+
+Environment: AZSWAP_VM_MEMORY (default 2G), AZSWAP_VM_CPUS (2), AZSWAP_VM_TIMEOUT (seconds, 2400).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+TOP = Path(__file__).resolve().parent.parent
+GUEST_DIR = Path(__file__).resolve().parent / "guest"
+OUT = TOP / "vm-tests" / "out"
+ACTIVE = not (os.environ.get("AZSWAP_IN_GUEST") or os.environ.get("AZSWAP_GUEST_COLLECT"))
+
+
+def _is_guest_file(path: Path) -> bool:
+    return path.name.startswith("test_") and path.suffix == ".py" and GUEST_DIR in path.parents
+
+
+def _rel(path: Path) -> str:
+    return str(path.resolve().relative_to(TOP))
+
+
+@dataclass
+class GuestRun:
+    """The one VM run shared by all guest items of this session."""
+
+    results: dict[str, dict[str, str]] = field(default_factory=dict)
+    done: bool = False
+    rc: int | None = None
+    console_tail: str = ""
+    seconds: float = 0.0
+
+
+_RUN_KEY = pytest.StashKey[GuestRun]()
+_COLLECTED_KEY = pytest.StashKey[dict[str, list[str]]]()
+
+
+def _host_collect(config: pytest.Config) -> dict[str, list[str]]:
+    """Node ids of every guest test, grouped by file, from one host-side collect-only pass."""
+    cached = config.stash.get(_COLLECTED_KEY, None)
+    if cached is not None:
+        return cached
+    env = dict(os.environ, AZSWAP_GUEST_COLLECT="1", PYTHONDONTWRITEBYTECODE="1")
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+         _rel(GUEST_DIR)],
+        cwd=TOP, env=env, capture_output=True, text=True,
+    )
+    by_file: dict[str, list[str]] = {}
+    for line in proc.stdout.splitlines():
+        if "::" in line and line.startswith(_rel(GUEST_DIR)):
+            by_file.setdefault(line.split("::", 1)[0], []).append(line.strip())
+    if proc.returncode not in (0, 5) or not by_file and proc.returncode != 5:
+        raise pytest.UsageError(
+            f"collecting guest tests failed (exit {proc.returncode}):\n{proc.stdout}{proc.stderr}"
+        )
+    config.stash[_COLLECTED_KEY] = by_file
+    return by_file
+
+
+def _run_guest(session: pytest.Session) -> GuestRun:
+    run = session.config.stash.setdefault(_RUN_KEY, GuestRun())
+    if run.done:
+        return run
+    run.done = True
+    nodeids = [it.nodeid for it in session.items if isinstance(it, GuestItem)]
+    OUT.mkdir(parents=True, exist_ok=True)
+    results_file = OUT / "guest-results.jsonl"
+    results_file.unlink(missing_ok=True)
+    log_file = OUT / "guest-console.log"
+    memory = os.environ.get("AZSWAP_VM_MEMORY", "2G")
+    cpus = os.environ.get("AZSWAP_VM_CPUS", "2")
+    timeout = os.environ.get("AZSWAP_VM_TIMEOUT", "2400")
+    cmd = [
+        str(TOP / "vm-tests" / "run"), "--memory", memory, "--cpus", cpus, "--timeout", timeout,
+        "--", "env", f"PYTHONPATH={TOP / 'vm-tests'}", sys.executable, "-m", "pytest",
+        "-p", "no:cacheprovider", "-p", "guest_report", "-q", "-rs", *nodeids,
+    ]
+    tw = session.config.get_terminal_writer()
+    capman = session.config.pluginmanager.get_plugin("capturemanager")
+    with capman.global_and_fixture_disabled():
+        tw.line()
+        tw.line(f"vm-tests: booting the test kernel for {len(nodeids)} guest tests "
+                f"(console log: {_rel(log_file)})", bold=True)
+    start = time.monotonic()
+    with log_file.open("w") as log:
+        proc = subprocess.run(cmd, cwd=TOP, stdout=log, stderr=subprocess.STDOUT, text=True)
+    run.seconds = time.monotonic() - start
+    run.rc = proc.returncode
+    text = log_file.read_text(errors="replace")
+    run.console_tail = "\n".join(text.splitlines()[-60:])
+    if results_file.exists():
+        for line in results_file.read_text().splitlines():
+            rec = json.loads(line)
+            run.results[rec["nodeid"]] = rec
+    with capman.global_and_fixture_disabled():
+        tw.line(f"vm-tests: guest run finished in {run.seconds:.0f}s, exit {run.rc}, "
+                f"{len(run.results)} results", bold=True)
+    return run
+
+
+class GuestFailure(Exception):
+    """A guest test failed; carries the guest's own report."""
+
+
+class GuestItem(pytest.Item):
+    def runtest(self) -> None:
+        run = _run_guest(self.session)
+        rec = run.results.get(self.nodeid)
+        if rec is None:
+            raise GuestFailure(
+                f"no result from the guest for {self.nodeid} (vm-tests/run exit {run.rc} after "
+                f"{run.seconds:.0f}s); console tail:\n{run.console_tail}"
+            )
+        if rec["outcome"] == "skipped":
+            pytest.skip(f"[guest] {rec.get('reason', '')}")
+        if rec["outcome"] != "passed":
+            raise GuestFailure(f"[guest] {rec['outcome']}:\n{rec.get('longrepr', '')}")
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style=None) -> str:
+        if isinstance(excinfo.value, GuestFailure):
+            return str(excinfo.value)
+        return super().repr_failure(excinfo, style=style)
+
+    def reportinfo(self) -> tuple[Path, int, str]:
+        return self.path, 0, f"[guest] {self.name}"
+
+
+class GuestModule(pytest.File):
+    def collect(self):
+        for nodeid in _host_collect(self.config).get(_rel(self.path), []):
+            yield GuestItem.from_parent(self, name=nodeid.split("::", 1)[1])
+
+
+if ACTIVE:
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_pycollect_makemodule(module_path: Path, parent: pytest.Collector):
+        if _is_guest_file(Path(module_path)):
+            return GuestModule.from_parent(parent, path=Path(module_path))
+        return None

@@ -1,0 +1,34 @@
+"""pytest plugin loaded inside the guest (``-p guest_report``): one JSON line per test outcome.
+
+The host side (vm-tests/conftest.py) reads $AZSWAP_OUT/guest-results.jsonl and reports each
+guest test under its own node id.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+_OUT = Path(os.environ.get("AZSWAP_OUT", "vm-tests/out")) / "guest-results.jsonl"
+_seen: dict[str, dict[str, str]] = {}
+
+
+def _write(rec: dict[str, str]) -> None:
+    with _OUT.open("a") as f:
+        f.write(json.dumps(rec) + "\n")
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    rec = _seen.setdefault(report.nodeid, {"nodeid": report.nodeid, "outcome": "passed"})
+    if report.skipped and rec["outcome"] == "passed":
+        rec["outcome"] = "skipped"
+        longrepr = report.longrepr
+        rec["reason"] = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+    elif report.failed:
+        rec["outcome"] = "failed" if report.when == "call" else f"error in {report.when}"
+        rec["longrepr"] = str(report.longrepr)
+    if report.when == "teardown":
+        _write(_seen.pop(report.nodeid))
