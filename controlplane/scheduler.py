@@ -1,0 +1,444 @@
+"""Phase-aware proactive compression (senpai-style: one tick(), every tick logged).
+
+Control law, per tick (every ``interval`` seconds):
+
+1. Read the host: MemAvailable/MemTotal and /proc/pressure/memory.  The host is *under pressure*
+   when PSI ``some avg10`` >= ``pressure_psi`` % or less than ``pressure_min_available`` of memory
+   is available.
+2. Feed every sandbox's activity (cpu.stat usage_usec, memory.pressure) to the phase model, which
+   infers a phase for sandboxes without a (fresh) orchestrator hint.
+3. Candidates: sandboxes waiting for the LLM for at least ``grace`` seconds, or inferred idle for at
+   least ``idle_grace`` seconds, or asked for by hand (``compress``); under host pressure the grace
+   periods are skipped.  A sandbox in TOOL (or UNKNOWN) phase is never touched.  A sandbox is
+   compressed once per wait: it is *done* when memory.reclaim comes up short (EAGAIN: nothing left
+   the kernel can push out) or memory.current reaches ``floor_bytes``; the next phase change
+   re-arms it.  Candidates are served longest-waiting first (oldest phase start), which is what
+   host pressure asks for: the sandbox idle the longest is the coldest.
+4. Work: write ``chunk_bytes`` at a time to the candidate's memory.reclaim.  The reclaim (and so the
+   compression in azswap's rw_page) runs in *our* thread, so we meter it: each write is timed and
+   followed by a rest of ``dt * (1 - b) / b`` where b is the CPU budget (fraction of one CPU,
+   ``cpu_budget``, or ``pressure_cpu_budget`` under pressure): the writes take at most a fraction
+   b of the wall clock.  A tick stops after ``interval * b`` seconds of writes.  Between two
+   chunks the phase generation is re-checked: a tool hint (or a shutdown) ends the loop at once;
+   the chunk in flight either completed or came up short, both of which leave the sandbox
+   consistent (memory.reclaim only moves pages to swap; nothing is half-done at our level).
+5. Mode: the store policy is device-wide.  Before compressing a sandbox whose wait has lasted
+   ``dense_after`` seconds the scheduler switches the module to the dense policy (zstd, deeper
+   similarity search), otherwise to the fast one (lz4, shallow search).  A codec change is refused
+   by the module while pages are stored (EBUSY): then only the non-codec knobs change (logged once).
+
+Everything external is injected (clock, sleep, CPU clock, /proc root, the list of targets with
+their Cgroup objects, the policy setter) so the tests drive it with a fake clock and a fake cgroup
+tree.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from controlplane import errors
+from controlplane.cgroup import PROC_ROOT, Cgroup, HostMemory, host_memory
+from controlplane.netlink import Codec, Phase
+from controlplane.phase import PhaseModel, PhaseView
+
+log = logging.getLogger("azswap.scheduler")
+
+MiB = 1 << 20
+
+
+@dataclass
+class SchedulerConfig:
+    interval: float = 1.0  # seconds between ticks
+    grace: float = 1.0  # llm-wait age before compressing
+    idle_grace: float = 30.0  # inferred-idle age before compressing
+    dense_after: float = 10.0  # wait age from which the dense policy is used
+    chunk_bytes: int = 16 * MiB  # one memory.reclaim write
+    cpu_budget: float = 0.25  # fraction of one CPU spent in reclaim writes
+    pressure_cpu_budget: float = 0.5
+    pressure_psi: float = 10.0  # host memory PSI some avg10, %
+    pressure_min_available: float = 0.10  # MemAvailable / MemTotal
+    floor_bytes: int = 0  # stop once memory.current <= this
+    manage_policy: bool = True
+    fast_policy: dict[str, int] = field(
+        default_factory=lambda: {"codec": int(Codec.LZ4), "sim_effort": 4}
+    )
+    dense_policy: dict[str, int] = field(
+        default_factory=lambda: {"codec": int(Codec.ZSTD), "level": 3, "sim_effort": 12}
+    )
+
+    def validate(self) -> None:
+        if not 0 < self.cpu_budget <= 1 or not 0 < self.pressure_cpu_budget <= 1:
+            raise errors.InvalidValue("cpu budget must be in (0, 1]")
+        if self.chunk_bytes < 4096:
+            raise errors.InvalidValue("chunk must be at least one page")
+        if self.interval <= 0 or self.grace < 0 or self.idle_grace < 0:
+            raise errors.InvalidValue("interval must be > 0 and grace periods >= 0")
+
+
+@dataclass(frozen=True)
+class Target:
+    """What the scheduler needs of a sandbox: its name and its cgroup."""
+
+    name: str
+    cgroup: Cgroup
+
+
+@dataclass
+class CompressState:
+    """Compression of one sandbox during its current phase (reset on every phase change)."""
+
+    generation: int = -1
+    phase: str = "unknown"
+    phase_since: float = 0.0
+    forced: bool = False
+    done: bool = False
+    active: bool = False
+    stop_reason: str = ""
+    mem_start: int | None = None
+    mem_now: int | None = None
+    requested: int = 0
+    chunks: int = 0
+    wall: float = 0.0
+    cpu: float = 0.0
+    started_at: float | None = None
+    finished_at: float | None = None
+    mode: str = ""
+    # lifetime totals
+    total_requested: int = 0
+    total_wall: float = 0.0
+    total_cpu: float = 0.0
+    total_runs: int = 0
+
+    def rearm(self, view: PhaseView) -> None:
+        keep = (self.total_requested, self.total_wall, self.total_cpu, self.total_runs)
+        self.__init__()  # type: ignore[misc]
+        self.total_requested, self.total_wall, self.total_cpu, self.total_runs = keep
+        self.generation = view.generation
+        self.phase = view.phase.label
+        self.phase_since = view.since
+
+    @property
+    def reclaimed(self) -> int:
+        if self.mem_start is None or self.mem_now is None:
+            return 0
+        return max(0, self.mem_start - self.mem_now)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["reclaimed"] = self.reclaimed
+        d["latency"] = (
+            None if self.finished_at is None else round(self.finished_at - self.phase_since, 6)
+        )
+        return d
+
+
+@dataclass
+class Action:
+    name: str
+    phase: str
+    age: float
+    mode: str
+    mem_before: int
+    mem_after: int
+    requested: int
+    chunks: int
+    wall: float
+    cpu: float
+    result: str  # "budget" | "done" | "floor" | "stopped:<why>" | "error:<msg>"
+
+
+@dataclass
+class TickReport:
+    now: float
+    pressure: bool
+    host: HostMemory | None
+    budget: float
+    spent: float
+    candidates: list[str]
+    actions: list[Action]
+
+    def line(self) -> str:
+        h = self.host
+        head = (
+            f"tick t={self.now:.2f} pressure={'yes' if self.pressure else 'no'}"
+            + (f" avail={h.available_fraction:.0%} psi_some={h.psi_some_avg10:.2f}" if h else "")
+            + f" budget={self.budget:.3f}s spent={self.spent:.3f}s"
+            + f" candidates={','.join(self.candidates) or '-'}"
+        )
+        parts = [
+            f"{a.name} {a.phase} age={a.age:.1f}s {a.mode} mem {a.mem_before / MiB:.1f}M"
+            f"->{a.mem_after / MiB:.1f}M req={a.requested / MiB:.0f}M/{a.chunks} "
+            f"wall={a.wall:.3f}s cpu={a.cpu:.3f}s {a.result}"
+            for a in self.actions
+        ]
+        return " | ".join([head, *parts])
+
+
+class Scheduler:
+    def __init__(
+        self,
+        phases: PhaseModel,
+        targets: Callable[[], list[Target]],
+        config: SchedulerConfig | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], object] | None = None,
+        cpu_clock: Callable[[], float] = time.thread_time,
+        proc_root: Path = PROC_ROOT,
+        policy_setter: Callable[[dict[str, int]], None] | None = None,
+    ) -> None:
+        self.phases = phases
+        self.targets = targets
+        self.config = config or SchedulerConfig()
+        self.config.validate()
+        self.clock = clock
+        self.cpu_clock = cpu_clock
+        self.proc_root = Path(proc_root)
+        self.policy_setter = policy_setter
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._sleep = sleep if sleep is not None else self._wake.wait
+        self._lock = threading.Lock()
+        self.state: dict[str, CompressState] = {}
+        self.mode: str | None = None
+        self.codec_locked = False
+        self.last_report: TickReport | None = None
+
+    # -- inputs from other threads ------------------------------------------------------------
+
+    def wake(self) -> None:
+        """A hint arrived: cut short any rest so the change is acted on now."""
+        self._wake.set()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    def request_compress(self, name: str) -> None:
+        """Compress ``name`` now, whatever its phase (``azctl compress``), until done."""
+        with self._lock:
+            st = self.state.setdefault(name, CompressState())
+            st.forced, st.done = True, False
+        self.wake()
+
+    def forget(self, name: str) -> None:
+        with self._lock:
+            self.state.pop(name, None)
+
+    def snapshot(self) -> dict[str, dict[str, Any]]:
+        with self._lock:
+            return {n: s.to_dict() for n, s in self.state.items()}
+
+    # -- the control law ------------------------------------------------------------------------
+
+    def host_pressure(self) -> tuple[bool, HostMemory | None]:
+        try:
+            h = host_memory(self.proc_root)
+        except OSError:
+            return False, None
+        c = self.config
+        return (
+            h.psi_some_avg10 >= c.pressure_psi or h.available_fraction < c.pressure_min_available,
+            h,
+        )
+
+    def tick(self) -> TickReport:
+        c = self.config
+        now = self.clock()
+        pressure, host = self.host_pressure()
+        targets = {t.name: t for t in self.targets()}
+
+        # 2. activity samples for the phase inference
+        for t in targets.values():
+            try:
+                mem_psi = t.cgroup.pressure("memory").get("some")
+                self.phases.observe(
+                    t.name, now, t.cgroup.cpu_usage_usec(), mem_psi.avg10 if mem_psi else 0.0
+                )
+            except errors.AzswapError:
+                continue
+
+        # 3. candidates, longest-waiting first
+        views = {v.name: v for v in self.phases.all(now) if v.name in targets}
+        candidates: list[PhaseView] = []
+        with self._lock:
+            for name, v in views.items():
+                st = self.state.setdefault(name, CompressState())
+                if st.generation != v.generation:
+                    forced = st.forced and v.phase != Phase.TOOL
+                    st.rearm(v)
+                    st.forced = forced
+                if self._eligible(v, st, pressure):
+                    candidates.append(v)
+        candidates.sort(key=lambda v: (v.since, v.name))
+
+        # 4. work within the budget
+        b = c.pressure_cpu_budget if pressure else c.cpu_budget
+        budget = c.interval * b
+        spent = 0.0
+        actions: list[Action] = []
+        for v in candidates:
+            if spent >= budget or self.stopping:
+                break
+            act = self._compress(v, targets[v.name].cgroup, b, budget - spent)
+            spent += act.wall
+            actions.append(act)
+
+        report = TickReport(
+            now, pressure, host, budget, spent, [v.name for v in candidates], actions
+        )
+        # Ticks that acted or had candidates are logged at INFO, quiet ones at DEBUG (a 1 Hz
+        # loop over idle sandboxes would otherwise flood the journal with identical lines).
+        log.log(logging.INFO if candidates else logging.DEBUG, "%s", report.line())
+        self.last_report = report
+        return report
+
+    def _eligible(self, v: PhaseView, st: CompressState, pressure: bool) -> bool:
+        c = self.config
+        if st.done or (v.phase == Phase.TOOL and not st.forced):
+            return False
+        if st.forced:
+            return True
+        if v.phase == Phase.LLM_WAIT:
+            return pressure or v.age >= c.grace
+        if v.phase == Phase.IDLE:
+            return pressure or v.age >= c.idle_grace
+        return False
+
+    def _still_wanted(self, name: str, generation: int) -> str:
+        """'' while the sandbox should keep being compressed, else why not."""
+        if self.stopping:
+            return "shutdown"
+        v = self.phases.get(name, self.clock())
+        if v is None:
+            return "unregistered"
+        if v.generation != generation:
+            return f"phase={v.phase.label}"
+        return ""
+
+    def _compress(self, v: PhaseView, cg: Cgroup, b: float, budget: float) -> Action:
+        c = self.config
+        st = self.state[v.name]
+        mode = "dense" if v.age >= c.dense_after else "fast"
+        self._ensure_mode(mode)
+        try:
+            mem_before = cg.memory_current()
+        except errors.AzswapError as e:
+            return Action(v.name, v.phase.label, v.age, mode, 0, 0, 0, 0, 0, 0, f"error:{e}")
+        with self._lock:
+            st.active, st.mode = True, mode
+            if st.mem_start is None:
+                st.mem_start, st.started_at = mem_before, self.clock()
+                st.total_runs += 1
+        mem, wall, cpu, requested, chunks = mem_before, 0.0, 0.0, 0, 0
+        result = "budget"
+        try:
+            while wall < budget:
+                why = self._still_wanted(v.name, v.generation)
+                if why:
+                    result = f"stopped:{why}"
+                    break
+                if mem <= c.floor_bytes:
+                    result = "floor"
+                    break
+                chunk = min(c.chunk_bytes, mem - c.floor_bytes)
+                chunk = max(4096, chunk - chunk % 4096)
+                t0, c0 = self.clock(), self.cpu_clock()
+                full = cg.reclaim(chunk)
+                dt, dc = self.clock() - t0, self.cpu_clock() - c0
+                wall, cpu = wall + dt, cpu + dc
+                requested, chunks = requested + chunk, chunks + 1
+                mem = cg.memory_current()
+                with self._lock:
+                    st.mem_now, st.requested, st.chunks = mem, st.requested + chunk, st.chunks + 1
+                    st.wall, st.cpu = st.wall + dt, st.cpu + dc
+                    st.total_requested += chunk
+                    st.total_wall, st.total_cpu = st.total_wall + dt, st.total_cpu + dc
+                if not full:
+                    result = "done"
+                    break
+                self._rest(dt * (1 - b) / b, v.name, v.generation)
+        except errors.AzswapError as e:
+            result = f"error:{e}"
+        with self._lock:
+            st.active = False
+            st.mem_now = mem
+            if result in ("done", "floor"):
+                st.done, st.forced, st.finished_at = True, False, self.clock()
+            elif result.startswith("stopped") or result.startswith("error"):
+                st.stop_reason = result
+        return Action(
+            v.name,
+            v.phase.label,
+            v.age,
+            mode,
+            mem_before,
+            mem,
+            requested,
+            chunks,
+            wall,
+            cpu,
+            result,
+        )
+
+    def _rest(self, seconds: float, name: str, generation: int) -> None:
+        """Sleep ``seconds`` (the throttle), waking early only if this sandbox's phase changes."""
+        deadline = self.clock() + seconds
+        while True:
+            left = deadline - self.clock()
+            if left <= 0 or self._still_wanted(name, generation):
+                return
+            self._sleep(left)
+            self._wake.clear()
+
+    def _ensure_mode(self, mode: str) -> None:
+        c = self.config
+        if not c.manage_policy or self.policy_setter is None or mode == self.mode:
+            return
+        pol = dict(c.dense_policy if mode == "dense" else c.fast_policy)
+        if self.codec_locked:
+            pol.pop("codec", None)
+        try:
+            self.policy_setter(pol)
+        except errors.Busy:
+            # codec changes are refused while pages are stored: keep the rest of the mode
+            if not self.codec_locked:
+                log.info("policy: codec change refused (pages stored), switching knobs only")
+            self.codec_locked = True
+            pol.pop("codec", None)
+            try:
+                if pol:
+                    self.policy_setter(pol)
+            except errors.AzswapError as e:
+                log.warning("policy %s: %s", mode, e)
+                return
+        except errors.AzswapError as e:
+            log.warning("policy %s: %s", mode, e)
+            return
+        log.info("policy: %s mode %s", mode, pol)
+        self.mode = mode
+
+    # -- the loop ---------------------------------------------------------------------------
+
+    def run(self) -> None:
+        """Tick every ``interval`` until stop(); a hint (wake()) starts the next tick early."""
+        while not self.stopping:
+            t0 = self.clock()
+            try:
+                self.tick()
+            except Exception:  # keep the daemon alive; the traceback goes to the log
+                log.exception("scheduler tick failed")
+            left = self.config.interval - (self.clock() - t0)
+            if left > 0 and not self.stopping:
+                self._wake.wait(left)
+            self._wake.clear()

@@ -1,0 +1,177 @@
+"""An in-memory stand-in for azswap.ko's netlink interface (for host tests and dry runs).
+
+It implements :class:`controlplane.registry.ModuleBackend` with the error behaviour docs/netlink.md
+specifies (EEXIST, ENOENT, EINVAL, EBUSY, EPERM through :func:`errors.from_netlink`), so code above
+it cannot tell the difference.  It is not used by the daemon unless asked for explicitly.
+"""
+
+from __future__ import annotations
+
+import errno
+import threading
+from dataclasses import replace
+from pathlib import Path
+
+from controlplane import errors
+from controlplane.cgroup import CGROUP_ROOT, Cgroup
+from controlplane.netlink import (
+    KINDS,
+    MAX_LOAD_PAGES,
+    PAGE_SIZE,
+    POLICY_FIELDS,
+    Cmd,
+    Info,
+    OwnerStats,
+    Phase,
+    Policy,
+)
+
+_RANGES = {
+    "codec": (0, 1),
+    "level": (1, 9),
+    "dedup": (0, 1),
+    "tdelta": (0, 1),
+    "xdelta": (0, 1),
+    "sim_effort": (0, 64),
+    "delta_max_pct": (1, 100),
+}
+
+
+def _err(cmd: Cmd, code: int, msg: str | None = None) -> errors.AzswapError:
+    return errors.from_netlink(code, msg, cmd.name)
+
+
+class FakeModule:
+    def __init__(self, cgroup_root: Path = CGROUP_ROOT, *, admin: bool = True) -> None:
+        self.cgroup_root = Path(cgroup_root)
+        self.admin = admin
+        self.owners: dict[int, OwnerStats] = {}
+        self.loaded: dict[int, dict[int, bytes]] = {}
+        self.policy = Policy()
+        self.calls: list[tuple[str, tuple[object, ...]]] = []
+        self._lock = threading.Lock()
+        self.closed = False
+
+    def _admin(self, cmd: Cmd) -> None:
+        self.calls.append((cmd.name, ()))
+        if not self.admin:
+            raise _err(cmd, errno.EPERM)
+
+    def info(self) -> Info:
+        return Info(version=1, nr_devices=1)
+
+    def _add(self, cmd: Cmd, group: int, cgroup_id: int | None, cgroup_path: str | None) -> int:
+        self._admin(cmd)
+        if group == 0 or group > 2**31 - 1:
+            raise _err(cmd, errno.EINVAL, "AZSWAP_A_GROUP: trust group 0 is invalid")
+        if cgroup_path is not None:
+            cg = Cgroup(cgroup_path, self.cgroup_root)
+            if not cg.exists():
+                raise _err(cmd, errno.ENOENT, f"no cgroup {cgroup_path}")
+            cid = cg.id
+        elif cgroup_id is not None:
+            cid = cgroup_id
+            if cmd == Cmd.SANDBOX_ADD and not (cid >> 63):
+                pass  # a live cgroup id in the real module; accepted here
+        else:
+            raise _err(cmd, errno.EINVAL, "missing AZSWAP_A_CGROUP_ID or AZSWAP_A_CGROUP_PATH")
+        with self._lock:
+            if cid in self.owners:
+                raise _err(cmd, errno.EEXIST)
+            self.owners[cid] = OwnerStats(cid, group, cmd == Cmd.TEMPLATE_ADD)
+        return cid
+
+    def sandbox_add(
+        self, group: int, *, cgroup_id: int | None = None, cgroup_path: str | None = None
+    ) -> int:
+        return self._add(Cmd.SANDBOX_ADD, group, cgroup_id, cgroup_path)
+
+    def template_add(
+        self, group: int, *, cgroup_id: int | None = None, cgroup_path: str | None = None
+    ) -> int:
+        return self._add(Cmd.TEMPLATE_ADD, group, cgroup_id, cgroup_path)
+
+    def _del(self, cmd: Cmd, cgroup_id: int, template: bool) -> None:
+        self._admin(cmd)
+        with self._lock:
+            o = self.owners.get(cgroup_id)
+            if o is None or o.is_template != template:
+                raise _err(cmd, errno.ENOENT)
+            del self.owners[cgroup_id]
+            self.loaded.pop(cgroup_id, None)
+
+    def sandbox_del(self, cgroup_id: int) -> None:
+        self._del(Cmd.SANDBOX_DEL, cgroup_id, False)
+
+    def template_del(self, cgroup_id: int) -> None:
+        self._del(Cmd.TEMPLATE_DEL, cgroup_id, True)
+
+    def template_load(self, cgroup_id: int, index: int, pages: bytes) -> None:
+        self._admin(Cmd.TEMPLATE_LOAD)
+        n, rest = divmod(len(pages), PAGE_SIZE)
+        if rest or not 1 <= n <= MAX_LOAD_PAGES:
+            raise _err(Cmd.TEMPLATE_LOAD, errno.EINVAL, "AZSWAP_A_PAGES: not 1..16 whole pages")
+        with self._lock:
+            o = self.owners.get(cgroup_id)
+            if o is None or not o.is_template:
+                raise _err(Cmd.TEMPLATE_LOAD, errno.ENOENT)
+            store = self.loaded.setdefault(cgroup_id, {})
+            for i in range(n):
+                if index + i not in store:
+                    o.pages += 1
+                    o.orig_bytes += PAGE_SIZE
+                    o.exclusive_bytes += PAGE_SIZE // 4
+                    o.kinds["plain"] += 1
+                store[index + i] = bytes(pages[i * PAGE_SIZE : (i + 1) * PAGE_SIZE])
+
+    def stats(self, cgroup_id: int | None = None) -> list[OwnerStats]:
+        with self._lock:
+            if cgroup_id is None:
+                return [replace(o, kinds=dict(o.kinds)) for o in self.owners.values()]
+            o = self.owners.get(cgroup_id)
+            if o is None:
+                raise _err(Cmd.STATS_GET, errno.ENOENT)
+            return [replace(o, kinds=dict(o.kinds))]
+
+    def policy_get(self) -> Policy:
+        return replace(self.policy)
+
+    def policy_set(self, **fields: int) -> None:
+        self._admin(Cmd.POLICY_SET)
+        for k, v in fields.items():
+            if k not in POLICY_FIELDS:
+                raise _err(Cmd.POLICY_SET, errno.EINVAL, f"unknown policy field {k}")
+            lo, hi = _RANGES[k]
+            if not lo <= int(v) <= hi:
+                raise _err(
+                    Cmd.POLICY_SET, errno.EINVAL, f"{POLICY_FIELDS[k]}: {v} not in {lo}..{hi}"
+                )
+        with self._lock:
+            stored = any(o.pages for o in self.owners.values())
+            if "codec" in fields and int(fields["codec"]) != self.policy.codec and stored:
+                raise _err(Cmd.POLICY_SET, errno.EBUSY, "codec change while pages are stored")
+            for k, v in fields.items():
+                setattr(self.policy, k, int(v))
+
+    def phase_set(self, cgroup_id: int, phase: Phase) -> None:
+        self._admin(Cmd.PHASE_SET)
+        with self._lock:
+            o = self.owners.get(cgroup_id)
+            if o is None:
+                raise _err(Cmd.PHASE_SET, errno.ENOENT)
+            o.phase = Phase(phase)
+
+    def store(
+        self, cgroup_id: int, pages: int, kind: str = "plain", bytes_each: int = 1024
+    ) -> None:
+        """Pretend ``pages`` pages of ``cgroup_id`` were swapped out (tests)."""
+        assert kind in KINDS
+        with self._lock:
+            o = self.owners[cgroup_id]
+            o.pages += pages
+            o.orig_bytes += pages * PAGE_SIZE
+            o.exclusive_bytes += pages * bytes_each
+            o.kinds[kind] += pages
+
+    def close(self) -> None:
+        self.closed = True
