@@ -49,4 +49,14 @@ int az_zstd_compress(struct az_codec_ws *w, int level, const void *src,
 int az_zstd_decompress(struct az_codec_ws *w, const void *src, int slen,
 		       void *dst, int cap);
 
+/*
+ * Threads and time, for the self-test's stress run only (az_core_stress).
+ * az_thread_join waits for @fn to return and gives its return value.
+ */
+struct az_thread;
+struct az_thread *az_thread_start(int (*fn)(void *arg), void *arg,
+				  const char *name);
+int az_thread_join(struct az_thread *t);
+u64 az_now_ms(void);
+
 #endif /* AZ_SHIM_COMMON_H */

@@ -8,6 +8,9 @@
 #include <linux/zsmalloc.h>
 #include <linux/lz4.h>
 #include <linux/zstd.h>
+#include <linux/kthread.h>
+#include <linux/completion.h>
+#include <linux/ktime.h>
 
 #include "az_shim.h"
 #include "azcore.h"
@@ -199,4 +202,56 @@ int az_zstd_decompress(struct az_codec_ws *w, const void *src, int slen,
 	size_t r = zstd_decompress_dctx(w->dctx, dst, cap, src, slen);
 
 	return zstd_is_error(r) ? -1 : (int)r;
+}
+
+/* Threads for the self-test's stress run. */
+struct az_thread {
+	struct completion done;
+	int (*fn)(void *arg);
+	void *arg;
+	int ret;
+};
+
+static int az_thread_fn(void *data)
+{
+	struct az_thread *t = data;
+
+	t->ret = t->fn(t->arg);
+	/* The joiner may free @t once this returns. */
+	complete(&t->done);
+	return 0;
+}
+
+struct az_thread *az_thread_start(int (*fn)(void *arg), void *arg,
+				  const char *name)
+{
+	struct az_thread *t = kzalloc(sizeof(*t), GFP_KERNEL);
+	struct task_struct *task;
+
+	if (!t)
+		return NULL;
+	init_completion(&t->done);
+	t->fn = fn;
+	t->arg = arg;
+	task = kthread_run(az_thread_fn, t, "%s", name);
+	if (IS_ERR(task)) {
+		kfree(t);
+		return NULL;
+	}
+	return t;
+}
+
+int az_thread_join(struct az_thread *t)
+{
+	int ret;
+
+	wait_for_completion(&t->done);
+	ret = t->ret;
+	kfree(t);
+	return ret;
+}
+
+u64 az_now_ms(void)
+{
+	return ktime_get_ns() / NSEC_PER_MSEC;
 }

@@ -223,5 +223,10 @@ const char *az_kind_name(enum az_kind k);
  * mem_limit; 0 or -EINVAL (logged).  Process context; takes ~10 ms.
  */
 int az_core_selftest(void);
+/*
+ * Concurrent stress (selftest.c): @nthreads workers and a control thread
+ * on a private store for @ms milliseconds; 0 or -EINVAL (logged).
+ */
+int az_core_stress(unsigned int nthreads, unsigned int ms);
 
 #endif /* AZCORE_H */

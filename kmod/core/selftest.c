@@ -342,3 +342,277 @@ out:
 	az_store_destroy(t.s);
 	return err;
 }
+
+/*
+ * Concurrent stress (az_core_stress): workers own disjoint slot ranges
+ * (one writer per slot, as the swap layer guarantees) and store, load and
+ * free related pages of sandboxes in two trust groups, an unregistered
+ * cgroup and a template; a control thread concurrently loads template
+ * pages, removes and re-adds the template and a sandbox, flips policy
+ * knobs, drains deferred frees and reads stats.  Every load is compared
+ * with the last page written; at the end every page is checked again and
+ * all memory must return to zero.
+ */
+#define SS_PER		256
+#define SS_T1		1000
+#define SS_SA		11
+#define SS_SB		12
+#define SS_SC		21
+#define SS_UNREG	99
+
+struct az_stress {
+	struct az_store *s;
+	u8 *fam;		/* ST_FAM pages */
+	az_atomic_t stop;
+	az_atomic_t failures;
+	u64 end_ms;
+};
+
+struct az_stress_worker {
+	struct az_stress *ss;
+	struct az_thread *th;
+	u64 first;
+	u64 rnd;
+};
+
+static u64 ss_rnd(u64 *x)
+{
+	*x ^= *x << 13;
+	*x ^= *x >> 7;
+	*x ^= *x << 17;
+	return *x;
+}
+
+static void ss_page(struct az_stress *ss, u8 *p, u64 *r, unsigned int f)
+{
+	unsigned int k, n;
+
+	switch (ss_rnd(r) % 8) {
+	case 0:
+		memset(p, 0, AZ_PAGE_SIZE);
+		return;
+	case 1:
+		for (k = 0; k < AZ_PAGE_SIZE / 8; k++)
+			((u64 *)p)[k] = ss_rnd(r);
+		return;
+	default:
+		memcpy(p, ss->fam + (size_t)f * AZ_PAGE_SIZE, AZ_PAGE_SIZE);
+		n = ss_rnd(r) % 12;
+		for (k = 0; k < n; k++)
+			((u64 *)p)[ss_rnd(r) % (AZ_PAGE_SIZE / 8)] = ss_rnd(r);
+	}
+}
+
+static void ss_fail(struct az_stress *ss, const char *what, u64 slot)
+{
+	az_err("stress: %s at slot %llu\n", what, (unsigned long long)slot);
+	az_atomic_inc(&ss->failures);
+}
+
+static bool ss_running(struct az_stress *ss)
+{
+	if (az_atomic_read(&ss->stop))
+		return false;
+	if (az_now_ms() < ss->end_ms)
+		return true;
+	az_atomic_set(&ss->stop, 1);
+	return false;
+}
+
+static int ss_worker(void *arg)
+{
+	static const u64 owners[] = {
+		SS_SA, SS_SB, SS_SC, SS_UNREG, 0, SS_T1,
+	};
+	struct az_stress_worker *w = arg;
+	struct az_stress *ss = w->ss;
+	struct az_ctx *ctx = az_ctx_create();
+	u8 *model = az_valloc((size_t)SS_PER * AZ_PAGE_SIZE);
+	u8 *buf = az_valloc(AZ_PAGE_SIZE);
+	u64 i;
+
+	if (!ctx || !model || !buf) {
+		ss_fail(ss, "worker allocation", 0);
+		goto out;
+	}
+	while (ss_running(ss)) {
+		u64 k = ss_rnd(&w->rnd) % SS_PER, slot = w->first + k;
+		u8 *m = model + k * AZ_PAGE_SIZE;
+		unsigned int f = ss_rnd(&w->rnd) % ST_FAM;
+		struct az_page_info pi = {
+			.owner = owners[ss_rnd(&w->rnd) % ARRAY_SIZE(owners)],
+			.index = f,
+		};
+		int op = ss_rnd(&w->rnd) % 10, err;
+
+		if (op < 5) {
+			ss_page(ss, buf, &w->rnd, f);
+			err = az_store_put(ss->s, ctx, slot, buf, &pi);
+			if (err == -ENOMEM)
+				memset(m, 0, AZ_PAGE_SIZE);
+			else if (err)
+				ss_fail(ss, "put", slot);
+			else
+				memcpy(m, buf, AZ_PAGE_SIZE);
+		} else if (op < 8) {
+			if (az_store_get(ss->s, ctx, slot, buf) ||
+			    memcmp(buf, m, AZ_PAGE_SIZE))
+				ss_fail(ss, "load mismatch", slot);
+		} else {
+			az_store_free(ss->s, slot);
+			memset(m, 0, AZ_PAGE_SIZE);
+		}
+		az_cond_resched();
+	}
+	for (i = 0; i < SS_PER; i++)
+		if (az_store_get(ss->s, ctx, w->first + i, buf) ||
+		    memcmp(buf, model + i * AZ_PAGE_SIZE, AZ_PAGE_SIZE))
+			ss_fail(ss, "final load mismatch", w->first + i);
+out:
+	az_vfree(buf);
+	az_vfree(model);
+	az_ctx_destroy(ctx);
+	return 0;
+}
+
+static int ss_control(void *arg)
+{
+	struct az_stress *ss = arg;
+	struct az_ctx *ctx = az_ctx_create();
+	u8 *buf = az_valloc(AZ_PAGE_SIZE);
+	struct az_policy pol;
+	struct az_stats st;
+	bool treg = true, breg = true;
+	u64 r = 12345;
+	int err;
+
+	if (!ctx || !buf) {
+		ss_fail(ss, "control allocation", 0);
+		goto out;
+	}
+	while (ss_running(ss)) {
+		switch (ss_rnd(&r) % 6) {
+		case 0:
+			ss_page(ss, buf, &r, ss_rnd(&r) % ST_FAM);
+			err = treg ? az_store_template_load(ss->s, ctx, SS_T1,
+							    ss_rnd(&r) % ST_FAM,
+							    buf) : 0;
+			if (err && err != -ENOMEM)
+				ss_fail(ss, "template_load", 0);
+			break;
+		case 1:
+			if (treg ? az_store_del_template(ss->s, SS_T1) :
+				   az_store_add_template(ss->s, SS_T1, 1))
+				ss_fail(ss, "toggle template", 0);
+			treg = !treg;
+			break;
+		case 2:
+			if (breg ? az_store_del_sandbox(ss->s, SS_SB) :
+				   az_store_add_sandbox(ss->s, SS_SB, 1))
+				ss_fail(ss, "toggle sandbox", 0);
+			breg = !breg;
+			break;
+		case 3:
+			az_store_get_policy(ss->s, &pol);
+			pol.dedup = ss_rnd(&r) & 1;
+			pol.xdelta = ss_rnd(&r) & 1;
+			pol.sim_effort = ss_rnd(&r) % 8;
+			if (az_store_set_policy(ss->s, &pol))
+				ss_fail(ss, "set_policy", 0);
+			break;
+		case 4:
+			az_store_drain(ss->s);
+			break;
+		default:
+			az_store_get_stats(ss->s, &st);
+			if (st.cross_group)
+				ss_fail(ss, "cross_group", 0);
+			break;
+		}
+		az_cond_resched();
+	}
+	if (!treg && az_store_add_template(ss->s, SS_T1, 1))
+		ss_fail(ss, "re-add template", 0);
+	if (!breg && az_store_add_sandbox(ss->s, SS_SB, 1))
+		ss_fail(ss, "re-add sandbox", 0);
+out:
+	az_vfree(buf);
+	az_ctx_destroy(ctx);
+	return 0;
+}
+
+int az_core_stress(unsigned int nthreads, unsigned int ms)
+{
+	struct az_stress ss = { 0 };
+	struct az_stress_worker *w;
+	struct az_thread *ctl;
+	struct az_stats st;
+	u64 r = 777, i, nslots;
+	unsigned int t, k;
+	int err = -ENOMEM;
+
+	if (!nthreads || nthreads > 64)
+		return -EINVAL;
+	nslots = (u64)nthreads * SS_PER;
+	w = az_valloc(nthreads * sizeof(*w));
+	ss.fam = az_valloc((size_t)ST_FAM * AZ_PAGE_SIZE);
+	ss.s = az_store_create(nslots, "azswap-stress");
+	if (!w || !ss.fam || !ss.s)
+		goto out;
+	for (k = 0; k < ST_FAM; k++)
+		for (i = 0; i < AZ_PAGE_SIZE / 8; i++)
+			((u64 *)(ss.fam + (size_t)k * AZ_PAGE_SIZE))[i] =
+				(i % 3) ? ss_rnd(&r) & 0xffff :
+				0x7f0000000000ULL + (ss_rnd(&r) & 0xfff0);
+	err = az_store_add_template(ss.s, SS_T1, 1) ?:
+	      az_store_add_sandbox(ss.s, SS_SA, 1) ?:
+	      az_store_add_sandbox(ss.s, SS_SB, 1) ?:
+	      az_store_add_sandbox(ss.s, SS_SC, 2);
+	if (err)
+		goto out;
+	/* Tight enough that some stores fail with -ENOMEM. */
+	az_store_set_mem_limit(ss.s, nslots * 1536);
+	ss.end_ms = az_now_ms() + ms;
+	for (t = 0; t < nthreads; t++) {
+		w[t].ss = &ss;
+		w[t].first = (u64)t * SS_PER;
+		w[t].rnd = 0x9e3779b97f4a7c15ULL * (t + 1);
+		w[t].th = az_thread_start(ss_worker, &w[t], "azswap-stress");
+		if (!w[t].th)
+			ss_fail(&ss, "thread start", 0);
+	}
+	ctl = az_thread_start(ss_control, &ss, "azswap-stressctl");
+	if (!ctl)
+		ss_fail(&ss, "thread start", 0);
+	for (t = 0; t < nthreads; t++)
+		if (w[t].th)
+			az_thread_join(w[t].th);
+	az_atomic_set(&ss.stop, 1);
+	if (ctl)
+		az_thread_join(ctl);
+
+	az_store_drain(ss.s);
+	az_store_get_stats(ss.s, &st);
+	az_info("stress: %llu stores (%llu failed), %llu loads\n",
+		(unsigned long long)st.stores,
+		(unsigned long long)st.failed_stores,
+		(unsigned long long)st.loads);
+	for (i = 0; i < nslots; i++)
+		az_store_free(ss.s, i);
+	az_store_del_template(ss.s, SS_T1);
+	az_store_drain(ss.s);
+	az_store_get_stats(ss.s, &st);
+	if (st.objects || st.pool_bytes || st.stored_bytes || st.bases ||
+	    st.template_pages || st.pages_stored || st.cross_group)
+		ss_fail(&ss, "not empty after freeing everything", 0);
+	err = az_atomic_read(&ss.failures) ? -EINVAL : 0;
+	if (!err)
+		az_info("stress: ok\n");
+out:
+	if (err)
+		az_err("stress failed: %d\n", err);
+	az_store_destroy(ss.s);
+	az_vfree(ss.fam);
+	az_vfree(w);
+	return err;
+}

@@ -1,11 +1,12 @@
-"""Multi-threaded stress of the store core (kmod/core/host/stress.c) under ASan and TSan.
+"""az_core_stress() (kmod/core/selftest.c) on the host under ASan+LSan and TSan.
 
 Workers own disjoint slot ranges and store/load/free related pages of
 sandboxes in two trust groups, an unregistered cgroup and a template,
 while a control thread loads template pages, removes and re-adds owners,
 changes policy and drains deferred frees.  Every load is compared with the
 last page written; the consistency checker runs at the end and all memory
-must return to zero.  AZCORE_STRESS_SECONDS sets the duration.
+must return to zero.  The kernel runs the same function (test_kselftest.py).
+AZCORE_STRESS_SECONDS sets the duration.
 """
 
 from __future__ import annotations

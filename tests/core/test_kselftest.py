@@ -2,8 +2,9 @@
 
 kmod/core/kselftest/run.sh builds kmod/core alone as a module whose init
 runs az_core_selftest() (zsmalloc, kernel lz4/zstd, bit locks, deferred
-free) and loads it in the test VM through vm-tests/run, which also fails on
-any kernel splat.  Takes about a minute.
+free) and az_core_stress() (4 kthreads racing on one store for 3 s) and
+loads it in the test VM through vm-tests/run, which also fails on any
+kernel splat.  Takes about a minute.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ def test_selftest_in_kernel():
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-4000:]
     assert "azswap: selftest: ok" in out
+    assert "azswap: stress: ok" in out
 
 
 def test_selftest_on_host(lib_path):

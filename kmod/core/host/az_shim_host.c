@@ -5,6 +5,7 @@
  */
 #include <stdlib.h>
 #include <sched.h>
+#include <time.h>
 #define ZSTD_STATIC_LINKING_ONLY
 #include <zstd.h>
 #include <lz4.h>
@@ -272,4 +273,54 @@ int az_zstd_decompress(struct az_codec_ws *w, const void *src, int slen,
 	size_t r = ZSTD_decompressDCtx(w->dctx, dst, cap, src, slen);
 
 	return ZSTD_isError(r) ? -1 : (int)r;
+}
+
+struct az_thread {
+	pthread_t th;
+	int (*fn)(void *arg);
+	void *arg;
+	int ret;
+};
+
+static void *az_thread_fn(void *data)
+{
+	struct az_thread *t = data;
+
+	t->ret = t->fn(t->arg);
+	return NULL;
+}
+
+struct az_thread *az_thread_start(int (*fn)(void *arg), void *arg,
+				  const char *name)
+{
+	struct az_thread *t = calloc(1, sizeof(*t));
+
+	(void)name;
+	if (!t)
+		return NULL;
+	t->fn = fn;
+	t->arg = arg;
+	if (pthread_create(&t->th, NULL, az_thread_fn, t)) {
+		free(t);
+		return NULL;
+	}
+	return t;
+}
+
+int az_thread_join(struct az_thread *t)
+{
+	int ret;
+
+	pthread_join(t->th, NULL);
+	ret = t->ret;
+	free(t);
+	return ret;
+}
+
+u64 az_now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (u64)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }

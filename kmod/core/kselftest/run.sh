@@ -2,7 +2,8 @@
 # Build the store core alone as azcore_selftest.ko (a copy of kmod/core in a
 # temporary directory, so nothing is written into the checkout) and load it
 # in the test kernel through vm-tests/run: the module runs
-# az_core_selftest() at load and refuses to load if it fails.
+# az_core_selftest() and az_core_stress() (4 kthreads, 3 s) at load and
+# refuses to load if either fails.
 #   kmod/core/kselftest/run.sh [KDIR]
 set -eu
 top=$(cd "$(dirname "$0")/../../.." && pwd)
@@ -23,5 +24,5 @@ mods="zsmalloc lz4_compress lz4_decompress zstd_compress zstd_decompress"
 "$top/vm-tests/run" --timeout 300 -- sh -c "
 	for m in $mods; do modprobe \$m; done
 	insmod $tmp/azcore-selftest.ko || { dmesg | grep azswap; exit 1; }
-	dmesg | grep 'azswap: selftest'
+	dmesg | grep -E 'azswap: (selftest|stress)'
 	rmmod azcore_selftest"
