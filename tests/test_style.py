@@ -1,0 +1,57 @@
+"""Style gates: ruff over the Python tree, checkpatch (linux-source-6.1) over the module."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+TOP = Path(__file__).resolve().parent.parent
+PY_DIRS = ["controlplane", "cli", "ebpf", "tests", "vm-tests"]
+CHECKPATCH_FILES = [
+    "scripts/checkpatch.pl", "scripts/spelling.txt", "scripts/const_structs.checkpatch",
+]
+
+
+def _checkpatch() -> Path:
+    """checkpatch.pl from Debian's linux-source-6.1, unpacked once into build/."""
+    dest = TOP / "build" / "checkpatch"
+    script = dest / "linux-source-6.1" / "scripts" / "checkpatch.pl"
+    if script.exists():
+        return script
+    tarball = Path("/usr/src/linux-source-6.1.tar.xz")
+    if not tarball.exists():
+        pytest.fail("linux-source-6.1 is not installed: run 'make setup'")
+    dest.mkdir(parents=True, exist_ok=True)
+    members = [f"linux-source-6.1/{name}" for name in CHECKPATCH_FILES]
+    subprocess.run(["tar", "-C", str(dest), "-xJf", str(tarball), *members], check=True)
+    return script
+
+
+def test_ruff_clean() -> None:
+    ruff = Path(sys.executable).parent / "ruff"
+    exe = str(ruff) if ruff.exists() else shutil.which("ruff")
+    assert exe, "ruff not installed: run 'make setup'"
+    dirs = [d for d in PY_DIRS if (TOP / d).exists()]
+    proc = subprocess.run([exe, "check", *dirs, "vm-tests/run"], cwd=TOP,
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_module_checkpatch_clean() -> None:
+    files = sorted(
+        str(p.relative_to(TOP))
+        for pat in ("kmod/*.c", "kmod/*.h", "kmod/core/*.c", "kmod/core/*.h", "kmod/uapi/*.h")
+        for p in TOP.glob(pat)
+        if not p.name.endswith(".mod.c")
+    )
+    assert files
+    proc = subprocess.run(
+        ["perl", str(_checkpatch()), "--no-tree", "--terse", "--show-types", "-f", *files],
+        cwd=TOP, capture_output=True, text=True,
+    )
+    problems = [ln for ln in proc.stdout.splitlines() if "ERROR" in ln or "WARNING" in ln]
+    assert not problems, "\n".join(problems)
