@@ -103,9 +103,12 @@ class Registry:
         module: ModuleBackend,
         state_file: Path | None,
         cgroup_root: Path = CGROUP_ROOT,
+        *,
+        readonly: bool = False,
     ) -> None:
         self.module = module
         self.state_file = state_file
+        self.readonly = readonly  # azctl without a daemon: read names, never write the file
         self.cgroup_root = Path(cgroup_root)
         self._lock = threading.RLock()
         self.sandboxes: dict[str, Sandbox] = {}
@@ -228,7 +231,7 @@ class Registry:
     # -- persistence and recovery -------------------------------------------------------------
 
     def save(self) -> None:
-        if self.state_file is None:
+        if self.state_file is None or self.readonly:
             return
         data = {
             "version": 1,

@@ -192,6 +192,7 @@ class Scheduler:
         cpu_clock: Callable[[], float] = time.thread_time,
         proc_root: Path = PROC_ROOT,
         policy_setter: Callable[[dict[str, int]], None] | None = None,
+        notify: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         self.phases = phases
         self.targets = targets
@@ -201,6 +202,7 @@ class Scheduler:
         self.cpu_clock = cpu_clock
         self.proc_root = Path(proc_root)
         self.policy_setter = policy_setter
+        self.notify = notify
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._sleep = sleep if sleep is not None else self._wake.wait
@@ -377,6 +379,9 @@ class Scheduler:
                 st.done, st.forced, st.finished_at = True, False, self.clock()
             elif result.startswith("stopped") or result.startswith("error"):
                 st.stop_reason = result
+            summary = st.to_dict()
+        if self.notify is not None and result != "budget":
+            self.notify({"event": "compress", "name": v.name, "result": result, "state": summary})
         return Action(
             v.name,
             v.phase.label,

@@ -1,0 +1,190 @@
+"""Client of the azswap daemon's socket, for orchestrators (protocol: docs/daemon-protocol.md).
+
+    from controlplane.client import DaemonClient
+
+    with DaemonClient() as az:
+        az.register("sb1", cgroup="/sandboxes/sb1", group=1)
+        az.phase("sb1", "llm-wait")      # compress while the model thinks
+        ...
+        az.phase("sb1", "tool")          # stop compressing, prefetch its working set
+        print(az.stats("sb1")["ratio"])
+
+    for event in DaemonClient().subscribe():   # a dedicated connection
+        print(event)
+
+Errors are the exceptions of :mod:`controlplane.errors` (DaemonNotRunning, PermissionDenied,
+UnknownSandbox, InvalidValue...), rebuilt from the daemon's error replies.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from controlplane import errors
+
+DEFAULT_SOCKET = Path(os.environ.get("AZSWAP_SOCKET", "/run/azswap/azswap.sock"))
+
+
+class DaemonClient:
+    def __init__(self, socket_path: str | os.PathLike[str] | None = None, timeout: float = 30.0):
+        self.path = Path(socket_path) if socket_path is not None else DEFAULT_SOCKET
+        self.timeout = timeout
+        self._sock: socket.socket | None = None
+        self._rfile: Any = None
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+
+    # -- connection -------------------------------------------------------------------------
+
+    def _connect(self) -> socket.socket:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(self.timeout)
+        try:
+            s.connect(str(self.path))
+        except (FileNotFoundError, ConnectionRefusedError):
+            s.close()
+            raise errors.DaemonNotRunning(
+                f"azswap daemon not running (no listener on {self.path}): start 'azctl daemon'"
+            ) from None
+        except PermissionError:
+            s.close()
+            raise errors.PermissionDenied(
+                f"{self.path}: permission denied (the daemon serves root only)"
+            ) from None
+        except OSError as e:
+            s.close()
+            raise errors.DaemonNotRunning(f"cannot reach the daemon at {self.path}: {e}") from None
+        return s
+
+    def _ensure(self) -> None:
+        if self._sock is None:
+            self._sock = self._connect()
+            self._rfile = self._sock.makefile("rb")
+
+    def close(self) -> None:
+        if self._rfile is not None:
+            self._rfile.close()
+            self._rfile = None
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+    def __enter__(self) -> DaemonClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @staticmethod
+    def _raise(error: dict[str, Any]) -> None:
+        code = str(error.get("code", "error"))
+        message = str(error.get("message", code))
+        raise errors.from_code(code, message)
+
+    def request(self, op: str, **fields: Any) -> Any:
+        """Send one request and return its ``result`` (or raise its error)."""
+        with self._lock:
+            self._ensure()
+            assert self._sock is not None
+            rid = next(self._ids)
+            line = json.dumps({"id": rid, "op": op, **fields}, separators=(",", ":")) + "\n"
+            try:
+                self._sock.sendall(line.encode())
+                while True:
+                    raw = self._rfile.readline()
+                    if not raw:
+                        self.close()
+                        raise errors.DaemonNotRunning("the daemon closed the connection")
+                    reply = json.loads(raw)
+                    if "event" in reply and "ok" not in reply:
+                        continue  # pushed event on a subscribed connection
+                    break
+            except TimeoutError:
+                self.close()
+                raise errors.AzswapError(
+                    f"no reply from the daemon within {self.timeout}s"
+                ) from None
+            except (BrokenPipeError, ConnectionResetError):
+                self.close()
+                raise errors.DaemonNotRunning("the daemon closed the connection") from None
+            except ValueError as e:
+                self.close()
+                raise errors.ProtocolError(f"bad reply from the daemon: {e}") from None
+        if not reply.get("ok"):
+            if reply.get("error", {}).get("code") == "permission_denied":
+                self.close()
+            self._raise(reply.get("error", {}))
+        return reply.get("result")
+
+    # -- operations -----------------------------------------------------------------------------
+
+    def ping(self) -> dict[str, Any]:
+        return self.request("ping")
+
+    def register(
+        self, name: str, cgroup: str, group: int, template: str | None = None
+    ) -> dict[str, Any]:
+        return self.request("register", name=name, cgroup=cgroup, group=group, template=template)
+
+    def unregister(self, name: str) -> dict[str, Any]:
+        return self.request("unregister", name=name)
+
+    def phase(self, name: str, phase: str) -> dict[str, Any]:
+        return self.request("phase", name=name, phase=phase)
+
+    def compress(self, name: str, wait: float = 0.0) -> dict[str, Any]:
+        return self.request("compress", name=name, wait=wait)
+
+    def prefetch(self, name: str) -> dict[str, Any]:
+        return self.request("prefetch", name=name)
+
+    def list(self) -> dict[str, Any]:
+        return self.request("list")
+
+    def stats(self, name: str | None = None) -> dict[str, Any]:
+        return self.request("stats", name=name) if name else self.request("stats")
+
+    def metrics(self) -> str:
+        return str(self.request("metrics")["text"])
+
+    def template_add(
+        self, name: str, group: int, cgroup: str | None = None, file: str | None = None
+    ) -> dict[str, Any]:
+        return self.request("template_add", name=name, group=group, cgroup=cgroup, file=file)
+
+    def template_loaded(self, name: str, pages: int) -> dict[str, Any]:
+        return self.request("template_loaded", name=name, pages=pages)
+
+    def template_rm(self, name: str) -> dict[str, Any]:
+        return self.request("template_rm", name=name)
+
+    def policy_get(self) -> dict[str, Any]:
+        return self.request("policy_get")
+
+    def policy_set(self, **fields: int) -> dict[str, Any]:
+        return self.request("policy_set", fields=fields)
+
+    def subscribe(self, timeout: float | None = None) -> Iterator[dict[str, Any]]:
+        """Events from a dedicated connection, until the daemon goes away."""
+        s = self._connect()
+        s.settimeout(timeout)
+        f = s.makefile("rb")
+        try:
+            s.sendall(b'{"id":0,"op":"subscribe"}\n')
+            first = json.loads(f.readline() or b"{}")
+            if not first.get("ok"):
+                self._raise(first.get("error", {"code": "daemon_not_running"}))
+            for raw in f:
+                msg = json.loads(raw)
+                if "event" in msg:
+                    yield msg
+        finally:
+            f.close()
+            s.close()

@@ -1,0 +1,572 @@
+"""azswap daemon: the registry, the phase model and the scheduler behind a local socket.
+
+One process (``azctl daemon``), these threads:
+
+* the socket server: one thread per client connection, JSON-lines requests
+  (docs/daemon-protocol.md);
+* the scheduler: ``Scheduler.run()``, one tick a second, woken early by hints;
+* the module event listener: follows the ``events`` netlink group (changes made by other netlink
+  clients) and forwards them to subscribers;
+* prefetch workers: one short-lived thread per tool hint.
+
+The socket is root-only twice over: the file is 0600 in a 0700 directory, and every connection's
+peer credentials (SO_PEERCRED) are checked against ``allowed_uids`` (root only by default).
+
+SIGTERM/SIGINT: the scheduler stops between two memory.reclaim chunks (the chunk in flight either
+completes or comes up short, both leave the sandbox consistent), the server stops accepting,
+connections are closed, the socket file removed.  The state file stays so the next start
+recovers the names.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import socket
+import socketserver
+import struct
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+from controlplane import errors, metrics
+from controlplane.cgroup import CGROUP_ROOT, PROC_ROOT, normalize
+from controlplane.netlink import AzswapNetlink, EventListener, Phase, validate_group
+from controlplane.phase import PhaseConfig, PhaseModel
+from controlplane.registry import RUN_DIR, ModuleBackend, Registry, Sandbox, state_path
+from controlplane.restore import Prefetcher, load_prefetcher
+from controlplane.scheduler import Scheduler, SchedulerConfig, Target
+from controlplane.sysfs import SYS_BLOCK, Device
+
+log = logging.getLogger("azswap.daemon")
+
+PROTOCOL_VERSION = 1
+SOCKET_PATH = RUN_DIR / "azswap.sock"
+MAX_LINE = 64 * 1024  # bytes per request line, newline included
+
+
+@dataclass
+class DaemonConfig:
+    socket_path: Path = SOCKET_PATH
+    dev: int = 0
+    cgroup_root: Path = CGROUP_ROOT
+    proc_root: Path = PROC_ROOT
+    sys_block: Path = SYS_BLOCK
+    state_dir: Path = RUN_DIR
+    allowed_uids: frozenset[int] = frozenset({0})
+    prefetch: bool = True
+    follow_events: bool = True
+    metrics_port: int | None = None
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    phase: PhaseConfig = field(default_factory=PhaseConfig)
+
+
+class PerThread:
+    """A ModuleBackend proxy giving each thread its own netlink socket (pyroute2 sockets are not
+    for sharing).  ``release()`` closes the calling thread's one."""
+
+    def __init__(self, factory: Callable[[], ModuleBackend]) -> None:
+        self._factory = factory
+        self._tl = threading.local()
+        self._all: list[ModuleBackend] = []
+        self._lock = threading.Lock()
+
+    def _get(self) -> ModuleBackend:
+        m = getattr(self._tl, "m", None)
+        if m is None:
+            m = self._factory()
+            self._tl.m = m
+            with self._lock:
+                self._all.append(m)
+        return m
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._get(), name)
+
+    def release(self) -> None:
+        m = getattr(self._tl, "m", None)
+        if m is not None:
+            self._tl.m = None
+            with self._lock:
+                if m in self._all:
+                    self._all.remove(m)
+            with contextlib.suppress(Exception):
+                m.close()
+
+    def close(self) -> None:
+        with self._lock:
+            ms, self._all = self._all, []
+        for m in ms:
+            with contextlib.suppress(Exception):
+                m.close()
+
+
+class Connection:
+    """One client: serialised writes (replies and pushed events share the socket)."""
+
+    def __init__(self, sock: socket.socket, uid: int, pid: int) -> None:
+        self.sock = sock
+        self.uid = uid
+        self.pid = pid
+        self.subscribed = False
+        self._wlock = threading.Lock()
+
+    def send(self, obj: dict[str, Any]) -> bool:
+        data = (json.dumps(obj, separators=(",", ":")) + "\n").encode()
+        try:
+            with self._wlock:
+                self.sock.sendall(data)
+            return True
+        except OSError:
+            return False
+
+
+def peer_cred(sock: socket.socket) -> tuple[int, int, int]:
+    """(pid, uid, gid) of the process at the other end of a Unix socket."""
+    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    pid, uid, gid = struct.unpack("3i", raw)
+    return pid, uid, gid
+
+
+class _Handler(socketserver.StreamRequestHandler):
+    server: _Server
+
+    def handle(self) -> None:
+        self.server.daemon_.serve_connection(self.connection, self.rfile)
+
+
+class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+    allow_reuse_address = False
+    daemon_: Daemon
+
+
+class Daemon:
+    def __init__(
+        self,
+        config: DaemonConfig | None = None,
+        module_factory: Callable[[], ModuleBackend] | None = None,
+        prefetcher: Prefetcher | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = c = config or DaemonConfig()
+        factory = module_factory or (lambda: AzswapNetlink(c.dev))
+        self.module = PerThread(factory)
+        self.device = Device(c.dev, c.sys_block)
+        self.clock = clock
+        self.registry = Registry(self.module, state_path(c.dev, c.state_dir), c.cgroup_root)
+        self.phases = PhaseModel(c.phase)
+        self.scheduler = Scheduler(
+            self.phases,
+            self._targets,
+            c.scheduler,
+            clock=clock,
+            proc_root=c.proc_root,
+            policy_setter=lambda pol: self.module.policy_set(**pol),
+            notify=self.publish,
+        )
+        self.prefetcher = prefetcher if prefetcher is not None else load_prefetcher(c.prefetch)
+        self._conns: set[Connection] = set()
+        self._conns_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._server: _Server | None = None
+        self.started_at = time.time()
+
+    # -- state ------------------------------------------------------------------------------
+
+    def _targets(self) -> list[Target]:
+        out = []
+        for sb in self.registry.list_sandboxes():
+            cg = self.registry.cgroup(sb)
+            if cg is not None:
+                out.append(Target(sb.name, cg))
+        return out
+
+    def recover(self) -> None:
+        n_sb, n_t = self.registry.recover()
+        now = self.clock()
+        phases = {o.cgroup_id: o.phase for o in self.module.stats()}
+        for sb in self.registry.list_sandboxes():
+            self.phases.add(sb.name, now)
+            ph = phases.get(sb.cgroup_id, Phase.UNKNOWN)
+            if ph != Phase.UNKNOWN:
+                # the module remembers the last hint: resume from it (its age restarts now)
+                self.phases.hint(sb.name, ph, now)
+        log.info("recovered %d sandboxes and %d templates from the module", n_sb, n_t)
+
+    def publish(self, event: dict[str, Any]) -> None:
+        """Send an event line to every subscribed connection."""
+        event = {"event": event.get("event", "unknown"), "time": time.time(), **event}
+        with self._conns_lock:
+            subs = [c for c in self._conns if c.subscribed]
+        for c in subs:
+            c.send(event)
+
+    # -- operations (one per protocol op) -------------------------------------------------------
+
+    def op_ping(self, req: dict[str, Any]) -> dict[str, Any]:
+        return {"version": PROTOCOL_VERSION, "pid": os.getpid(), "dev": self.config.dev}
+
+    def op_register(self, req: dict[str, Any]) -> dict[str, Any]:
+        sb = self.registry.add_sandbox(
+            _str(req, "name"),
+            normalize(_str(req, "cgroup")),
+            validate_group(_int(req, "group")),
+            _opt_str(req, "template"),
+        )
+        self.phases.add(sb.name, self.clock())
+        self.publish({"event": "register", **sb.to_dict()})
+        return sb.to_dict()
+
+    def op_unregister(self, req: dict[str, Any]) -> dict[str, Any]:
+        sb = self.registry.remove_sandbox(_str(req, "name"))
+        self.phases.remove(sb.name)
+        self.scheduler.forget(sb.name)
+        self.publish({"event": "unregister", "name": sb.name, "cgroup_id": sb.cgroup_id})
+        return sb.to_dict()
+
+    def op_phase(self, req: dict[str, Any]) -> dict[str, Any]:
+        sb = self.registry.sandbox(_str(req, "name"))
+        phase = Phase.parse(req.get("phase", ""))
+        view = self.phases.hint(sb.name, phase, self.clock())
+        self.scheduler.wake()  # a tool hint stops compression at the next chunk boundary
+        module_error = None
+        try:
+            self.module.phase_set(sb.cgroup_id, phase)  # for the module's tracepoints and stats
+        except errors.AzswapError as e:
+            module_error = str(e)
+            log.warning("phase %s: module: %s", sb.name, e)
+        if phase == Phase.TOOL:
+            threading.Thread(
+                target=self._restore, args=(sb,), name=f"prefetch-{sb.name}", daemon=True
+            ).start()
+        self.publish({"event": "phase", "name": sb.name, "phase": phase.label})
+        out: dict[str, Any] = {
+            "name": sb.name,
+            "phase": view.phase.label,
+            "generation": view.generation,
+        }
+        if module_error:
+            out["module_error"] = module_error
+        return out
+
+    def _restore(self, sb: Sandbox) -> None:
+        try:
+            res = self.prefetcher.restore(sb)
+            self.publish({"event": "prefetch", "name": sb.name, "result": res})
+        except Exception as e:  # the prefetcher is best effort: report, never kill the daemon
+            log.warning("prefetch %s: %s", sb.name, e)
+        finally:
+            self.module.release()
+
+    def op_compress(self, req: dict[str, Any]) -> dict[str, Any]:
+        sb = self.registry.sandbox(_str(req, "name"))
+        self.scheduler.request_compress(sb.name)
+        timeout = float(req.get("wait", 0) or 0)
+        deadline = time.monotonic() + timeout
+        state: dict[str, Any] = {}
+        while True:
+            state = self.scheduler.snapshot().get(sb.name, {})
+            if not timeout or state.get("done") or time.monotonic() >= deadline:
+                break
+            if state.get("stop_reason") and not state.get("forced"):
+                break
+            time.sleep(0.05)
+        return {"name": sb.name, "queued": True, "state": state}
+
+    def op_prefetch(self, req: dict[str, Any]) -> dict[str, Any]:
+        sb = self.registry.sandbox(_str(req, "name"))
+        return {"name": sb.name, "result": self.prefetcher.restore(sb)}
+
+    def op_list(self, req: dict[str, Any]) -> dict[str, Any]:
+        now = self.clock()
+        views = {v.name: v for v in self.phases.all(now)}
+        sbs = []
+        for sb in self.registry.list_sandboxes():
+            d = sb.to_dict()
+            v = views.get(sb.name)
+            d["phase"] = v.phase.label if v else "unknown"
+            sbs.append(d)
+        return {
+            "sandboxes": sbs,
+            "templates": [t.to_dict() for t in self.registry.list_templates()],
+        }
+
+    def stats(self) -> dict[str, Any]:
+        now = self.clock()
+        phases = {
+            v.name: {"phase": v.phase.label, "age": round(v.age, 3), "source": v.source}
+            for v in self.phases.all(now)
+        }
+        return metrics.build(
+            self.module, self.registry, self.device, phases, self.scheduler.snapshot()
+        )
+
+    def op_stats(self, req: dict[str, Any]) -> dict[str, Any]:
+        d = self.stats()
+        name = _opt_str(req, "name")
+        if name is None:
+            return d
+        for sb in d["sandboxes"]:
+            if sb["name"] == name:
+                return sb
+        for t in d["templates"]:
+            if t["name"] == name:
+                return t
+        raise errors.UnknownSandbox(f"unknown sandbox {name!r}")
+
+    def op_metrics(self, req: dict[str, Any]) -> dict[str, Any]:
+        return {"text": metrics.to_prometheus(self.stats())}
+
+    def op_template_add(self, req: dict[str, Any]) -> dict[str, Any]:
+        cgroup, file = _opt_str(req, "cgroup"), _opt_str(req, "file")
+        t = self.registry.add_template(
+            _str(req, "name"), validate_group(_int(req, "group")), cgroup, file
+        )
+        self.publish({"event": "template_add", **t.to_dict()})
+        return t.to_dict()
+
+    def op_template_loaded(self, req: dict[str, Any]) -> dict[str, Any]:
+        self.registry.note_loaded(_str(req, "name"), _int(req, "pages"))
+        return self.registry.template(_str(req, "name")).to_dict()
+
+    def op_template_rm(self, req: dict[str, Any]) -> dict[str, Any]:
+        t = self.registry.remove_template(_str(req, "name"))
+        self.publish({"event": "template_rm", "name": t.name, "cgroup_id": t.cgroup_id})
+        return t.to_dict()
+
+    def op_policy_get(self, req: dict[str, Any]) -> dict[str, Any]:
+        return self.module.policy_get().to_dict()
+
+    def op_policy_set(self, req: dict[str, Any]) -> dict[str, Any]:
+        fields = req.get("fields")
+        if not isinstance(fields, dict) or not fields:
+            raise errors.InvalidValue("policy_set: 'fields' must be a non-empty object")
+        self.module.policy_set(**{str(k): _as_int(k, v) for k, v in fields.items()})
+        # a policy set by hand takes over from the scheduler's fast/dense switching
+        self.scheduler.config.manage_policy = bool(req.get("keep_scheduling", False))
+        return self.module.policy_get().to_dict()
+
+    OPS: ClassVar[dict[str, Callable[[Daemon, dict[str, Any]], dict[str, Any]]]] = {
+        "ping": op_ping,
+        "register": op_register,
+        "unregister": op_unregister,
+        "phase": op_phase,
+        "compress": op_compress,
+        "prefetch": op_prefetch,
+        "list": op_list,
+        "stats": op_stats,
+        "metrics": op_metrics,
+        "template_add": op_template_add,
+        "template_loaded": op_template_loaded,
+        "template_rm": op_template_rm,
+        "policy_get": op_policy_get,
+        "policy_set": op_policy_set,
+    }
+
+    # -- the protocol -------------------------------------------------------------------------
+
+    def handle_line(self, conn: Connection, line: bytes) -> dict[str, Any]:
+        """One request line -> one reply (errors included); never raises."""
+        rid: Any = None
+        try:
+            try:
+                req = json.loads(line)
+            except (ValueError, UnicodeDecodeError) as e:
+                return _error(None, "malformed", f"not JSON: {e}")
+            if not isinstance(req, dict):
+                return _error(None, "malformed", "a request is a JSON object")
+            rid = req.get("id")
+            op = req.get("op")
+            if op == "subscribe":
+                conn.subscribed = True
+                return {"id": rid, "ok": True, "result": {"subscribed": True}}
+            fn = self.OPS.get(op) if isinstance(op, str) else None
+            if fn is None:
+                return _error(rid, "unknown_op", f"unknown op {op!r}")
+            return {"id": rid, "ok": True, "result": fn(self, req)}
+        except errors.AzswapError as e:
+            return {"id": rid, "ok": False, "error": e.to_dict()}
+        except Exception as e:  # a bug must cost one request, not the daemon
+            log.exception("request failed")
+            return _error(rid, "internal", f"{type(e).__name__}: {e}")
+
+    def serve_connection(self, sock: socket.socket, rfile: Any) -> None:
+        pid, uid, _ = peer_cred(sock)
+        conn = Connection(sock, uid, pid)
+        if uid not in self.config.allowed_uids:
+            conn.send(_error(None, "permission_denied", "the azswap daemon serves root only"))
+            log.warning("refused client pid %d uid %d", pid, uid)
+            return
+        with self._conns_lock:
+            self._conns.add(conn)
+        try:
+            while not self._stop.is_set():
+                line = rfile.readline(MAX_LINE + 1)
+                if not line:
+                    break
+                if len(line) > MAX_LINE:
+                    conn.send(_error(None, "too_large", f"request longer than {MAX_LINE} bytes"))
+                    break  # documented: oversized requests close the connection
+                if not line.strip():
+                    continue
+                if not conn.send(self.handle_line(conn, line)):
+                    break
+        except OSError:
+            pass
+        finally:
+            with self._conns_lock:
+                self._conns.discard(conn)
+            self.module.release()
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    def bind(self) -> None:
+        path = Path(self.config.socket_path)
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if path.exists() or path.is_symlink():
+            # a socket left by a dead daemon can go; a live one means we are a second instance
+            probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                probe.connect(str(path))
+                probe.close()
+                raise errors.Busy(f"another daemon is listening on {path}")
+            except (ConnectionRefusedError, FileNotFoundError):
+                path.unlink()
+            finally:
+                probe.close()
+        old = os.umask(0o177)
+        try:
+            self._server = _Server(str(path), _Handler)
+        finally:
+            os.umask(old)
+        os.chmod(path, 0o600)
+        self._server.daemon_ = self
+
+    def start(self) -> None:
+        """Recover, bind and start every thread (returns; see :meth:`run` for the foreground)."""
+        self.recover()
+        self.bind()
+        assert self._server is not None
+        self._spawn("server", self._server.serve_forever, 0.2)
+        self._spawn("scheduler", self.scheduler.run)
+        if self.config.follow_events:
+            self._spawn("events", self._follow_events)
+        if self.config.metrics_port:
+            from prometheus_client import start_http_server
+
+            start_http_server(
+                self.config.metrics_port,
+                addr="127.0.0.1",
+                registry=metrics.registry_for(self.stats),
+            )
+        log.info("listening on %s (dev %d)", self.config.socket_path, self.config.dev)
+
+    def _spawn(self, name: str, fn: Callable[..., object], *args: object) -> None:
+        t = threading.Thread(target=fn, args=args, name=name, daemon=True)
+        t.start()
+        self._threads.append(t)
+
+    def _follow_events(self) -> None:
+        try:
+            listener = EventListener()
+        except errors.AzswapError as e:
+            log.warning("module events unavailable: %s", e)
+            return
+        with listener:
+            while not self._stop.is_set():
+                try:
+                    evs = listener.poll(0.5)
+                except Exception as e:
+                    log.warning("module events: %s", e)
+                    return
+                for ev in evs:
+                    if ev.dev != self.config.dev:
+                        continue
+                    try:
+                        name = self.registry.on_event(ev)
+                    except errors.AzswapError as e:
+                        log.warning("event %s: %s", ev, e)
+                        name = None
+                    if name is not None and ev.cmd.name.endswith("_ADD"):
+                        self.phases.add(name, self.clock())
+                    self.publish({**ev.to_dict(), "event": "module_" + ev.cmd.name.lower()})
+
+    def stop(self) -> None:
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        self.scheduler.stop()
+        if self._server is not None:
+            self._server.shutdown()
+        with self._conns_lock:
+            conns = list(self._conns)
+        for c in conns:
+            with contextlib.suppress(OSError):
+                c.sock.shutdown(socket.SHUT_RDWR)
+        for t in self._threads:
+            t.join(timeout=10)
+        if self._server is not None:
+            self._server.server_close()
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.config.socket_path)
+        self.module.close()
+        log.info("stopped")
+
+    def run(self) -> None:
+        """Foreground: start, wait for SIGTERM/SIGINT, stop cleanly."""
+        done = threading.Event()
+
+        def on_signal(signum: int, frame: object) -> None:
+            log.info("signal %d: stopping", signum)
+            done.set()
+
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+        self.start()
+        try:
+            while not done.wait(1.0):
+                pass
+        finally:
+            self.stop()
+
+
+def _error(rid: Any, code: str, message: str) -> dict[str, Any]:
+    return {"id": rid, "ok": False, "error": {"code": code, "message": message}}
+
+
+def _str(req: dict[str, Any], key: str) -> str:
+    v = req.get(key)
+    if not isinstance(v, str) or not v:
+        raise errors.InvalidValue(f"'{key}' must be a non-empty string")
+    return v
+
+
+def _opt_str(req: dict[str, Any], key: str) -> str | None:
+    v = req.get(key)
+    if v is None:
+        return None
+    if not isinstance(v, str) or not v:
+        raise errors.InvalidValue(f"'{key}' must be a non-empty string")
+    return v
+
+
+def _as_int(key: str, v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        if isinstance(v, str) and v.lstrip("-").isdigit():
+            return int(v)
+        raise errors.InvalidValue(f"'{key}' must be an integer")
+    return v
+
+
+def _int(req: dict[str, Any], key: str) -> int:
+    if key not in req:
+        raise errors.InvalidValue(f"'{key}' is required")
+    return _as_int(key, req[key])

@@ -1,0 +1,65 @@
+"""The interface between the scheduler and the prefetcher (controlplane/prefetch.py, ebpf owner).
+
+On a tool hint the daemon calls ``prefetcher.restore(sandbox)`` (in a background thread, so the
+hint's reply is not delayed) to bring the sandbox's recorded working set back before the tool
+touches it; ``azctl prefetch SANDBOX`` calls it by hand.  ``restore`` returns a small dict of
+figures (pages requested, bytes, seconds...) or None; it must not raise for "nothing recorded
+yet".
+
+:func:`load_prefetcher` uses ``controlplane.prefetch`` when it is importable and provides a
+``make_prefetcher()`` factory (or a ``Prefetcher`` class with a no-argument constructor), and the
+no-op otherwise, saying why in the log.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from typing import Any, Protocol, runtime_checkable
+
+from controlplane.registry import Sandbox
+
+log = logging.getLogger("azswap.restore")
+
+
+@runtime_checkable
+class Prefetcher(Protocol):
+    def restore(self, sandbox: Sandbox) -> dict[str, Any] | None: ...
+
+
+class NoopPrefetcher:
+    """Does nothing: faults bring pages back on demand."""
+
+    reason = "no prefetcher"
+
+    def restore(self, sandbox: Sandbox) -> dict[str, Any] | None:
+        return {"prefetched_pages": 0, "reason": self.reason}
+
+
+def load_prefetcher(enabled: bool = True) -> Prefetcher:
+    noop = NoopPrefetcher()
+    if not enabled:
+        noop.reason = "prefetch disabled"
+        return noop
+    try:
+        mod = importlib.import_module("controlplane.prefetch")
+    except ImportError as e:
+        noop.reason = f"controlplane.prefetch unavailable: {e}"
+        log.info("prefetch: %s", noop.reason)
+        return noop
+    factory = getattr(mod, "make_prefetcher", None) or getattr(mod, "Prefetcher", None)
+    if factory is None:
+        noop.reason = "controlplane.prefetch has no make_prefetcher()/Prefetcher"
+        log.info("prefetch: %s", noop.reason)
+        return noop
+    try:
+        p = factory()
+    except Exception as e:  # the prefetcher is optional: a broken one must not stop the daemon
+        noop.reason = f"prefetcher failed to start: {e}"
+        log.warning("prefetch: %s", noop.reason)
+        return noop
+    if not isinstance(p, Prefetcher):
+        noop.reason = f"{type(p).__name__} has no restore(sandbox)"
+        log.warning("prefetch: %s", noop.reason)
+        return noop
+    return p
