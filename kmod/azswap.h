@@ -1,0 +1,85 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * azswap kernel glue: what the glue files share.
+ *
+ *   main.c     module parameters, init/exit, per-CPU store contexts (cpuhp)
+ *   device.c   /dev/azswapN: gendisk, rw_page, submit_bio, slot free
+ *   sysfs.c    /sys/block/azswapN/ attributes (docs/sysfs-abi.md)
+ *   netlink.c  generic netlink family "azswap" (docs/netlink.md)
+ *   trace.c    tracepoints azswap:azswap_store / azswap:azswap_load
+ *
+ * The page store itself is kmod/core/ (API: core/azcore.h).
+ */
+#ifndef AZSWAP_H
+#define AZSWAP_H
+
+#include <linux/types.h>
+#include <linux/atomic.h>
+#include <linux/mutex.h>
+#include <linux/rwsem.h>
+#include <linux/xarray.h>
+#include <linux/blkdev.h>
+
+#include "azcore.h"
+
+#define AZSWAP_MAX_DEVICES	32
+#define AZSWAP_SECTORS_PER_PAGE	(PAGE_SIZE >> SECTOR_SHIFT)
+
+/*
+ * One block device.
+ *
+ * Locking: @init_lock (rwsem) covers @store, @disksize, @mem_limit and
+ * @pol against initialisation (disksize), reset and module unload.
+ * sysfs and netlink take it (read to use the store, write to create,
+ * destroy or reconfigure it).  The I/O paths do not take it: I/O only
+ * reaches the driver while the capacity is non-zero, which is set after
+ * @store is created and cleared (with no opener left, see @claim) before
+ * it is destroyed, exactly as zram does.
+ */
+struct azswap_dev {
+	struct gendisk *disk;
+	int id;
+	struct rw_semaphore init_lock;
+	struct az_store *store;		/* NULL until disksize is set */
+	u64 disksize;			/* bytes, 0 = not initialised */
+	u64 mem_limit;			/* bytes, 0 = unlimited */
+	struct az_policy pol;		/* applied at init; mirrors the store */
+	bool claim;			/* reset/remove in progress: open fails */
+	/* Glue-level counters (the store keeps its own, see sysfs.c). */
+	atomic64_t mem_used_max;	/* bytes */
+	atomic64_t invalid_io;
+	atomic64_t notify_free;
+	atomic64_t partial_io;
+	/* Phase hints per owner (netlink PHASE_SET): cgroup id -> value. */
+	struct xarray phases;
+};
+
+extern struct azswap_dev *azswap_devs;
+extern unsigned int azswap_nr_devs;
+
+/* main.c: per-CPU store context, may sleep while held. */
+struct azswap_pcpu;
+struct azswap_pcpu *azswap_ctx_get(void);
+void azswap_ctx_put(struct azswap_pcpu *pc);
+struct az_ctx *azswap_ctx(struct azswap_pcpu *pc);
+
+/* device.c */
+int azswap_dev_add(struct azswap_dev *dev, int id);
+void azswap_dev_remove(struct azswap_dev *dev);
+int azswap_dev_init_store(struct azswap_dev *dev, u64 disksize);
+int azswap_dev_reset(struct azswap_dev *dev);
+void azswap_dev_update_max(struct azswap_dev *dev);
+int azswap_register_blkdev(void);
+void azswap_unregister_blkdev(void);
+
+/* sysfs.c */
+extern const struct attribute_group *azswap_disk_groups[];
+int azswap_parse_size(const char *buf, u64 *out);
+int azswap_dev_set_policy(struct azswap_dev *dev, const struct az_policy *p);
+
+/* netlink.c */
+int azswap_netlink_init(void);
+void azswap_netlink_exit(void);
+u8 azswap_phase_of(struct azswap_dev *dev, u64 cgroup_id);
+
+#endif /* AZSWAP_H */

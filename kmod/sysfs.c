@@ -1,0 +1,470 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * /sys/block/azswapN/ attributes.  Every attribute, its units and its
+ * errors are documented in docs/sysfs-abi.md; keep the two in step.
+ *
+ * Writes parse strictly (empty, non-numeric, negative, trailing junk or
+ * overflowing values: -EINVAL) and change nothing unless they succeed.
+ * Each handler runs under dev->init_lock: read to use the store, write to
+ * create, reconfigure or destroy it.
+ */
+#define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
+
+#include <linux/module.h>
+#include <linux/device.h>
+#include <linux/blkdev.h>
+#include <linux/kstrtox.h>
+#include <linux/mm.h>
+#include <linux/string.h>
+
+#include "azswap.h"
+
+static inline struct azswap_dev *dev_to_az(struct device *d)
+{
+	return dev_to_disk(d)->private_data;
+}
+
+/* Copy @buf without one trailing newline into @tmp; -EINVAL if empty/long. */
+static int azswap_strip(const char *buf, char *tmp, size_t size)
+{
+	size_t len = strlen(buf);
+
+	if (len && buf[len - 1] == '\n')
+		len--;
+	if (!len || len >= size)
+		return -EINVAL;
+	memcpy(tmp, buf, len);
+	tmp[len] = '\0';
+	return 0;
+}
+
+/*
+ * A byte count: decimal digits with an optional K, M, G or T suffix
+ * (powers of 1024), an optional trailing newline.  Anything else,
+ * including an overflowing value, is -EINVAL.
+ */
+int azswap_parse_size(const char *buf, u64 *out)
+{
+	unsigned int shift = 0;
+	char tmp[32];
+	size_t len;
+	u64 v;
+
+	if (azswap_strip(buf, tmp, sizeof(tmp)))
+		return -EINVAL;
+	len = strlen(tmp);
+	switch (tmp[len - 1]) {
+	case 'k': case 'K':
+		shift = 10;
+		break;
+	case 'm': case 'M':
+		shift = 20;
+		break;
+	case 'g': case 'G':
+		shift = 30;
+		break;
+	case 't': case 'T':
+		shift = 40;
+		break;
+	}
+	if (shift) {
+		tmp[--len] = '\0';
+		if (!len)
+			return -EINVAL;
+	}
+	if (tmp[0] < '0' || tmp[0] > '9')	/* no sign, no space */
+		return -EINVAL;
+	if (kstrtoull(tmp, 10, &v) || v > (U64_MAX >> shift))
+		return -EINVAL;
+	*out = v << shift;
+	return 0;
+}
+
+static int azswap_parse_uint(const char *buf, unsigned int max,
+			     unsigned int *out)
+{
+	char tmp[16];
+	unsigned int v;
+
+	if (azswap_strip(buf, tmp, sizeof(tmp)) ||
+	    tmp[0] < '0' || tmp[0] > '9' ||
+	    kstrtouint(tmp, 10, &v) || v > max)
+		return -EINVAL;
+	*out = v;
+	return 0;
+}
+
+/* ---- disksize, initstate, reset --------------------------------------- */
+
+/*
+ * The slot table and indexes cost ~35 bytes per 4 KiB slot: refuse a
+ * disksize above 16x RAM (metadata would pass ~14% of RAM) with -EINVAL
+ * rather than let a huge vmalloc fail noisily.
+ */
+static u64 azswap_max_disksize(void)
+{
+	return (u64)totalram_pages() << (PAGE_SHIFT + 4);
+}
+
+static ssize_t disksize_show(struct device *d, struct device_attribute *attr,
+			     char *buf)
+{
+	struct azswap_dev *dev = dev_to_az(d);
+	u64 v;
+
+	down_read(&dev->init_lock);
+	v = dev->disksize;
+	up_read(&dev->init_lock);
+	return sysfs_emit(buf, "%llu\n", v);
+}
+
+static ssize_t disksize_store(struct device *d, struct device_attribute *attr,
+			      const char *buf, size_t len)
+{
+	struct azswap_dev *dev = dev_to_az(d);
+	u64 size;
+	int ret;
+
+	if (azswap_parse_size(buf, &size) || !size ||
+	    size > azswap_max_disksize())
+		return -EINVAL;
+	size = PAGE_ALIGN(size);
+
+	down_write(&dev->init_lock);
+	if (dev->store) {
+		ret = -EBUSY;
+		goto out;
+	}
+	ret = azswap_dev_init_store(dev, size);
+out:
+	up_write(&dev->init_lock);
+	return ret ? ret : len;
+}
+static DEVICE_ATTR_RW(disksize);
+
+static ssize_t initstate_show(struct device *d, struct device_attribute *attr,
+			      char *buf)
+{
+	struct azswap_dev *dev = dev_to_az(d);
+	bool init;
+
+	down_read(&dev->init_lock);
+	init = dev->store;
+	up_read(&dev->init_lock);
+	return sysfs_emit(buf, "%d\n", init);
+}
+static DEVICE_ATTR_RO(initstate);
+
+static ssize_t reset_store(struct device *d, struct device_attribute *attr,
+			   const char *buf, size_t len)
+{
+	unsigned int v;
+	int ret;
+
+	if (azswap_parse_uint(buf, 1, &v) || !v)
+		return -EINVAL;
+	ret = azswap_dev_reset(dev_to_az(d));
+	return ret ? ret : len;
+}
+static DEVICE_ATTR_WO(reset);
+
+/* ---- policy ----------------------------------------------------------- */
+
+/* The same checks as az_store_set_policy, for a device not yet initialised. */
+static int azswap_policy_check(const struct az_policy *p)
+{
+	if (p->codec > AZ_CODEC_ZSTD || p->level > AZ_ZSTD_LEVEL_MAX ||
+	    (p->codec == AZ_CODEC_ZSTD && p->level < AZ_ZSTD_LEVEL_MIN))
+		return -EINVAL;
+	if (p->dedup > 1 || p->tdelta > 1 || p->xdelta > 1 || p->verify > 1)
+		return -EINVAL;
+	if (p->sim_effort > 64 || !p->delta_max_pct || p->delta_max_pct > 100)
+		return -EINVAL;
+	return 0;
+}
+
+/*
+ * Apply @p to @dev: to the store if initialised (-EBUSY for a codec change
+ * with pages stored), else kept for disksize.  Caller holds init_lock for
+ * writing.  Shared with netlink.c.
+ */
+int azswap_dev_set_policy(struct azswap_dev *dev, const struct az_policy *p)
+{
+	int ret = azswap_policy_check(p);
+
+	if (ret)
+		return ret;
+	if (dev->store) {
+		ret = az_store_set_policy(dev->store, p);
+		if (ret)
+			return ret;
+		az_store_get_policy(dev->store, &dev->pol);
+	} else {
+		dev->pol = *p;
+		if (p->codec == AZ_CODEC_LZ4 && !p->level)
+			dev->pol.level = 3;
+	}
+	return 0;
+}
+
+static ssize_t comp_algorithm_show(struct device *d,
+				   struct device_attribute *attr, char *buf)
+{
+	struct azswap_dev *dev = dev_to_az(d);
+	struct az_policy p;
+
+	down_read(&dev->init_lock);
+	p = dev->pol;
+	up_read(&dev->init_lock);
+	if (p.codec == AZ_CODEC_ZSTD)
+		return sysfs_emit(buf, "zstd:%u\n", p.level);
+	return sysfs_emit(buf, "lz4\n");
+}
+
+static ssize_t comp_algorithm_store(struct device *d,
+				    struct device_attribute *attr,
+				    const char *buf, size_t len)
+{
+	struct azswap_dev *dev = dev_to_az(d);
+	struct az_policy p;
+	unsigned int codec, level = 3;
+	char tmp[16];
+	int ret;
+
+	if (azswap_strip(buf, tmp, sizeof(tmp)))
+		return -EINVAL;
+	if (!strcmp(tmp, "lz4")) {
+		codec = AZ_CODEC_LZ4;
+	} else if (!strcmp(tmp, "zstd")) {
+		codec = AZ_CODEC_ZSTD;
+	} else if (!strncmp(tmp, "zstd:", 5)) {
+		codec = AZ_CODEC_ZSTD;
+		if (tmp[5] < '0' || tmp[5] > '9' ||
+		    kstrtouint(tmp + 5, 10, &level) ||
+		    level < AZ_ZSTD_LEVEL_MIN || level > AZ_ZSTD_LEVEL_MAX)
+			return -EINVAL;
+	} else {
+		return -EINVAL;
+	}
+
+	down_write(&dev->init_lock);
+	p = dev->pol;
+	p.codec = codec;
+	p.level = level;
+	ret = azswap_dev_set_policy(dev, &p);
+	up_write(&dev->init_lock);
+	return ret ? ret : len;
+}
+static DEVICE_ATTR_RW(comp_algorithm);
+
+/* One small show/store pair per numeric policy field. */
+#define AZSWAP_POLICY_ATTR(field, max)					\
+static ssize_t field##_show(struct device *d,				\
+			    struct device_attribute *attr, char *buf)	\
+{									\
+	struct azswap_dev *dev = dev_to_az(d);				\
+	unsigned int v;							\
+									\
+	down_read(&dev->init_lock);					\
+	v = dev->pol.field;						\
+	up_read(&dev->init_lock);					\
+	return sysfs_emit(buf, "%u\n", v);				\
+}									\
+static ssize_t field##_store(struct device *d,				\
+			     struct device_attribute *attr,		\
+			     const char *buf, size_t len)		\
+{									\
+	struct azswap_dev *dev = dev_to_az(d);				\
+	struct az_policy p;						\
+	unsigned int v;							\
+	int ret;							\
+									\
+	if (azswap_parse_uint(buf, max, &v))				\
+		return -EINVAL;						\
+	down_write(&dev->init_lock);					\
+	p = dev->pol;							\
+	p.field = v;							\
+	ret = azswap_dev_set_policy(dev, &p);				\
+	up_write(&dev->init_lock);					\
+	return ret ? ret : len;						\
+}									\
+static DEVICE_ATTR_RW(field)
+
+AZSWAP_POLICY_ATTR(dedup, 1);
+AZSWAP_POLICY_ATTR(tdelta, 1);
+AZSWAP_POLICY_ATTR(xdelta, 1);
+AZSWAP_POLICY_ATTR(verify, 1);
+AZSWAP_POLICY_ATTR(sim_effort, 64);
+AZSWAP_POLICY_ATTR(delta_max_pct, 100);
+
+/* ---- memory ----------------------------------------------------------- */
+
+static ssize_t mem_limit_show(struct device *d, struct device_attribute *attr,
+			      char *buf)
+{
+	struct azswap_dev *dev = dev_to_az(d);
+	u64 v;
+
+	down_read(&dev->init_lock);
+	v = dev->mem_limit;
+	up_read(&dev->init_lock);
+	return sysfs_emit(buf, "%llu\n", v);
+}
+
+static ssize_t mem_limit_store(struct device *d, struct device_attribute *attr,
+			       const char *buf, size_t len)
+{
+	struct azswap_dev *dev = dev_to_az(d);
+	u64 v;
+
+	if (azswap_parse_size(buf, &v))
+		return -EINVAL;
+	down_write(&dev->init_lock);
+	dev->mem_limit = v;
+	if (dev->store)
+		az_store_set_mem_limit(dev->store, v);
+	up_write(&dev->init_lock);
+	return len;
+}
+static DEVICE_ATTR_RW(mem_limit);
+
+static ssize_t mem_used_max_show(struct device *d,
+				 struct device_attribute *attr, char *buf)
+{
+	struct azswap_dev *dev = dev_to_az(d);
+
+	return sysfs_emit(buf, "%lld\n", atomic64_read(&dev->mem_used_max));
+}
+
+/* Only "0": restart the high-water mark from the current pool size. */
+static ssize_t mem_used_max_store(struct device *d,
+				  struct device_attribute *attr,
+				  const char *buf, size_t len)
+{
+	struct azswap_dev *dev = dev_to_az(d);
+	unsigned int v;
+
+	if (azswap_parse_uint(buf, 0, &v))
+		return -EINVAL;
+	down_read(&dev->init_lock);
+	atomic64_set(&dev->mem_used_max, 0);
+	if (dev->store)
+		azswap_dev_update_max(dev);
+	up_read(&dev->init_lock);
+	return len;
+}
+static DEVICE_ATTR_RW(mem_used_max);
+
+/* ---- statistics (columns: docs/sysfs-abi.md) -------------------------- */
+
+static void azswap_stats(struct azswap_dev *dev, struct az_stats *st)
+{
+	if (dev->store)
+		az_store_get_stats(dev->store, st);
+	else
+		memset(st, 0, sizeof(*st));
+}
+
+static ssize_t mm_stat_show(struct device *d, struct device_attribute *attr,
+			    char *buf)
+{
+	struct azswap_dev *dev = dev_to_az(d);
+	struct az_stats st;
+	ssize_t ret;
+
+	down_read(&dev->init_lock);
+	azswap_stats(dev, &st);
+	ret = sysfs_emit(buf,
+			 "%8llu %8llu %8llu %8llu %8lld %8llu %8llu %8llu %8llu %8llu\n",
+			 st.orig_bytes, st.stored_bytes, st.pool_bytes,
+			 dev->mem_limit,
+			 (s64)atomic64_read(&dev->mem_used_max),
+			 st.kind_pages[AZ_KIND_SAME], st.kind_pages[AZ_KIND_RAW],
+			 st.meta_bytes, st.index_bytes, st.template_bytes);
+	up_read(&dev->init_lock);
+	return ret;
+}
+static DEVICE_ATTR_RO(mm_stat);
+
+static ssize_t io_stat_show(struct device *d, struct device_attribute *attr,
+			    char *buf)
+{
+	struct azswap_dev *dev = dev_to_az(d);
+	struct az_stats st;
+	ssize_t ret;
+
+	down_read(&dev->init_lock);
+	azswap_stats(dev, &st);
+	ret = sysfs_emit(buf,
+			 "%8llu %8llu %8lld %8lld %8llu %8llu %8llu %8lld\n",
+			 st.failed_stores, st.failed_loads,
+			 (s64)atomic64_read(&dev->invalid_io),
+			 (s64)atomic64_read(&dev->notify_free),
+			 st.stores, st.loads, st.frees,
+			 (s64)atomic64_read(&dev->partial_io));
+	up_read(&dev->init_lock);
+	return ret;
+}
+static DEVICE_ATTR_RO(io_stat);
+
+static ssize_t kind_stat_show(struct device *d, struct device_attribute *attr,
+			      char *buf)
+{
+	struct azswap_dev *dev = dev_to_az(d);
+	struct az_stats st;
+
+	down_read(&dev->init_lock);
+	azswap_stats(dev, &st);
+	up_read(&dev->init_lock);
+	return sysfs_emit(buf, "%8llu %8llu %8llu %8llu %8llu %8llu\n",
+			  st.kind_pages[AZ_KIND_SAME], st.kind_pages[AZ_KIND_DUP],
+			  st.kind_pages[AZ_KIND_TDELTA],
+			  st.kind_pages[AZ_KIND_XDELTA],
+			  st.kind_pages[AZ_KIND_PLAIN],
+			  st.kind_pages[AZ_KIND_RAW]);
+}
+static DEVICE_ATTR_RO(kind_stat);
+
+static ssize_t obj_stat_show(struct device *d, struct device_attribute *attr,
+			     char *buf)
+{
+	struct azswap_dev *dev = dev_to_az(d);
+	struct az_stats st;
+
+	down_read(&dev->init_lock);
+	azswap_stats(dev, &st);
+	up_read(&dev->init_lock);
+	return sysfs_emit(buf, "%8llu %8llu %8llu %8llu %8llu %8llu\n",
+			  st.pages_stored, st.objects, st.bases,
+			  st.template_pages, st.deferred, st.cross_group);
+}
+static DEVICE_ATTR_RO(obj_stat);
+
+static struct attribute *azswap_disk_attrs[] = {
+	&dev_attr_disksize.attr,
+	&dev_attr_initstate.attr,
+	&dev_attr_reset.attr,
+	&dev_attr_comp_algorithm.attr,
+	&dev_attr_mem_limit.attr,
+	&dev_attr_mem_used_max.attr,
+	&dev_attr_dedup.attr,
+	&dev_attr_tdelta.attr,
+	&dev_attr_xdelta.attr,
+	&dev_attr_verify.attr,
+	&dev_attr_sim_effort.attr,
+	&dev_attr_delta_max_pct.attr,
+	&dev_attr_mm_stat.attr,
+	&dev_attr_io_stat.attr,
+	&dev_attr_kind_stat.attr,
+	&dev_attr_obj_stat.attr,
+	NULL,
+};
+
+static const struct attribute_group azswap_disk_group = {
+	.attrs = azswap_disk_attrs,
+};
+
+const struct attribute_group *azswap_disk_groups[] = {
+	&azswap_disk_group,
+	NULL,
+};
