@@ -1,12 +1,545 @@
-"""azctl: command-line front end of the azswap control plane."""
+"""azctl: command-line front end of the azswap control plane (thin over controlplane/)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
 
 import click
 
+from azctl import render, snapshot
+from azctl.env import Env, need_root
+from controlplane import errors, metrics
+from controlplane.client import DEFAULT_SOCKET
+from controlplane.netlink import POLICY_FIELDS, Codec
+from controlplane.registry import Registry, state_path
 
-@click.group()
-def cli() -> None:
+EXIT_CODES_HELP = "\b\nExit codes:\n" + "\n".join(
+    f"  {code:<3} {what}" for code, what in sorted(errors.EXIT_CODES.items())
+)
+
+ROOT_HELP_EPILOG = f"""\b
+Examples:
+  azctl status                         devices, pool, ratios, sandboxes
+  azctl daemon &                       start the control plane (root)
+  azctl sandbox add sb1 --cgroup /sandboxes/sb1 --group 1
+  azctl phase sb1 llm-wait             compress while it waits for the model
+  azctl phase sb1 tool                 stop compressing, prefetch its working set
+  azctl template add base --group 1 --from-file /srv/vm/base.mem
+  azctl stats --json | jq .totals.ratio
+  eval "$(_AZCTL_COMPLETE=bash_source azctl)"    shell completion (bash; zsh_source, fish_source)
+
+{EXIT_CODES_HELP}
+"""
+
+
+class AzGroup(click.Group):
+    """Turns every AzswapError into one line on stderr and its exit code (traceback: --debug)."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except errors.AzswapError as e:
+            _fail(ctx, f"azctl: {e}", e.exit_code)
+        except KeyboardInterrupt:
+            _fail(ctx, "azctl: interrupted", 130)
+        except (click.exceptions.Exit, click.ClickException, click.Abort):
+            raise
+        except Exception as e:
+            _fail(ctx, f"azctl: internal error: {type(e).__name__}: {e} (run with --debug)", 1)
+
+
+def _fail(ctx: click.Context, line: str, code: int) -> None:
+    env = ctx.find_object(Env)
+    if (env is not None and env.debug) or os.environ.get("AZCTL_DEBUG"):
+        traceback.print_exc()
+    click.echo(line, err=True)
+    ctx.exit(code)
+
+
+def _env(ctx: click.Context) -> Env:
+    return ctx.ensure_object(Env)
+
+
+json_opt = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+
+
+@click.group(cls=AzGroup, epilog=ROOT_HELP_EPILOG, context_settings={"max_content_width": 100})
+@click.option(
+    "--socket",
+    type=click.Path(path_type=Path),
+    default=None,
+    help=f"Daemon socket [default: {DEFAULT_SOCKET}; env AZSWAP_SOCKET].",
+)
+@click.option("--dev", type=click.IntRange(0), default=None, help="Device N of /dev/azswapN.")
+@click.option("--debug", is_flag=True, help="Show tracebacks.")
+@click.pass_context
+def cli(ctx: click.Context, socket: Path | None, dev: int | None, debug: bool) -> None:
     """Control azswap: devices, sandboxes, templates, phases and policy."""
+    env = _env(ctx)
+    if socket is not None:
+        env.socket = socket
+    if dev is not None:
+        env.dev = dev
+    env.debug = env.debug or debug
+    ctx.call_on_close(env.close)
+
+
+# -- status, top, stats ----------------------------------------------------------------------
+
+
+@cli.command(epilog="\b\nExamples:\n  azctl status\n  azctl status --json")
+@json_opt
+@click.pass_context
+def status(ctx: click.Context, as_json: bool) -> None:
+    """Devices, pool, ratio per representation and the sandboxes table."""
+    d = _env(ctx).stats()
+    if as_json:
+        render.print_json(d)
+    else:
+        render.console().print(render.status(d))
+
+
+@cli.command(epilog="\b\nExamples:\n  azctl top\n  azctl top --interval 0.5")
+@click.option("--interval", type=click.FloatRange(0.1), default=1.0, show_default=True)
+@click.option(
+    "--iterations", "-n", type=click.IntRange(0), default=0, help="Stop after N (0: never)."
+)
+@click.pass_context
+def top(ctx: click.Context, interval: float, iterations: int) -> None:
+    """Live status, refreshed every INTERVAL seconds (Ctrl-C to quit)."""
+    from rich.live import Live
+
+    env = _env(ctx)
+    con = render.console()
+    n = 0
+    with Live(render.status(env.stats()), console=con, auto_refresh=False) as live:
+        while True:
+            n += 1
+            if iterations and n >= iterations:
+                break
+            try:
+                time.sleep(interval)
+            except KeyboardInterrupt:
+                break
+            live.update(render.status(env.stats()), refresh=True)
+
+
+@cli.command(
+    epilog="\b\nExamples:\n  azctl stats --json\n  azctl stats sb1 --json\n"
+    "  azctl stats --prometheus > /var/lib/node_exporter/azswap.prom"
+)
+@click.argument("name", required=False)
+@json_opt
+@click.option("--prometheus", is_flag=True, help="Prometheus text exposition format.")
+@click.pass_context
+def stats(ctx: click.Context, name: str | None, as_json: bool, prometheus: bool) -> None:
+    """Global and per-sandbox figures (all of them, or NAME's)."""
+    d = _env(ctx).stats()
+    if prometheus:
+        click.echo(metrics.to_prometheus(d), nl=False)
+        return
+    if name is not None:
+        match = [s for s in d["sandboxes"] + d["templates"] if s["name"] == name]
+        if not match:
+            raise errors.UnknownSandbox(f"unknown sandbox {name!r}")
+        d = match[0]
+    if as_json:
+        render.print_json(d)
+    elif name is not None:
+        render.console().print(render.policy_table({k: v for k, v in d.items() if k != "kinds"}))
+        render.console().print(render.policy_table(d["kinds"]))
+    else:
+        render.console().print(render.status(d))
+
+
+# -- sandboxes -----------------------------------------------------------------------------
+
+
+@cli.group(cls=AzGroup)
+def sandbox() -> None:
+    """Register, unregister and list sandboxes (through the daemon)."""
+
+
+@sandbox.command(
+    "add",
+    epilog="\b\nExamples:\n  azctl sandbox add sb1 --cgroup /sandboxes/sb1 --group 1\n"
+    "  azctl sandbox add sb2 --cgroup /sandboxes/sb2 --group 1 --template base",
+)
+@click.argument("name")
+@click.option("--cgroup", required=True, help="cgroup v2 path relative to the root.")
+@click.option("--group", type=int, required=True, help="Trust group (1..2^31-1).")
+@click.option("--template", default=None, help="Template it was started from.")
+@json_opt
+@click.pass_context
+def sandbox_add(
+    ctx: click.Context, name: str, cgroup: str, group: int, template: str | None, as_json: bool
+) -> None:
+    """Register sandbox NAME (its cgroup and trust group)."""
+    sb = _env(ctx).client().register(name, cgroup, group, template)
+    _done(as_json, sb, f"sandbox {sb['name']}: cgroup {sb['cgroup_path']} id {sb['cgroup_id']}")
+
+
+@sandbox.command("rm", epilog="\b\nExample:\n  azctl sandbox rm sb1")
+@click.argument("name")
+@json_opt
+@click.pass_context
+def sandbox_rm(ctx: click.Context, name: str, as_json: bool) -> None:
+    """Unregister sandbox NAME (its stored pages stay readable)."""
+    sb = _env(ctx).client().unregister(name)
+    _done(as_json, sb, f"sandbox {sb['name']} removed")
+
+
+def _listing(env: Env) -> dict[str, Any]:
+    if env.daemon_running():
+        return dict(env.client().list())
+    reg = Registry(env.module(), state_path(env.dev, env.state_dir), env.cgroup_root, readonly=True)
+    reg.recover()
+    return {
+        "sandboxes": [s.to_dict() for s in reg.list_sandboxes()],
+        "templates": [t.to_dict() for t in reg.list_templates()],
+    }
+
+
+@sandbox.command("ls", epilog="\b\nExamples:\n  azctl sandbox ls\n  azctl sandbox ls --json")
+@json_opt
+@click.pass_context
+def sandbox_ls(ctx: click.Context, as_json: bool) -> None:
+    """List sandboxes (from the daemon, or from the module when it is not running)."""
+    rows = _listing(_env(ctx))["sandboxes"]
+    if as_json:
+        render.print_json(rows)
+    else:
+        cols = ["name", "cgroup_path", "cgroup_id", "group", "template", "phase"]
+        render.console().print(render.list_table("sandboxes", rows, cols))
+
+
+# -- templates -------------------------------------------------------------------------------
+
+
+@cli.group(cls=AzGroup)
+def template() -> None:
+    """Templates: a running template cgroup, or a memory snapshot file."""
+
+
+@template.command(
+    "add",
+    epilog="\b\nExamples:\n  azctl template add base --group 1 --cgroup /templates/base\n"
+    "  azctl template add vm --group 2 --from-file /srv/vm/base.mem",
+)
+@click.argument("name")
+@click.option("--group", type=int, required=True, help="Trust group (1..2^31-1).")
+@click.option("--cgroup", default=None, help="A running template's cgroup path.")
+@click.option(
+    "--from-file",
+    "image",
+    type=click.Path(dir_okay=False, exists=False),
+    default=None,
+    help="A memory snapshot file (page-aligned), loaded as bases.",
+)
+@click.option("--batch", type=click.IntRange(1, 16), default=16, show_default=True)
+@json_opt
+@click.pass_context
+def template_add(
+    ctx: click.Context,
+    name: str,
+    group: int,
+    cgroup: str | None,
+    image: str | None,
+    batch: int,
+    as_json: bool,
+) -> None:
+    """Register template NAME from a cgroup or load it from a snapshot file."""
+    if (cgroup is None) == (image is None):
+        raise click.UsageError("give exactly one of --cgroup and --from-file")
+    env = _env(ctx)
+    client = env.client()
+    if image is None:
+        t = client.template_add(name, group, cgroup=cgroup)
+        _done(as_json, t, f"template {name}: cgroup {t['cgroup_path']} id {t['cgroup_id']}")
+        return
+    snapshot.check_file(image)  # refuse before registering anything
+    t = client.template_add(name, group, file=image)
+    module = env.module()
+    cid = int(t["cgroup_id"])
+    try:
+        res = _load_with_progress(image, cid, module, batch, quiet=as_json)
+    except BaseException:
+        with contextlib.suppress(errors.AzswapError):
+            client.template_rm(name)  # never leave a half-loaded template registered
+        raise
+    t = client.template_loaded(name, res.pages_loaded)
+    out = {**t, "pages_total": res.pages_total, "pages_zero": res.pages_zero}
+    _done(
+        as_json,
+        out,
+        f"template {name}: {res.pages_loaded} pages loaded from {image} "
+        f"({res.pages_zero} zero pages skipped), id {cid}",
+    )
+
+
+def _load_with_progress(
+    image: str, cid: int, module: Any, batch: int, quiet: bool
+) -> snapshot.LoadResult:
+    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+    total = os.stat(image).st_size // snapshot.PAGE_SIZE
+
+    def load_batch(index: int, pages: bytes) -> None:
+        module.template_load(cid, index, pages)
+
+    if quiet:
+        return snapshot.load(image, load_batch, batch_pages=batch)
+    with Progress(
+        TextColumn("loading"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total} pages"),
+        TimeRemainingColumn(),
+        console=render.console(stderr=True),
+        transient=True,
+    ) as prog:
+        task = prog.add_task("load", total=total)
+        return snapshot.load(
+            image, load_batch, lambda done: prog.update(task, completed=done), batch
+        )
+
+
+@template.command("rm", epilog="\b\nExample:\n  azctl template rm base")
+@click.argument("name")
+@json_opt
+@click.pass_context
+def template_rm(ctx: click.Context, name: str, as_json: bool) -> None:
+    """Unregister template NAME (bases in use by deltas stay until freed)."""
+    t = _env(ctx).client().template_rm(name)
+    _done(as_json, t, f"template {name} removed")
+
+
+@template.command("ls", epilog="\b\nExample:\n  azctl template ls --json")
+@json_opt
+@click.pass_context
+def template_ls(ctx: click.Context, as_json: bool) -> None:
+    """List templates."""
+    rows = _listing(_env(ctx))["templates"]
+    if as_json:
+        render.print_json(rows)
+    else:
+        cols = ["name", "cgroup_path", "source_file", "cgroup_id", "group", "pages_loaded"]
+        render.console().print(render.list_table("templates", rows, cols))
+
+
+# -- phase, compress, prefetch ---------------------------------------------------------------
+
+
+@cli.command(epilog="\b\nExamples:\n  azctl phase sb1 llm-wait\n  azctl phase sb1 tool")
+@click.argument("name")
+@click.argument("phase", type=click.Choice(["tool", "llm-wait", "idle", "unknown"]))
+@json_opt
+@click.pass_context
+def phase(ctx: click.Context, name: str, phase: str, as_json: bool) -> None:
+    """Hint that sandbox NAME entered PHASE (llm-wait compresses, tool stops and prefetches)."""
+    r = _env(ctx).client().phase(name, phase)
+    _done(as_json, r, f"{name}: {r['phase']}")
+
+
+@cli.command(epilog="\b\nExamples:\n  azctl compress sb1\n  azctl compress sb1 --wait 60")
+@click.argument("name")
+@click.option("--wait", type=click.FloatRange(0), default=0.0, help="Wait up to S seconds.")
+@json_opt
+@click.pass_context
+def compress(ctx: click.Context, name: str, wait: float, as_json: bool) -> None:
+    """Compress sandbox NAME now, whatever its phase (in the daemon's CPU budget)."""
+    r = _env(ctx).client().compress(name, wait)
+    st = r.get("state") or {}
+    msg = f"{name}: compression queued"
+    if st.get("done"):
+        msg = (
+            f"{name}: compressed, memory.current {render.size(st.get('mem_start'))} -> "
+            f"{render.size(st.get('mem_now'))} in {st.get('wall', 0):.2f}s "
+            f"(cpu {st.get('cpu', 0):.2f}s)"
+        )
+    _done(as_json, r, msg)
+
+
+@cli.command(epilog="\b\nExample:\n  azctl prefetch sb1")
+@click.argument("name")
+@json_opt
+@click.pass_context
+def prefetch(ctx: click.Context, name: str, as_json: bool) -> None:
+    """Prefetch sandbox NAME's recorded working set now."""
+    r = _env(ctx).client().prefetch(name)
+    _done(as_json, r, f"{name}: {r.get('result')}")
+
+
+# -- policy ----------------------------------------------------------------------------------
+
+
+@cli.group(cls=AzGroup)
+def policy() -> None:
+    """Store policy of the device (codec, dedup, deltas, similarity effort)."""
+
+
+@policy.command("get", epilog="\b\nExample:\n  azctl policy get --json")
+@json_opt
+@click.pass_context
+def policy_get(ctx: click.Context, as_json: bool) -> None:
+    """Show the store policy."""
+    p = _env(ctx).module().policy_get().to_dict()
+    if as_json:
+        render.print_json(p)
+    else:
+        render.console().print(render.policy_table(p))
+
+
+def _parse_assignments(items: tuple[str, ...]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or key not in POLICY_FIELDS:
+            raise errors.InvalidValue(
+                f"{item!r}: expected KEY=VALUE with KEY one of {', '.join(POLICY_FIELDS)}"
+            )
+        value = value.strip().lower()
+        if key == "codec" and value in ("lz4", "zstd"):
+            out[key] = int(Codec[value.upper()])
+        elif value in ("on", "off", "yes", "no", "true", "false"):
+            out[key] = int(value in ("on", "yes", "true"))
+        elif value.isdigit():
+            out[key] = int(value)
+        else:
+            raise errors.InvalidValue(f"{item!r}: {value!r} is not a number")
+    return out
+
+
+@policy.command(
+    "set",
+    epilog="\b\nExamples:\n  azctl policy set codec=zstd level=3\n"
+    "  azctl policy set sim_effort=12 delta_max_pct=60\n  azctl policy set xdelta=off",
+)
+@click.argument("assignments", nargs=-1, required=True)
+@json_opt
+@click.pass_context
+def policy_set(ctx: click.Context, assignments: tuple[str, ...], as_json: bool) -> None:
+    """Set policy knobs (KEY=VALUE ...); the module validates all, then applies all."""
+    fields = _parse_assignments(assignments)
+    env = _env(ctx)
+    if env.daemon_running():
+        p = env.client().policy_set(**fields)  # the daemon stops switching fast/dense modes
+    else:
+        env.module().policy_set(**fields)
+        p = env.module().policy_get().to_dict()
+    if as_json:
+        render.print_json(p)
+    else:
+        render.console().print(render.policy_table(p))
+
+
+# -- daemon ----------------------------------------------------------------------------------
+
+
+@cli.command(
+    epilog="\b\nExamples:\n  azctl daemon\n  azctl daemon --grace 0.5 --cpu-budget 0.5 "
+    "--metrics-port 9377\n  systemctl start azswap-daemon   (controlplane/systemd/)"
+)
+@click.option(
+    "--grace",
+    type=click.FloatRange(0),
+    default=1.0,
+    show_default=True,
+    help="Seconds of llm-wait before compressing.",
+)
+@click.option(
+    "--idle-grace",
+    type=click.FloatRange(0),
+    default=30.0,
+    show_default=True,
+    help="Seconds of inferred idleness before compressing.",
+)
+@click.option(
+    "--dense-after",
+    type=click.FloatRange(0),
+    default=10.0,
+    show_default=True,
+    help="Wait age from which the dense policy (zstd, deeper search) is used.",
+)
+@click.option(
+    "--cpu-budget",
+    type=click.FloatRange(0.01, 1.0),
+    default=0.25,
+    show_default=True,
+    help="Fraction of one CPU for reclaim.",
+)
+@click.option("--chunk", default="16M", show_default=True, help="Bytes per memory.reclaim write.")
+@click.option("--interval", type=click.FloatRange(0.05), default=1.0, show_default=True)
+@click.option("--no-policy", is_flag=True, help="Never switch the store policy fast/dense.")
+@click.option("--no-prefetch", is_flag=True, help="Do not prefetch on tool hints.")
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(1, 65535),
+    default=None,
+    help="Serve Prometheus metrics on 127.0.0.1:PORT.",
+)
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning"]), default="info")
+@click.pass_context
+def daemon(
+    ctx: click.Context,
+    grace: float,
+    idle_grace: float,
+    dense_after: float,
+    cpu_budget: float,
+    chunk: str,
+    interval: float,
+    no_policy: bool,
+    no_prefetch: bool,
+    metrics_port: int | None,
+    log_level: str,
+) -> None:
+    """Run the control plane in the foreground (registry, phase scheduler, socket API)."""
+    from controlplane.daemon import Daemon, DaemonConfig
+    from controlplane.scheduler import SchedulerConfig
+    from controlplane.sysfs import parse_size
+
+    env = _env(ctx)
+    need_root("azctl daemon")
+    logging.basicConfig(
+        level=getattr(logging, log_level.upper()),
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+        stream=sys.stderr,
+    )
+    cfg = DaemonConfig(
+        socket_path=env.socket,
+        dev=env.dev,
+        cgroup_root=env.cgroup_root,
+        sys_block=env.sys_block,
+        state_dir=env.state_dir,
+        prefetch=not no_prefetch,
+        metrics_port=metrics_port,
+        scheduler=SchedulerConfig(
+            interval=interval,
+            grace=grace,
+            idle_grace=idle_grace,
+            dense_after=dense_after,
+            cpu_budget=cpu_budget,
+            chunk_bytes=parse_size(chunk),
+            manage_policy=not no_policy,
+        ),
+    )
+    factory = (lambda: env.module_factory(env.dev)) if env.module_factory else None
+    Daemon(cfg, module_factory=factory).run()
+
+
+def _done(as_json: bool, obj: Any, line: str) -> None:
+    if as_json:
+        render.print_json(obj)
+    else:
+        click.echo(line)
 
 
 def main() -> None:
-    cli()
+    cli(prog_name="azctl")
