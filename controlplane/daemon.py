@@ -190,9 +190,15 @@ class Daemon:
         return out
 
     def recover(self) -> None:
-        n_sb, n_t = self.registry.recover()
+        try:
+            n_sb, n_t = self.registry.recover()
+            phases = {o.cgroup_id: o.phase for o in self.module.stats()}
+        except errors.UnknownDevice as e:
+            # e.g. "device not initialised: write its disksize first": serve anyway, the
+            # requests will say the same until the device is set up
+            log.warning("cannot read the module's owners: %s", e)
+            return
         now = self.clock()
-        phases = {o.cgroup_id: o.phase for o in self.module.stats()}
         for sb in self.registry.list_sandboxes():
             self.phases.add(sb.name, now)
             ph = phases.get(sb.cgroup_id, Phase.UNKNOWN)

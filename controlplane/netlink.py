@@ -35,7 +35,9 @@ FAMILY = "azswap"
 VERSION = 1
 MCGRP_EVENTS = "events"
 PAGE_SIZE = 4096
-MAX_LOAD_PAGES = 16  # AZSWAP_A_PAGES carries 1..16 whole pages
+# AZSWAP_A_PAGES carries 1..15 whole pages (kmod/uapi/azswap_nl.h AZSWAP_LOAD_MAX_PAGES: an
+# attribute length is 16 bits, so 16 pages do not fit; docs/netlink.md still says 16).
+MAX_LOAD_PAGES = 15
 
 
 class Cmd(IntEnum):
@@ -385,7 +387,7 @@ class AzswapNetlink:
         self._request(Cmd.TEMPLATE_DEL, [("AZSWAP_A_CGROUP_ID", cgroup_id)], what=str(cgroup_id))
 
     def template_load(self, cgroup_id: int, index: int, pages: bytes) -> None:
-        """Load 1..16 whole pages as bases of template ``cgroup_id`` at page ``index``."""
+        """Load 1..15 whole pages as bases of template ``cgroup_id`` at page ``index``."""
         n, rest = divmod(len(pages), PAGE_SIZE)
         if rest or not 1 <= n <= MAX_LOAD_PAGES:
             raise errors.InvalidValue(

@@ -7,6 +7,11 @@ state file (``/run/azswap/state-devN.json``, 0600) so that a restarted daemon ge
 :meth:`Registry.recover` lists the module's owners (a STATS dump) and joins them with the file by
 cgroup id.  Owners the module has but the file does not get a name from their cgroup path (or
 ``cg<ID>``); names in the file the module no longer has are dropped.
+
+The STATS dump also lists owners that were *removed* but still own stored bytes (the core keeps
+them, with ``registered = 0``, until their last page is freed) and the netlink reply does not say
+which ones those are.  So the registry remembers the ids it removed itself (``removed`` in the
+state file) and does not resurrect them on recovery.
 """
 
 from __future__ import annotations
@@ -113,6 +118,7 @@ class Registry:
         self._lock = threading.RLock()
         self.sandboxes: dict[str, Sandbox] = {}
         self.templates: dict[str, Template] = {}
+        self.removed: set[int] = set()
 
     # -- lookups ----------------------------------------------------------------------------
 
@@ -168,6 +174,7 @@ class Registry:
                         f"{template!r} of trust group {t.group}"
                     )
             cid = self.module.sandbox_add(group, cgroup_path=path)
+            self.removed.discard(cid)
             sb = Sandbox(name, cid, group, path, template)
             self.sandboxes[name] = sb
             self.save()
@@ -181,6 +188,7 @@ class Registry:
                 self.module.sandbox_del(sb.cgroup_id)
             except errors.UnknownSandbox:
                 log.info("sandbox %s: already gone from the module", name)
+            self.removed.add(sb.cgroup_id)
             del self.sandboxes[name]
             self.save()
         return sb
@@ -205,6 +213,7 @@ class Registry:
                 src = os.path.realpath(source_file)
                 cid = self.module.template_add(group, cgroup_id=synthetic_id(src))
                 t = Template(name, cid, group, source_file=src)
+            self.removed.discard(cid)
             self.templates[name] = t
             self.save()
         return t
@@ -217,6 +226,7 @@ class Registry:
                 self.module.template_del(t.cgroup_id)
             except errors.UnknownSandbox:
                 log.info("template %s: already gone from the module", name)
+            self.removed.add(t.cgroup_id)
             del self.templates[name]
             for u in users:
                 self.sandboxes[u].template = None
@@ -237,6 +247,7 @@ class Registry:
             "version": 1,
             "sandboxes": [s.to_dict() for s in self.sandboxes.values()],
             "templates": [t.to_dict() for t in self.templates.values()],
+            "removed": sorted(self.removed),
         }
         self.state_file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         tmp = self.state_file.with_suffix(".tmp")
@@ -246,25 +257,37 @@ class Registry:
         os.replace(tmp, self.state_file)
 
     def _load_file(self) -> tuple[dict[int, dict[str, Any]], dict[int, dict[str, Any]]]:
+        sbs, tps, _ = self._load_file_all()
+        return sbs, tps
+
+    def _load_file_all(
+        self,
+    ) -> tuple[dict[int, dict[str, Any]], dict[int, dict[str, Any]], set[int]]:
         if self.state_file is None or not self.state_file.exists():
-            return {}, {}
+            return {}, {}, set()
         try:
             data = json.loads(self.state_file.read_text())
             sbs = {int(d["cgroup_id"]): d for d in data.get("sandboxes", [])}
             tps = {int(d["cgroup_id"]): d for d in data.get("templates", [])}
-            return sbs, tps
+            removed = {int(i) for i in data.get("removed", [])}
+            return sbs, tps, removed
         except (ValueError, KeyError, TypeError, OSError) as e:
             log.warning("state file %s unreadable (%s): names will be rebuilt", self.state_file, e)
-            return {}, {}
+            return {}, {}, set()
 
     def recover(self) -> tuple[int, int]:
         """Rebuild from the module's owners and the state file; returns (sandboxes, templates)."""
         owners = [o for o in self.module.stats() if o.cgroup_id != 0]
-        saved_sb, saved_t = self._load_file()
+        saved_sb, saved_t, removed = self._load_file_all()
         with self._lock:
             self.sandboxes.clear()
             self.templates.clear()
+            listed = {o.cgroup_id for o in owners}
+            # removed by us but still holding pages: listed, not registered (see module doc)
+            self.removed = removed & listed
             for o in owners:
+                if o.cgroup_id in self.removed:
+                    continue
                 self._adopt(o.cgroup_id, o.group, o.is_template, saved_sb, saved_t)
             # template links only where the template still exists
             for sb in self.sandboxes.values():
@@ -311,6 +334,7 @@ class Registry:
         with self._lock:
             known = self.by_id()
             if ev.cmd in (Cmd.SANDBOX_ADD, Cmd.TEMPLATE_ADD) and ev.cgroup_id not in known:
+                self.removed.discard(ev.cgroup_id)
                 self._adopt(
                     ev.cgroup_id, ev.group or 0, ev.cmd == Cmd.TEMPLATE_ADD, *self._load_file()
                 )
@@ -318,6 +342,7 @@ class Registry:
                 return self.by_id().get(ev.cgroup_id)
             if ev.cmd in (Cmd.SANDBOX_DEL, Cmd.TEMPLATE_DEL) and ev.cgroup_id in known:
                 name = known[ev.cgroup_id]
+                self.removed.add(ev.cgroup_id)
                 self.sandboxes.pop(name, None)
                 self.templates.pop(name, None)
                 self.save()

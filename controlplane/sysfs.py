@@ -20,10 +20,11 @@ SYS_BLOCK = Path("/sys/block")
 DEV_PREFIX = "azswap"
 
 # Plain integer attributes that can be read (and some written).
-INT_ATTRS = ("disksize", "mem_limit", "mem_used_max")
-WRITABLE = {"disksize", "mem_limit", "mem_used_max", "comp_algorithm", "reset"}
+INT_ATTRS = ("disksize", "initstate", "mem_limit", "mem_used_max")
+POLICY_ATTRS = ("dedup", "tdelta", "xdelta", "verify", "sim_effort", "delta_max_pct")
+WRITABLE = {"disksize", "mem_limit", "mem_used_max", "comp_algorithm", "reset", *POLICY_ATTRS}
 
-# Multi-column stat files: file name -> column names, in order.
+# Multi-column stat files (kmod/sysfs.c): file name -> column names, in order.
 STAT_FILES: dict[str, tuple[str, ...]] = {
     "mm_stat": (
         "orig_data_size",
@@ -32,13 +33,24 @@ STAT_FILES: dict[str, tuple[str, ...]] = {
         "mem_limit",
         "mem_used_max",
         "same_pages",
-        "pages_compacted",
-        "huge_pages",
-        "huge_pages_since",
+        "raw_pages",
+        "meta_bytes",
+        "index_bytes",
+        "template_bytes",
     ),
-    "io_stat": ("failed_reads", "failed_writes", "invalid_io", "notify_free"),
+    "io_stat": (
+        "failed_stores",
+        "failed_loads",
+        "invalid_io",
+        "notify_free",
+        "stores",
+        "loads",
+        "frees",
+        "partial_io",
+    ),
     # pages stored now per representation
     "kind_stat": ("same", "dup", "tdelta", "xdelta", "plain", "raw"),
+    "obj_stat": ("pages_stored", "objects", "bases", "template_pages", "deferred", "cross_group"),
 }
 
 _SIZE_RE = re.compile(r"^\s*(\d+)\s*([kKmMgGtT]?)[iI]?[bB]?\s*$")
@@ -70,7 +82,7 @@ def parse_columns(names: tuple[str, ...], text: str) -> dict[str, int]:
 
 
 def parse_choice(text: str) -> tuple[str, list[str]]:
-    """zram's 'lzo lz4 [zstd]' -> ('zstd', ['lzo', 'lz4', 'zstd'])."""
+    """zram's 'lzo lz4 [zstd]' -> ('zstd', ['lzo', 'lz4', 'zstd']); azswap's 'zstd:3' -> itself."""
     words = text.split()
     current = next((w[1:-1] for w in words if w.startswith("[") and w.endswith("]")), "")
     choices = [w.strip("[]") for w in words]
@@ -87,6 +99,8 @@ class DeviceStats:
     algorithms: list[str] = field(default_factory=list)
     mem_limit: int | None = None
     mem_used_max: int | None = None
+    initstate: int | None = None
+    policy: dict[str, int] = field(default_factory=dict)
     stats: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -97,6 +111,8 @@ class DeviceStats:
             "algorithms": self.algorithms,
             "mem_limit": self.mem_limit,
             "mem_used_max": self.mem_used_max,
+            "initstate": self.initstate,
+            "policy": self.policy,
             **self.stats,
         }
 
@@ -160,6 +176,11 @@ class Device:
             st.comp_algorithm, st.algorithms = parse_choice(algo)
         st.mem_limit = self.read_int("mem_limit")
         st.mem_used_max = self.read_int("mem_used_max")
+        st.initstate = self.read_int("initstate")
+        for a in POLICY_ATTRS:
+            v = self.read_int(a)
+            if v is not None:
+                st.policy[a] = v
         for fname in STAT_FILES:
             cols = self.stat(fname)
             if cols is not None:

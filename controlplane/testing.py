@@ -48,6 +48,7 @@ class FakeModule:
         self.owners: dict[int, OwnerStats] = {}
         self.loaded: dict[int, dict[int, bytes]] = {}
         self.policy = Policy()
+        self.unregistered: set[int] = set()  # removed, still listed while they own pages
         self.calls: list[tuple[str, tuple[object, ...]]] = []
         self._lock = threading.Lock()
         self.closed = False
@@ -76,8 +77,9 @@ class FakeModule:
         else:
             raise _err(cmd, errno.EINVAL, "missing AZSWAP_A_CGROUP_ID or AZSWAP_A_CGROUP_PATH")
         with self._lock:
-            if cid in self.owners:
+            if cid in self.owners and cid not in self.unregistered:
                 raise _err(cmd, errno.EEXIST)
+            self.unregistered.discard(cid)
             self.owners[cid] = OwnerStats(cid, group, cmd == Cmd.TEMPLATE_ADD)
         return cid
 
@@ -95,9 +97,13 @@ class FakeModule:
         self._admin(cmd)
         with self._lock:
             o = self.owners.get(cgroup_id)
-            if o is None or o.is_template != template:
+            if o is None or o.is_template != template or cgroup_id in self.unregistered:
                 raise _err(cmd, errno.ENOENT)
-            del self.owners[cgroup_id]
+            if o.pages:  # like the core: listed (unregistered) until its pages are freed
+                self.unregistered.add(cgroup_id)
+                o.phase = Phase.UNKNOWN
+            else:
+                del self.owners[cgroup_id]
             self.loaded.pop(cgroup_id, None)
 
     def sandbox_del(self, cgroup_id: int) -> None:
@@ -110,7 +116,7 @@ class FakeModule:
         self._admin(Cmd.TEMPLATE_LOAD)
         n, rest = divmod(len(pages), PAGE_SIZE)
         if rest or not 1 <= n <= MAX_LOAD_PAGES:
-            raise _err(Cmd.TEMPLATE_LOAD, errno.EINVAL, "AZSWAP_A_PAGES: not 1..16 whole pages")
+            raise _err(Cmd.TEMPLATE_LOAD, errno.EINVAL, "AZSWAP_A_PAGES: not 1..15 whole pages")
         with self._lock:
             o = self.owners.get(cgroup_id)
             if o is None or not o.is_template:
@@ -157,7 +163,7 @@ class FakeModule:
         self._admin(Cmd.PHASE_SET)
         with self._lock:
             o = self.owners.get(cgroup_id)
-            if o is None:
+            if o is None or cgroup_id in self.unregistered:
                 raise _err(Cmd.PHASE_SET, errno.ENOENT)
             o.phase = Phase(phase)
 

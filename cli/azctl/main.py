@@ -17,7 +17,7 @@ from azctl import render, snapshot
 from azctl.env import Env, need_root
 from controlplane import errors, metrics
 from controlplane.client import DEFAULT_SOCKET
-from controlplane.netlink import POLICY_FIELDS, Codec
+from controlplane.netlink import MAX_LOAD_PAGES, POLICY_FIELDS, Codec
 from controlplane.registry import Registry, state_path
 
 EXIT_CODES_HELP = "\b\nExit codes:\n" + "\n".join(
@@ -243,7 +243,9 @@ def template() -> None:
     default=None,
     help="A memory snapshot file (page-aligned), loaded as bases.",
 )
-@click.option("--batch", type=click.IntRange(1, 16), default=16, show_default=True)
+@click.option(
+    "--batch", type=click.IntRange(1, MAX_LOAD_PAGES), default=MAX_LOAD_PAGES, show_default=True
+)
 @json_opt
 @click.pass_context
 def template_add(

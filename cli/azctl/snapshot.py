@@ -1,6 +1,6 @@
 """Load a memory snapshot file (a microVM's guest memory image) as template bases.
 
-The file is streamed in batches of at most 16 pages (one TEMPLATE_LOAD each), so memory stays
+The file is streamed in batches of at most 15 pages (one TEMPLATE_LOAD each), so memory stays
 bounded whatever its size.  All-zero pages are skipped: the module stores zero pages as same-filled
 without a base, so a zero base would never be used.  The file must be a whole number of pages and
 must not change while it is read (size and mtime are checked before, during and after).
