@@ -414,7 +414,7 @@ class Scheduler:
         if self.codec_locked:
             pol.pop("codec", None)
         try:
-            self.policy_setter(pol)
+            self.policy_setter(dict(pol))
         except errors.Busy:
             # codec changes are refused while pages are stored: keep the rest of the mode
             if not self.codec_locked:
@@ -423,7 +423,7 @@ class Scheduler:
             pol.pop("codec", None)
             try:
                 if pol:
-                    self.policy_setter(pol)
+                    self.policy_setter(dict(pol))
             except errors.AzswapError as e:
                 log.warning("policy %s: %s", mode, e)
                 return

@@ -181,3 +181,97 @@ class FakeModule:
 
     def close(self) -> None:
         self.closed = True
+
+
+class FakeClock:
+    """A clock that only moves when told to (``sleep`` advances it)."""
+
+    def __init__(self, start: float = 1000.0) -> None:
+        self.now = start
+        self.sleeps: list[float] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += max(0.0, seconds)
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def make_proc(
+    root: Path, *, total_kb: int = 8 << 20, avail_kb: int = 6 << 20, psi: float = 0.0
+) -> Path:
+    """A fake /proc with meminfo and pressure/memory."""
+    (root / "pressure").mkdir(parents=True, exist_ok=True)
+    (root / "meminfo").write_text(
+        f"MemTotal:       {total_kb} kB\nMemFree:        {avail_kb} kB\n"
+        f"MemAvailable:   {avail_kb} kB\n"
+    )
+    (root / "pressure" / "memory").write_text(
+        f"some avg10={psi:.2f} avg60=0.00 avg300=0.00 total=0\n"
+        "full avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"
+    )
+    return root
+
+
+def make_cgroup(root: Path, path: str, *, memory: int = 256 << 20, cpu_usec: int = 0) -> Path:
+    """A fake cgroup v2 directory with the files the control plane reads and writes."""
+    d = root / path.strip("/")
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "memory.current").write_text(f"{memory}\n")
+    (d / "memory.swap.current").write_text("0\n")
+    (d / "memory.reclaim").write_text("")
+    (d / "memory.stat").write_text(f"anon {memory}\nfile 0\n")
+    (d / "cpu.stat").write_text(f"usage_usec {cpu_usec}\nuser_usec 0\nsystem_usec 0\n")
+    (d / "memory.pressure").write_text(
+        "some avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"
+        "full avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"
+    )
+    (d / "cgroup.procs").write_text("")
+    return d
+
+
+class FakeCgroup(Cgroup):
+    """A cgroup whose memory.reclaim behaves like the kernel's, on a fake tree.
+
+    Each write goes to the real file (so tests can read the last request) and then moves
+    ``min(request, memory.current - unreclaimable)`` bytes "to swap", taking
+    ``request / bytes_per_second`` seconds of the fake clock; a request it cannot satisfy in full
+    comes back short (False, as EAGAIN does).
+    """
+
+    def __init__(
+        self,
+        path: str,
+        root: Path,
+        clock: FakeClock,
+        *,
+        bytes_per_second: float = 256 << 20,
+        unreclaimable: int = 0,
+    ) -> None:
+        super().__init__(path, root)
+        self.clock = clock
+        self.bytes_per_second = bytes_per_second
+        self.unreclaimable = unreclaimable
+        self.writes: list[int] = []
+        self.on_write: list[object] = []  # callables run after each write (tests inject hints)
+
+    def set_memory(self, nbytes: int) -> None:
+        (self.dir / "memory.current").write_text(f"{nbytes}\n")
+
+    def set_cpu_usec(self, usec: int) -> None:
+        (self.dir / "cpu.stat").write_text(f"usage_usec {usec}\n")
+
+    def reclaim(self, nbytes: int) -> bool:
+        super().reclaim(nbytes)
+        self.writes.append(nbytes)
+        cur = self.memory_current()
+        take = max(0, min(nbytes, cur - self.unreclaimable))
+        self.set_memory(cur - take)
+        self.clock.advance(nbytes / self.bytes_per_second)
+        for fn in self.on_write:
+            fn()  # type: ignore[operator]
+        return take == nbytes

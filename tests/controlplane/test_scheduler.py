@@ -1,0 +1,288 @@
+"""Scheduler decisions on a fake clock and a fake cgroup tree."""
+
+from __future__ import annotations
+
+import errno
+import logging
+from pathlib import Path
+
+import pytest
+
+from controlplane import errors
+from controlplane.netlink import Phase
+from controlplane.phase import PhaseConfig, PhaseModel
+from controlplane.scheduler import MiB, Scheduler, SchedulerConfig, Target
+from controlplane.testing import FakeCgroup, FakeClock, make_cgroup, make_proc
+
+
+class Rig:
+    """A scheduler over fake sandboxes sb0..sbN-1 (256 MiB each unless told)."""
+
+    def __init__(
+        self,
+        tmp: Path,
+        clock: FakeClock,
+        n: int = 1,
+        memory: int = 256 * MiB,
+        unreclaimable: int = 0,
+        cpu_clock: object = None,
+        **cfg: object,
+    ) -> None:
+        self.clock = clock
+        self.root = tmp / "cg"
+        self.proc = make_proc(tmp / "proc")
+        self.cgs: dict[str, FakeCgroup] = {}
+        for i in range(n):
+            make_cgroup(self.root, f"/sb/sb{i}", memory=memory)
+            self.cgs[f"sb{i}"] = FakeCgroup(
+                f"/sb/sb{i}", self.root, clock, unreclaimable=unreclaimable
+            )
+        self.phases = PhaseModel(PhaseConfig(idle_after=5.0))
+        for name in self.cgs:
+            self.phases.add(name, clock())
+        self.policies: list[dict[str, int]] = []
+        base = dict(interval=1.0, grace=2.0, chunk_bytes=16 * MiB, cpu_budget=0.25)
+        base.update(cfg)
+        self.sched = Scheduler(
+            self.phases,
+            lambda: [Target(n, cg) for n, cg in self.cgs.items()],
+            SchedulerConfig(**base),  # type: ignore[arg-type]
+            clock=clock,
+            sleep=clock.sleep,
+            cpu_clock=cpu_clock or clock,  # type: ignore[arg-type]
+            proc_root=self.proc,
+            policy_setter=self.policies.append,
+        )
+
+    def hint(self, name: str, phase: Phase) -> None:
+        self.phases.hint(name, phase, self.clock())
+
+    def mem(self, name: str) -> int:
+        return self.cgs[name].memory_current()
+
+
+def test_nothing_happens_during_the_grace_period(tmp_path: Path, clock: FakeClock) -> None:
+    r = Rig(tmp_path, clock, grace=2.0)
+    r.hint("sb0", Phase.LLM_WAIT)
+    clock.advance(1.5)
+    rep = r.sched.tick()
+    assert rep.candidates == [] and r.cgs["sb0"].writes == []
+    clock.advance(0.6)
+    rep = r.sched.tick()
+    assert rep.candidates == ["sb0"] and r.cgs["sb0"].writes
+
+
+def test_chunks_are_bounded_and_page_multiples(tmp_path: Path, clock: FakeClock) -> None:
+    r = Rig(tmp_path, clock, memory=40 * MiB + 4096, grace=0.0, chunk_bytes=16 * MiB)
+    r.hint("sb0", Phase.LLM_WAIT)
+    for _ in range(10):
+        r.sched.tick()
+        clock.advance(1.0)
+    w = r.cgs["sb0"].writes
+    assert w and all(0 < x <= 16 * MiB and x % 4096 == 0 for x in w)
+    assert (tmp_path / "cg/sb/sb0/memory.reclaim").read_text().strip() == str(w[-1])
+
+
+def test_cpu_budget_limits_reclaim_time_per_tick_and_throttles(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    # 16 MiB at 256 MiB/s = 62.5 ms per chunk; budget 0.25 of a 1 s tick = 250 ms -> 4 chunks
+    r = Rig(tmp_path, clock, grace=0.0, cpu_budget=0.25)
+    r.hint("sb0", Phase.LLM_WAIT)
+    rep = r.sched.tick()
+    (act,) = rep.actions
+    assert act.chunks == 4 and act.result == "budget"
+    assert act.wall == pytest.approx(0.25)
+    assert rep.spent <= rep.budget + 1e-9
+    # after each write of dt a rest of dt * (1 - b) / b: 3x the write time at b = 0.25
+    rests = [s for s in clock.sleeps if s > 0]
+    assert rests and all(s == pytest.approx(0.0625 * 3) for s in rests)
+    # duty cycle: the writes took a quarter of the wall time the tick used
+    assert act.wall / (clock() - rep.now) == pytest.approx(0.25, rel=0.01)
+
+
+def test_compresses_to_completion_then_stays_done(tmp_path: Path, clock: FakeClock) -> None:
+    r = Rig(tmp_path, clock, memory=100 * MiB, unreclaimable=10 * MiB, grace=1.0, cpu_budget=1.0)
+    r.hint("sb0", Phase.LLM_WAIT)
+    t_hint = clock()
+    results = []
+    for _ in range(5):
+        clock.advance(1.0)
+        results += [a.result for a in r.sched.tick().actions]
+    assert "done" in results
+    assert r.mem("sb0") == 10 * MiB  # everything reclaimable went
+    n = len(r.cgs["sb0"].writes)
+    clock.advance(5.0)
+    assert r.sched.tick().actions == [] and len(r.cgs["sb0"].writes) == n
+    st = r.sched.snapshot()["sb0"]
+    assert st["done"] and st["reclaimed"] == 90 * MiB
+    assert st["latency"] == pytest.approx(st["finished_at"] - t_hint)
+    assert st["wall"] > 0 and st["cpu"] > 0
+
+
+def test_tool_hint_stops_at_the_next_chunk_boundary(tmp_path: Path, clock: FakeClock) -> None:
+    r = Rig(tmp_path, clock, grace=0.0, cpu_budget=1.0)
+    r.hint("sb0", Phase.LLM_WAIT)
+    cg = r.cgs["sb0"]
+    cg.on_write.append(lambda: len(cg.writes) == 2 and r.hint("sb0", Phase.TOOL))
+    (act,) = r.sched.tick().actions
+    assert len(cg.writes) == 2 and act.result == "stopped:phase=tool"
+    # and it stays alone while the tool runs
+    for _ in range(3):
+        clock.advance(1.0)
+        assert r.sched.tick().actions == []
+    assert len(cg.writes) == 2
+
+
+def test_new_wait_rearms_a_done_sandbox(tmp_path: Path, clock: FakeClock) -> None:
+    r = Rig(tmp_path, clock, memory=32 * MiB, grace=0.0, cpu_budget=1.0)
+    r.hint("sb0", Phase.LLM_WAIT)
+    r.sched.tick()
+    assert r.sched.snapshot()["sb0"]["done"]
+    r.hint("sb0", Phase.TOOL)
+    r.cgs["sb0"].set_memory(32 * MiB)  # the tool faulted everything back
+    clock.advance(1.0)
+    assert r.sched.tick().actions == []
+    r.hint("sb0", Phase.LLM_WAIT)
+    clock.advance(0.1)
+    (act,) = r.sched.tick().actions
+    assert act.mem_before == 32 * MiB and act.mem_after < act.mem_before
+
+
+@pytest.mark.parametrize("phase", [Phase.TOOL, Phase.UNKNOWN])
+def test_tool_and_unknown_are_never_compressed(
+    tmp_path: Path, clock: FakeClock, phase: Phase
+) -> None:
+    r = Rig(tmp_path, clock, grace=0.0)
+    r.hint("sb0", phase)
+    for _ in range(3):
+        clock.advance(100.0)
+        assert r.sched.tick().actions == []
+    assert r.cgs["sb0"].writes == []
+
+
+def test_longest_waiting_first(tmp_path: Path, clock: FakeClock) -> None:
+    r = Rig(tmp_path, clock, n=3, grace=0.0, cpu_budget=0.25)
+    r.hint("sb2", Phase.LLM_WAIT)
+    clock.advance(1.0)
+    r.hint("sb0", Phase.LLM_WAIT)
+    clock.advance(1.0)
+    r.hint("sb1", Phase.LLM_WAIT)
+    rep = r.sched.tick()
+    assert rep.candidates == ["sb2", "sb0", "sb1"]
+    # the budget (4 chunks) went to the longest-waiting one
+    assert [a.name for a in rep.actions] == ["sb2"]
+    assert r.cgs["sb0"].writes == [] and r.cgs["sb1"].writes == []
+
+
+def test_host_pressure_skips_grace_and_takes_idle_too(tmp_path: Path, clock: FakeClock) -> None:
+    r = Rig(
+        tmp_path, clock, n=2, grace=30.0, idle_grace=300.0, cpu_budget=0.25, pressure_cpu_budget=0.5
+    )
+    r.hint("sb1", Phase.IDLE)
+    clock.advance(1.0)
+    r.hint("sb0", Phase.LLM_WAIT)
+    assert r.sched.tick().actions == []  # no pressure: both within their grace
+    make_proc(r.proc, psi=25.0)  # host memory pressure
+    rep = r.sched.tick()
+    assert rep.pressure and rep.budget == pytest.approx(0.5)
+    assert rep.candidates == ["sb1", "sb0"]  # idle the longest first
+    assert rep.actions[0].name == "sb1"
+
+
+def test_low_memavailable_is_pressure(tmp_path: Path, clock: FakeClock) -> None:
+    r = Rig(tmp_path, clock, grace=30.0, pressure_min_available=0.10)
+    make_proc(r.proc, total_kb=1000, avail_kb=50)
+    r.hint("sb0", Phase.LLM_WAIT)
+    rep = r.sched.tick()
+    assert rep.pressure and rep.candidates == ["sb0"]
+
+
+def test_inferred_idle_is_compressed_after_idle_grace(tmp_path: Path, clock: FakeClock) -> None:
+    r = Rig(tmp_path, clock, grace=0.0, idle_grace=10.0, cpu_budget=1.0)
+    acted_at = None
+    for _ in range(30):  # cpu.stat never moves: quiet
+        if r.sched.tick().actions and acted_at is None:
+            acted_at = clock()
+        clock.advance(1.0)
+    v = r.phases.get("sb0", clock())
+    assert v.phase == Phase.IDLE and v.source == "inferred"
+    assert acted_at is not None and acted_at - v.since >= 10.0
+
+
+def test_busy_sandbox_without_hints_is_left_alone(tmp_path: Path, clock: FakeClock) -> None:
+    r = Rig(tmp_path, clock, grace=0.0, idle_grace=1.0)
+    usec = 0
+    for _ in range(20):
+        usec += 500_000  # half a CPU
+        r.cgs["sb0"].set_cpu_usec(usec)
+        assert r.sched.tick().actions == []
+        clock.advance(1.0)
+    assert r.phases.get("sb0", clock()).phase == Phase.TOOL
+
+
+def test_dense_mode_for_long_waits_and_codec_busy_fallback(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    r = Rig(tmp_path, clock, grace=0.0, dense_after=10.0, cpu_budget=0.01)
+    r.hint("sb0", Phase.LLM_WAIT)
+    r.sched.tick()
+    assert r.policies[-1]["codec"] == 0 and r.sched.mode == "fast"
+    calls: list[dict[str, int]] = []
+
+    def setter(p: dict[str, int]) -> None:
+        calls.append(p)
+        if "codec" in p:
+            raise errors.from_netlink(errno.EBUSY, "codec change while pages are stored", "X")
+
+    r.sched.policy_setter = setter
+    clock.advance(11.0)
+    r.sched.tick()
+    assert calls == [
+        {"codec": 1, "level": 3, "sim_effort": 12},
+        {"level": 3, "sim_effort": 12},
+    ]
+    assert r.sched.mode == "dense" and r.sched.codec_locked
+
+
+def test_forced_compress_ignores_phase(tmp_path: Path, clock: FakeClock) -> None:
+    r = Rig(tmp_path, clock, memory=8 * MiB, cpu_budget=1.0)
+    r.sched.request_compress("sb0")
+    (act,) = r.sched.tick().actions
+    assert act.result in ("done", "floor") and r.mem("sb0") == 0
+
+
+def test_shutdown_between_chunks(tmp_path: Path, clock: FakeClock) -> None:
+    r = Rig(tmp_path, clock, grace=0.0, cpu_budget=1.0)
+    r.hint("sb0", Phase.LLM_WAIT)
+    r.cgs["sb0"].on_write.append(r.sched.stop)
+    (act,) = r.sched.tick().actions
+    assert len(r.cgs["sb0"].writes) == 1 and act.result == "stopped:shutdown"
+
+
+def test_vanished_cgroup_is_an_error_not_a_crash(tmp_path: Path, clock: FakeClock) -> None:
+    r = Rig(tmp_path, clock, grace=0.0)
+    r.hint("sb0", Phase.LLM_WAIT)
+    for f in (tmp_path / "cg/sb/sb0").iterdir():
+        f.unlink()
+    (act,) = r.sched.tick().actions
+    assert act.result.startswith("error:")
+
+
+def test_every_tick_with_candidates_is_logged_with_its_numbers(
+    tmp_path: Path, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    r = Rig(tmp_path, clock, grace=0.0)
+    r.hint("sb0", Phase.LLM_WAIT)
+    with caplog.at_level(logging.INFO, logger="azswap.scheduler"):
+        r.sched.tick()
+    line = next(m for m in caplog.messages if m.startswith("tick"))
+    for part in ("pressure=no", "avail=", "budget=0.250s", "sb0 llm-wait", "mem 256.0M->", "wall="):
+        assert part in line
+
+
+def test_config_is_validated() -> None:
+    with pytest.raises(errors.InvalidValue):
+        SchedulerConfig(cpu_budget=0.0).validate()
+    with pytest.raises(errors.InvalidValue):
+        SchedulerConfig(chunk_bytes=100).validate()
