@@ -57,8 +57,11 @@ class Mapping:
 
     @property
     def prot(self) -> int:
-        return (1 if self.perms[0] == "r" else 0) | (2 if self.perms[1] == "w" else 0) | (
-            4 if self.perms[2] == "x" else 0)
+        return (
+            (1 if self.perms[0] == "r" else 0)
+            | (2 if self.perms[1] == "w" else 0)
+            | (4 if self.perms[2] == "x" else 0)
+        )
 
     @property
     def anon(self) -> bool:
@@ -76,8 +79,9 @@ def read_maps(pid: int) -> list[Mapping]:
     return out
 
 
-def private_pages(pid: int, exclusive: bool, stats: dict[str, int]) -> Iterator[
-        tuple[Mapping, list[tuple[int, int]]]]:
+def private_pages(
+    pid: int, exclusive: bool, stats: dict[str, int]
+) -> Iterator[tuple[Mapping, list[tuple[int, int]]]]:
     """Yield (mapping, [(vaddr, index)...]) for the anonymous pages to record."""
     with open(f"/proc/{pid}/pagemap", "rb") as pm:
         for m in read_maps(pid):
@@ -121,8 +125,9 @@ def record_proc(w: TraceWriter, p: Proc) -> dict[str, int]:
     fd = os.open(f"/proc/{p.pid}/mem", os.O_RDONLY)
     try:
         for m, sel in private_pages(p.pid, p.exclusive, stats):
-            w.vma(p.owner, m.start, m.end, m.offset // PAGE_SIZE if not m.anon else 0, m.prot,
-                  m.path)
+            w.vma(
+                p.owner, m.start, m.end, m.offset // PAGE_SIZE if not m.anon else 0, m.prot, m.path
+            )
             stats["vmas"] += 1
             for run in _runs(sel):
                 try:
@@ -139,8 +144,13 @@ def record_proc(w: TraceWriter, p: Proc) -> dict[str, int]:
     return stats
 
 
-def record(path: str, procs: list[Proc], meta: dict[str, Any] | None = None, stop: bool = True,
-           compress: int = 1) -> dict[str, dict[str, int]]:
+def record(
+    path: str,
+    procs: list[Proc],
+    meta: dict[str, Any] | None = None,
+    stop: bool = True,
+    compress: int = 1,
+) -> dict[str, dict[str, int]]:
     """Write a trace of ``procs`` (templates first is the replay order) to ``path``."""
     pids = [p.pid for p in procs]
     for pid in pids:
@@ -163,21 +173,29 @@ def record(path: str, procs: list[Proc], meta: dict[str, Any] | None = None, sto
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m controlplane.recorder",
-                                 description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m controlplane.recorder", description=__doc__.split("\n\n")[0]
+    )
     ap.add_argument("out")
     ap.add_argument("--template", type=int, action="append", default=[], metavar="PID")
     ap.add_argument("--sandbox", type=int, action="append", default=[], metavar="PID")
     ap.add_argument("--group", type=int, default=1)
-    ap.add_argument("--exclusive", action="store_true",
-                    help="sandboxes: only pages mapped once (fork-style ownership)")
+    ap.add_argument(
+        "--exclusive",
+        action="store_true",
+        help="sandboxes: only pages mapped once (fork-style ownership)",
+    )
     ap.add_argument("--meta", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--compress", type=int, default=1, help="zstd level for PAGES records, 0 off")
     a = ap.parse_args(argv)
-    procs = [Proc(pid, 1000 + k, a.group, ROLE_TEMPLATE, f"template{k}")
-             for k, pid in enumerate(a.template)]
-    procs += [Proc(pid, 1 + k, a.group, ROLE_SANDBOX, f"sb{k}", a.exclusive)
-              for k, pid in enumerate(a.sandbox)]
+    procs = [
+        Proc(pid, 1000 + k, a.group, ROLE_TEMPLATE, f"template{k}")
+        for k, pid in enumerate(a.template)
+    ]
+    procs += [
+        Proc(pid, 1 + k, a.group, ROLE_SANDBOX, f"sb{k}", a.exclusive)
+        for k, pid in enumerate(a.sandbox)
+    ]
     if not procs:
         ap.error("nothing to record: give --template and/or --sandbox PIDs")
     meta = dict(kv.split("=", 1) for kv in a.meta if "=" in kv)
@@ -187,9 +205,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"recorder: {exc}", file=sys.stderr)
         return 1
     for name, st in res.items():
-        print(f"{name}: {st['pages']} pages ({st['pages'] * PAGE_SIZE / 2**20:.1f} MiB), "
-              f"{st['vmas']} mappings, {st['shared']} shared skipped, {st['swapped']} swapped, "
-              f"{st['unreadable']} unreadable")
+        print(
+            f"{name}: {st['pages']} pages ({st['pages'] * PAGE_SIZE / 2**20:.1f} MiB), "
+            f"{st['vmas']} mappings, {st['shared']} shared skipped, {st['swapped']} swapped, "
+            f"{st['unreadable']} unreadable"
+        )
     return 0
 
 

@@ -51,15 +51,27 @@ STRATEGIES: dict[str, Strategy] = {
     for s in (
         Strategy("lz4", "per-page lz4", False, {"codec": CODEC_LZ4}),
         Strategy("zstd", "per-page zstd-3", False, {"codec": CODEC_ZSTD, "level": 3}),
-        Strategy("dedup", "+dedup (lz4)", True,
-                 {"codec": CODEC_LZ4, "dedup": 1, "tdelta": 0, "xdelta": 0}),
-        Strategy("tdelta", "+template delta", True,
-                 {"codec": CODEC_LZ4, "dedup": 1, "tdelta": 1, "xdelta": 0}),
+        Strategy(
+            "dedup",
+            "+dedup (lz4)",
+            True,
+            {"codec": CODEC_LZ4, "dedup": 1, "tdelta": 0, "xdelta": 0},
+        ),
+        Strategy(
+            "tdelta",
+            "+template delta",
+            True,
+            {"codec": CODEC_LZ4, "dedup": 1, "tdelta": 1, "xdelta": 0},
+        ),
         Strategy("xdelta", "+cross-sandbox delta", True, {"codec": CODEC_LZ4, **_ALL}),
         Strategy("all", "all, zstd-3", True, {"codec": CODEC_ZSTD, "level": 3, **_ALL}),
         Strategy("limit-lz4", "unlimited search, lz4", True, {"codec": CODEC_LZ4, **_LIMIT}),
-        Strategy("limit-zstd", "unlimited search, zstd-3", True,
-                 {"codec": CODEC_ZSTD, "level": 3, **_LIMIT}),
+        Strategy(
+            "limit-zstd",
+            "unlimited search, zstd-3",
+            True,
+            {"codec": CODEC_ZSTD, "level": 3, **_LIMIT},
+        ),
     )
 }
 DEFAULT = list(STRATEGIES)
@@ -172,25 +184,39 @@ def run(path: str, names: list[str], lib: str | None = None) -> dict[str, Any]:
 def print_table(rep: dict[str, Any], file: Any = None) -> None:
     res = rep["results"]
     base = next((r for r in res if r["strategy"] == "lz4"), None)
-    head = ("strategy", "sandbox MiB", "stored MiB", "ratio", "vs lz4", "total ratio",
-            "tmpl stored MiB", "put MB/s", "get MB/s", "sandbox pages by kind")
+    head = (
+        "strategy",
+        "sandbox MiB",
+        "stored MiB",
+        "ratio",
+        "vs lz4",
+        "total ratio",
+        "tmpl stored MiB",
+        "put MB/s",
+        "get MB/s",
+        "sandbox pages by kind",
+    )
     rows = []
     for r in res:
         kinds = " ".join(f"{k}={v}" for k, v in r["sandbox_kinds"].items() if v)
-        rows.append((
-            r["label"],
-            f"{r['sandbox_orig_bytes'] / 2**20:.1f}",
-            f"{r['sandbox_stored_bytes'] / 2**20:.2f}",
-            f"{r['ratio']:.2f}",
-            f"{r['ratio'] / base['ratio']:.2f}x" if base else "-",
-            f"{r['total_ratio']:.2f}",
-            f"{r['template_stored_bytes'] / 2**20:.2f}",
-            f"{r['put_mbps']:.0f}",
-            f"{r['get_mbps']:.0f}",
-            kinds,
-        ))
-    title = (f"replay of {rep['trace']}: {rep['pages']} pages "
-             f"({rep['pages'] * PAGE_SIZE / 2**20:.1f} MiB), style {rep['meta'].get('style', '?')}")
+        rows.append(
+            (
+                r["label"],
+                f"{r['sandbox_orig_bytes'] / 2**20:.1f}",
+                f"{r['sandbox_stored_bytes'] / 2**20:.2f}",
+                f"{r['ratio']:.2f}",
+                f"{r['ratio'] / base['ratio']:.2f}x" if base else "-",
+                f"{r['total_ratio']:.2f}",
+                f"{r['template_stored_bytes'] / 2**20:.2f}",
+                f"{r['put_mbps']:.0f}",
+                f"{r['get_mbps']:.0f}",
+                kinds,
+            )
+        )
+    title = (
+        f"replay of {rep['trace']}: {rep['pages']} pages "
+        f"({rep['pages'] * PAGE_SIZE / 2**20:.1f} MiB), style {rep['meta'].get('style', '?')}"
+    )
     try:
         from rich.console import Console
         from rich.table import Table
@@ -215,16 +241,20 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     ap.add_argument("traces", nargs="+", help="trace files")
-    ap.add_argument("--strategies", default=",".join(DEFAULT),
-                    help=f"comma-separated, from {','.join(STRATEGIES)}")
+    ap.add_argument(
+        "--strategies",
+        default=",".join(DEFAULT),
+        help=f"comma-separated, from {','.join(STRATEGIES)}",
+    )
     ap.add_argument("--json", help="write the results as JSON here")
     ap.add_argument("--lib", help="store core library (default build/libazcore.so)")
     a = ap.parse_args(argv)
     names = [n.strip() for n in a.strategies.split(",") if n.strip()]
     bad = [n for n in names if n not in STRATEGIES]
     if bad:
-        print(f"replay: unknown strategy {bad[0]!r} (known: {', '.join(STRATEGIES)})",
-              file=sys.stderr)
+        print(
+            f"replay: unknown strategy {bad[0]!r} (known: {', '.join(STRATEGIES)})", file=sys.stderr
+        )
         return 2
     reports = []
     for p in a.traces:

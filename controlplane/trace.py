@@ -122,7 +122,9 @@ class TraceWriter:
     """Write a trace; close() (or the context manager) appends END with the CRC."""
 
     def __init__(
-        self, path: str | os.PathLike[str], meta: dict[str, Any] | None = None,
+        self,
+        path: str | os.PathLike[str],
+        meta: dict[str, Any] | None = None,
         compress: int = 3,
     ) -> None:
         self._f: BinaryIO = open(path, "wb")  # noqa: SIM115
@@ -154,7 +156,9 @@ class TraceWriter:
         if role not in ROLE_NAMES:
             raise TraceError(f"bad role {role}")
         info = {"name": name, **info}
-        self._record(T_OWNER, OWNER_FIX.pack(oid, group, role, b"\0\0\0") + json.dumps(info).encode())
+        self._record(
+            T_OWNER, OWNER_FIX.pack(oid, group, role, b"\0\0\0") + json.dumps(info).encode()
+        )
         self._owners[oid] = set()
 
     def vma(self, oid: int, start: int, end: int, pgoff: int, prot: int, path: str = "") -> None:
@@ -335,10 +339,7 @@ def parse_trace(buf: bytes, *, owners: set[int] | None = None, name: str = "trac
                 sv.add(v)
                 idx.append(i)
                 va.append(v)
-            if owners is None or oid in owners:
-                data = bytes(body[count * ENTRY.size :])
-            else:
-                data = b""
+            data = bytes(body[count * ENTRY.size:]) if owners is None or oid in owners else b""
             own[oid].runs.append(PageRun(idx, va, data))
             order.append((oid, len(own[oid].runs) - 1))
             nr_pages += count

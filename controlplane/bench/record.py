@@ -1,6 +1,6 @@
 """Run the ML sandbox workloads (vm-tests/workloads/mlsandbox.py) and record them as page traces.
 
-    python -m controlplane.bench.record --style fork|fresh-aslr|fresh-noaslr [--n 8] [--size default]
+    python -m controlplane.bench.record --style fork|fresh-aslr|fresh-noaslr [--n 8] [--size S]
         [--seed 1] --out TRACE
 
 fork          a template process builds the state and forks N sandboxes (each joins its own memory
@@ -36,8 +36,11 @@ CGROOT = Path("/sys/fs/cgroup")
 
 
 def cgroups_usable() -> bool:
-    return os.geteuid() == 0 and (CGROOT / "cgroup.subtree_control").exists() and os.access(
-        CGROOT, os.W_OK)
+    return (
+        os.geteuid() == 0
+        and (CGROOT / "cgroup.subtree_control").exists()
+        and os.access(CGROOT, os.W_OK)
+    )
 
 
 def make_cgroups(root: Path, names: list[str]) -> dict[str, Path]:
@@ -79,15 +82,20 @@ def _join(cg: Path | None):
     def fn() -> None:
         if cg is not None:
             (cg / "cgroup.procs").write_text(str(os.getpid()))
+
     return fn
 
 
-def wait_ready(status: Path, names: list[str], procs: list[subprocess.Popen], timeout: float
-               ) -> dict[str, int]:
+def wait_ready(
+    status: Path, names: list[str], procs: list[subprocess.Popen], timeout: float
+) -> dict[str, int]:
     deadline = time.monotonic() + timeout
     while True:
-        have = {n: int((status / f"{n}.ready").read_text()) for n in names
-                if (status / f"{n}.ready").exists()}
+        have = {
+            n: int((status / f"{n}.ready").read_text())
+            for n in names
+            if (status / f"{n}.ready").exists()
+        }
         if len(have) == len(names):
             return have
         for p in procs:
@@ -98,9 +106,19 @@ def wait_ready(status: Path, names: list[str], procs: list[subprocess.Popen], ti
         time.sleep(0.2)
 
 
-def run_and_record(style: str, n: int, size: str, seed: int, out: str, *, python: str | None = None,
-                   cgroup_root: Path | None = None, timeout: float = 1800, group: int = 1,
-                   log=print) -> dict[str, Any]:
+def run_and_record(
+    style: str,
+    n: int,
+    size: str,
+    seed: int,
+    out: str,
+    *,
+    python: str | None = None,
+    cgroup_root: Path | None = None,
+    timeout: float = 1800,
+    group: int = 1,
+    log=print,
+) -> dict[str, Any]:
     """Start the workload, wait until every process idles, record, stop everything."""
     if style not in STYLES:
         raise ValueError(f"unknown style {style!r}")
@@ -116,37 +134,83 @@ def run_and_record(style: str, n: int, size: str, seed: int, out: str, *, python
     t0 = time.monotonic()
     try:
         if style == "fork":
-            cmd = [py, str(WORKLOAD), "--role", "template", "--style", "fork", "--n", str(n), *common]
+            cmd = [
+                py,
+                str(WORKLOAD),
+                "--role",
+                "template",
+                "--style",
+                "fork",
+                "--n",
+                str(n),
+                *common,
+            ]
             if cgs:
                 cmd += ["--cgroup-root", str(cgroup_root)]
             procs.append(subprocess.Popen(cmd, env=env, preexec_fn=_join(cgs.get("template"))))
         else:
             pre = ["setarch", "-R"] if style == "fresh-noaslr" else []
-            procs.append(subprocess.Popen(
-                [*pre, py, str(WORKLOAD), "--role", "template", "--style", "fresh", *common],
-                env=env, preexec_fn=_join(cgs.get("template"))))
+            procs.append(
+                subprocess.Popen(
+                    [*pre, py, str(WORKLOAD), "--role", "template", "--style", "fresh", *common],
+                    env=env,
+                    preexec_fn=_join(cgs.get("template")),
+                )
+            )
             for i in range(n):
-                procs.append(subprocess.Popen(
-                    [*pre, py, str(WORKLOAD), "--role", "sandbox", "--index", str(i), *common],
-                    env=env, preexec_fn=_join(cgs.get(f"sb{i}"))))
+                procs.append(
+                    subprocess.Popen(
+                        [*pre, py, str(WORKLOAD), "--role", "sandbox", "--index", str(i), *common],
+                        env=env,
+                        preexec_fn=_join(cgs.get(f"sb{i}")),
+                    )
+                )
         pids = wait_ready(status, names, procs, timeout)
         t_run = time.monotonic() - t0
         log(f"[record] {style}: {n} sandboxes ready after {t_run:.0f}s; recording")
         anon = {nm: cg_anon(cg) for nm, cg in cgs.items()}
-        plist = [Proc(pids["template"], 1000, group, ROLE_TEMPLATE, "template", info={"task": "template"})]
+        plist = [
+            Proc(
+                pids["template"], 1000, group, ROLE_TEMPLATE, "template", info={"task": "template"}
+            )
+        ]
         tasks = tuple(_read_tasks(WORKLOAD)) or ("train", "generate", "data", "eval", "sft")
         for i in range(n):
-            plist.append(Proc(pids[f"sb{i}"], 1 + i, group, ROLE_SANDBOX, f"sb{i}",
-                              exclusive=style == "fork", info={"task": tasks[i % len(tasks)]}))
-        meta = {"style": style, "n": n, "size": size, "seed": seed, "recorded_at": time.time(),
-                "kernel": os.uname().release, "workload": "vm-tests/workloads/mlsandbox.py",
-                "run_seconds": round(t_run, 1), "cgroup_anon_bytes": anon}
+            plist.append(
+                Proc(
+                    pids[f"sb{i}"],
+                    1 + i,
+                    group,
+                    ROLE_SANDBOX,
+                    f"sb{i}",
+                    exclusive=style == "fork",
+                    info={"task": tasks[i % len(tasks)]},
+                )
+            )
+        meta = {
+            "style": style,
+            "n": n,
+            "size": size,
+            "seed": seed,
+            "recorded_at": time.time(),
+            "kernel": os.uname().release,
+            "workload": "vm-tests/workloads/mlsandbox.py",
+            "run_seconds": round(t_run, 1),
+            "cgroup_anon_bytes": anon,
+        }
         t1 = time.monotonic()
         stats = record(out, plist, meta)
-        log(f"[record] {style}: wrote {out} in {time.monotonic() - t1:.0f}s: " + ", ".join(
-            f"{k} {v['pages'] * PAGE_SIZE / 2**20:.1f} MiB" for k, v in stats.items()))
-        return {"style": style, "trace": out, "stats": stats, "cgroup_anon_bytes": anon,
-                "run_seconds": t_run}
+        log(
+            f"[record] {style}: wrote {out} in {time.monotonic() - t1:.0f}s: "
+            + ", ".join(f"{k} {v['pages'] * PAGE_SIZE / 2**20:.1f} MiB" for k, v in stats.items())
+        )
+        return {
+            "style": style,
+            "trace": out,
+            "stats": stats,
+            "cgroup_anon_bytes": anon,
+            "run_seconds": t_run,
+        }
     finally:
         for p in procs:
             with contextlib.suppress(ProcessLookupError):
@@ -166,19 +230,24 @@ def run_and_record(style: str, n: int, size: str, seed: int, out: str, *, python
 def _read_tasks(path: Path) -> list[str]:
     for line in path.read_text().splitlines():
         if line.startswith("TASKS = "):
-            return [t.strip(" \"'") for t in line.split("(", 1)[1].rstrip(")").split(",") if t.strip()]
+            return [
+                t.strip(" \"'") for t in line.split("(", 1)[1].rstrip(")").split(",") if t.strip()
+            ]
     return []
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m controlplane.bench.record",
-                                 description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m controlplane.bench.record", description=__doc__.split("\n\n")[0]
+    )
     ap.add_argument("--style", choices=STYLES, required=True)
     ap.add_argument("--n", type=int, default=8)
     ap.add_argument("--size", default="default")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", required=True)
-    ap.add_argument("--cgroups", action="store_true", help="put each process in its own memory cgroup")
+    ap.add_argument(
+        "--cgroups", action="store_true", help="put each process in its own memory cgroup"
+    )
     a = ap.parse_args(argv)
     cg = CGROOT / "azrecord" if a.cgroups and cgroups_usable() else None
     run_and_record(a.style, a.n, a.size, a.seed, a.out, cgroup_root=cg)

@@ -123,8 +123,13 @@ class Zram(System):
 
     def stats(self) -> dict[str, int]:
         f = [int(x) for x in rfile("/sys/block/zram0/mm_stat").split()]
-        return {"orig": f[0], "payload": f[1], "pool": f[2], "same_pages": f[5],
-                "huge_pages": f[7] if len(f) > 7 else 0}
+        return {
+            "orig": f[0],
+            "payload": f[1],
+            "pool": f[2],
+            "same_pages": f[5],
+            "huge_pages": f[7] if len(f) > 7 else 0,
+        }
 
 
 class Zswap(System):
@@ -162,13 +167,17 @@ class Zswap(System):
             if line.startswith("/dev/ram0"):
                 used = int(line.split()[3]) * 1024
         on_disk = max(0, used - d.get("stored_pages", 0) * PAGE_SIZE)
-        return {"orig": d.get("stored_pages", 0) * PAGE_SIZE, "pool": d.get("pool_total_size", 0)
-                + on_disk, "zswap_pool": d.get("pool_total_size", 0), "backing_bytes": on_disk,
-                "same_pages": d.get("same_filled_pages", 0),
-                "rejects": sum(v for k, v in d.items() if k.startswith("reject_")),
-                "written_back": d.get("written_back_pages", 0),
-                "pool_limit_hit": d.get("pool_limit_hit", 0),
-                **{f"debugfs_{k}": v for k, v in d.items()}}
+        return {
+            "orig": d.get("stored_pages", 0) * PAGE_SIZE,
+            "pool": d.get("pool_total_size", 0) + on_disk,
+            "zswap_pool": d.get("pool_total_size", 0),
+            "backing_bytes": on_disk,
+            "same_pages": d.get("same_filled_pages", 0),
+            "rejects": sum(v for k, v in d.items() if k.startswith("reject_")),
+            "written_back": d.get("written_back_pages", 0),
+            "pool_limit_hit": d.get("pool_limit_hit", 0),
+            **{f"debugfs_{k}": v for k, v in d.items()},
+        }
 
 
 class Azswap(System):
@@ -228,8 +237,14 @@ class Azswap(System):
     def stats(self) -> dict[str, int]:
         f = [int(x) for x in rfile(self.B / "mm_stat").split()]
         k = [int(x) for x in rfile(self.B / "kind_stat").split()]
-        out = {"orig": f[0], "payload": f[1], "pool": f[2], "meta": f[7], "index": f[8],
-               "template_bytes": f[9]}
+        out = {
+            "orig": f[0],
+            "payload": f[1],
+            "pool": f[2],
+            "meta": f[7],
+            "index": f[8],
+            "template_bytes": f[9],
+        }
         for name, v in zip(("same", "dup", "tdelta", "xdelta", "plain", "raw"), k, strict=False):
             out[f"kind_{name}"] = v
         return out
@@ -239,8 +254,9 @@ class Azswap(System):
 
         names = {v: k for k, v in self.ids.items()}
         with AzswapNetlink() as nl:
-            return [dict(o.to_dict(), name=names.get(o.cgroup_id, str(o.cgroup_id)))
-                    for o in nl.stats()]
+            return [
+                dict(o.to_dict(), name=names.get(o.cgroup_id, str(o.cgroup_id))) for o in nl.stats()
+            ]
 
 
 def make_system(name: str) -> System:
@@ -371,8 +387,9 @@ class Playback:
         return p
 
     def _spawn(self, o: Owner) -> Player:
-        self.procs.append(subprocess.Popen([str(self.exe), self.sock_path, o.name,
-                                            str(self.cg[o.name])]))
+        self.procs.append(
+            subprocess.Popen([str(self.exe), self.sock_path, o.name, str(self.cg[o.name])])
+        )
         p = self._accept()
         if p.name != o.name:
             raise RuntimeError(f"expected player {o.name}, got {p.name}")
@@ -475,8 +492,9 @@ def pct(a: np.ndarray, q: float) -> float:
     return float(np.percentile(a, q)) if len(a) else 0.0
 
 
-def run_system(tr: Trace, sysname: str, exe: Path, tmp: Path,
-               expect: dict[str, np.ndarray]) -> dict[str, Any]:
+def run_system(
+    tr: Trace, sysname: str, exe: Path, tmp: Path, expect: dict[str, np.ndarray]
+) -> dict[str, Any]:
     owners = list(tr.owners.values())
     fork_style = tr.meta.get("style") == "fork" or any(o.info.get("exclusive") for o in owners)
     system = make_system(sysname)
@@ -533,8 +551,11 @@ def run_system(tr: Trace, sysname: str, exe: Path, tmp: Path,
         if "meta" in s2:
             res["meta_bytes"] = s2["meta"]
         res["ratio"] = out_sb / res["stored_bytes"] if res["stored_bytes"] > 0 else float("inf")
-        res["template_ratio"] = (out_tm / res["template_stored_bytes"]
-                                 if res["template_stored_bytes"] > 0 else float("inf"))
+        res["template_ratio"] = (
+            out_tm / res["template_stored_bytes"]
+            if res["template_stored_bytes"] > 0
+            else float("inf")
+        )
         res["swapout_mbps"] = out_sb / t_sb / 1e6 if t_sb else 0.0
         res["swapout_s"] = t_sb
         res["template_swapout_s"] = t_tm
@@ -577,9 +598,21 @@ def table(results: list[dict[str, Any]], style: str) -> None:
 
     base = next((r for r in results if r["system"] == "zram-lz4" and r.get("ratio")), None)
     t = Table(title=f"{style}: sandbox pages pushed to swap with memory.reclaim (one guest)")
-    for h in ("system", "owned MiB", "stored MiB", "reduction", "vs zram-lz4", "tmpl stored MiB",
-              "out MB/s", "in MB/s", "p50 µs", "p99 µs", "p99 vs zram-lz4", "verified",
-              "azswap kinds (sandboxes)"):
+    for h in (
+        "system",
+        "owned MiB",
+        "stored MiB",
+        "reduction",
+        "vs zram-lz4",
+        "tmpl stored MiB",
+        "out MB/s",
+        "in MB/s",
+        "p50 µs",
+        "p99 µs",
+        "p99 vs zram-lz4",
+        "verified",
+        "azswap kinds (sandboxes)",
+    ):
         t.add_column(h, justify="left" if h in ("system", "azswap kinds (sandboxes)") else "right")
     for r in results:
         if "error" in r:
@@ -599,21 +632,32 @@ def table(results: list[dict[str, Any]], style: str) -> None:
             if base.get("load_p99_us"):
                 rel99 = f"{r.get('load_p99_us', 0) / base['load_p99_us']:.2f}x"
         t.add_row(
-            r["system"], f"{r['owned_bytes'] / 2**20:.1f}", f"{r['stored_bytes'] / 2**20:.1f}",
-            f"{r['ratio']:.2f}", rel,
+            r["system"],
+            f"{r['owned_bytes'] / 2**20:.1f}",
+            f"{r['stored_bytes'] / 2**20:.1f}",
+            f"{r['ratio']:.2f}",
+            rel,
             f"{r.get('template_stored_bytes', 0) / 2**20:.1f}",
-            f"{r.get('swapout_mbps', 0):.1f}", f"{r.get('swapin_mbps', 0):.1f}",
-            f"{r.get('load_p50_us', 0):.1f}", f"{r.get('load_p99_us', 0):.1f}", rel99,
-            "yes" if r.get("ok") else f"NO ({r.get('bad_pages_before', '?')}/"
-            f"{r.get('bad_pages_after', '?')} bad)", kinds)
+            f"{r.get('swapout_mbps', 0):.1f}",
+            f"{r.get('swapin_mbps', 0):.1f}",
+            f"{r.get('load_p50_us', 0):.1f}",
+            f"{r.get('load_p99_us', 0):.1f}",
+            rel99,
+            "yes"
+            if r.get("ok")
+            else f"NO ({r.get('bad_pages_before', '?')}/{r.get('bad_pages_after', '?')} bad)",
+            kinds,
+        )
     Console(width=220).print(t)
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m controlplane.bench.swapbench",
-                                 description=__doc__.split("\n\n")[0],
-                                 epilog="\n\n".join(__doc__.split("\n\n")[1:]),
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m controlplane.bench.swapbench",
+        description=__doc__.split("\n\n")[0],
+        epilog="\n\n".join(__doc__.split("\n\n")[1:]),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--trace", action="append", default=[], help="trace files to play")
     ap.add_argument("--record", default="", help="record these styles here first (comma list)")
     ap.add_argument("--n", type=int, default=8)
@@ -643,16 +687,19 @@ def main(argv: list[str] | None = None) -> int:
         (out_dir / "traces").mkdir(parents=True, exist_ok=True)
         for style in a.record.split(","):
             path = str(out_dir / "traces" / f"{style}.aztrace")
-            run_and_record(style, a.n, a.size, a.seed, path, cgroup_root=CG / "azrecord",
-                           log=log)
+            run_and_record(style, a.n, a.size, a.seed, path, cgroup_root=CG / "azrecord", log=log)
             traces.append(path)
     if "azswap-lz4" in systems or "azswap-zstd" in systems:
         ko = TOP / "kmod" / "azswap.ko"
         if not ko.exists():
             log("kmod/azswap.ko not built: skipping azswap")
             systems = [s for s in systems if not s.startswith("azswap")]
-    report: dict[str, Any] = {"kernel": os.uname().release, "time": time.time(),
-                              "cpus": os.cpu_count(), "runs": []}
+    report: dict[str, Any] = {
+        "kernel": os.uname().release,
+        "time": time.time(),
+        "cpus": os.cpu_count(),
+        "runs": [],
+    }
     with contextlib.suppress(OSError):
         report["mem_total_kb"] = int(Path("/proc/meminfo").read_text().split()[1])
     for path in traces:
@@ -672,9 +719,11 @@ def main(argv: list[str] | None = None) -> int:
             r["wall_s"] = time.monotonic() - t0
             results.append(r)
             if "error" not in r:
-                log(f"{style}: {s}: owned {r['owned_bytes'] / 2**20:.1f} MiB stored "
+                log(
+                    f"{style}: {s}: owned {r['owned_bytes'] / 2**20:.1f} MiB stored "
                     f"{r['stored_bytes'] / 2**20:.1f} MiB ratio {r['ratio']:.2f} "
-                    f"ok={r['ok']} ({r['wall_s']:.0f}s)")
+                    f"ok={r['ok']} ({r['wall_s']:.0f}s)"
+                )
         table(results, style)
         report["runs"].append({"trace": path, "style": style, "meta": tr.meta, "results": results})
         del tr

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """ML-agent sandbox workloads: a template with realistic ML memory and sandbox trajectories.
 
-    mlsandbox.py --role template --style fork --n 8 --cgroup-root /sys/fs/cgroup/azbench --status DIR
+    mlsandbox.py --role template --style fork --n 8 --cgroup-root CGDIR --status DIR
     mlsandbox.py --role template --style fresh --status DIR          # a template that only idles
     mlsandbox.py --role sandbox --index 3 --status DIR               # fresh-process sandbox 3
 
@@ -43,6 +43,8 @@ import time
 for _v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_v, "1")  # one BLAS thread: sandboxes share 2 vCPUs
 
+import itertools  # noqa: E402
+
 import numpy as np  # noqa: E402
 
 TASKS = ("train", "generate", "data", "eval", "sft")
@@ -81,11 +83,24 @@ def warm_interpreter() -> list[object]:
     import urllib.parse
 
     keep: list[object] = []
-    pats = [re.compile(p) for p in (r"\b\w+\b", r"(\d+)\.(\d+)", r"[A-Z][a-z]+", r"\s+",
-                                    r"^def (\w+)\(", r"(?P<key>\w+)=(?P<val>[^&]+)")]
+    pats = [
+        re.compile(p)
+        for p in (
+            r"\b\w+\b",
+            r"(\d+)\.(\d+)",
+            r"[A-Z][a-z]+",
+            r"\s+",
+            r"^def (\w+)\(",
+            r"(?P<key>\w+)=(?P<val>[^&]+)",
+        )
+    ]
     keep.append(pats)
-    cfg = {"model": {"d": 160, "heads": 4, "act": "gelu"}, "optim": {"lr": 3e-4, "betas": [0.9, 0.999]},
-           "data": {"path": "/data/train.bin", "seq": 64}, "tools": ["python", "bash", "search"]}
+    cfg = {
+        "model": {"d": 160, "heads": 4, "act": "gelu"},
+        "optim": {"lr": 3e-4, "betas": [0.9, 0.999]},
+        "data": {"path": "/data/train.bin", "seq": 64},
+        "tools": ["python", "bash", "search"],
+    }
     keep.append(json.loads(json.dumps(cfg)))
     keep.append(email.parser.Parser().parsestr("From: agent@example.com\nSubject: run\n\nbody"))
     keep.append(urllib.parse.urlparse("https://example.com/v1/chat/completions?model=x&t=0.7"))
@@ -119,8 +134,10 @@ def make_words(rng: np.random.Generator, n: int) -> list[str]:
     words = set()
     while len(words) < n:
         k = int(rng.integers(1, 4))
-        w = "".join(_CONS[int(rng.integers(len(_CONS)))] + _VOW[int(rng.integers(len(_VOW)))]
-                    for _ in range(k))
+        w = "".join(
+            _CONS[int(rng.integers(len(_CONS)))] + _VOW[int(rng.integers(len(_VOW)))]
+            for _ in range(k)
+        )
         if rng.random() < 0.3:
             w += _CONS[int(rng.integers(len(_CONS)))]
         words.add(w)
@@ -177,8 +194,14 @@ def build_state(seed: int, size: str) -> State:
     # weights
     w: dict[str, np.ndarray] = {"emb": trained_like(rng, (vocab, d), 0.02)}
     for li in range(nl):
-        for nm, shp in (("wq", (d, d)), ("wk", (d, d)), ("wv", (d, d)), ("wo", (d, d)),
-                        ("w1", (d, 4 * d)), ("w2", (4 * d, d))):
+        for nm, shp in (
+            ("wq", (d, d)),
+            ("wk", (d, d)),
+            ("wv", (d, d)),
+            ("wo", (d, d)),
+            ("w1", (d, 4 * d)),
+            ("w2", (4 * d, d)),
+        ):
             w[f"l{li}.{nm}"] = trained_like(rng, shp, 1.0 / math.sqrt(shp[0]))
         w[f"l{li}.ln1"] = (1 + rng.normal(0, 0.05, d)).astype(np.float32)
         w[f"l{li}.ln2"] = (1 + rng.normal(0, 0.05, d)).astype(np.float32)
@@ -191,7 +214,7 @@ def build_state(seed: int, size: str) -> State:
     for k, a in w.items():
         g = rng.normal(0, 1e-3, a.shape).astype(np.float32) * np.abs(a).mean()
         st.m[k] = g
-        st.v[k] = (g * g * rng.uniform(0.5, 2.0, a.shape).astype(np.float32) + np.float32(1e-12))
+        st.v[k] = g * g * rng.uniform(0.5, 2.0, a.shape).astype(np.float32) + np.float32(1e-12)
     st.step = 1000
     # tokenizer + corpus
     words = make_words(rng, max(200, vocab // 3))
@@ -199,7 +222,7 @@ def build_state(seed: int, size: str) -> State:
     pieces = (pieces + [f"<extra_{i}>" for i in range(vocab)])[: vocab - 4]
     st.itos = ["<pad>", "<bos>", "<eos>", "<unk>", *pieces]
     st.stoi = {s: i for i, s in enumerate(st.itos)}
-    st.merges = [(a, b) for a, b in zip(pieces[:-1], pieces[1:], strict=True) if len(a) < 4][:vocab]
+    st.merges = [(a, b) for a, b in itertools.pairwise(pieces) if len(a) < 4][:vocab]
     st.words = words
     st.docs = make_docs(rng, words, ndocs, 300)
     # dataset: Zipf-distributed ids, document boundaries
@@ -211,8 +234,14 @@ def build_state(seed: int, size: str) -> State:
     for i in range(nex):
         doc = st.docs[i % len(st.docs)]
         toks = [st.stoi.get(t, 3) for t in doc.split()[:48]]
-        st.examples.append({"id": f"ex-{seed}-{i:06d}", "text": doc[:200], "tokens": toks,
-                            "meta": {"source": "synthetic", "len": len(doc), "score": float(i % 97) / 97}})
+        st.examples.append(
+            {
+                "id": f"ex-{seed}-{i:06d}",
+                "text": doc[:200],
+                "tokens": toks,
+                "meta": {"source": "synthetic", "len": len(doc), "score": float(i % 97) / 97},
+            }
+        )
     st.history: list[dict[str, object]] = []
     return st
 
@@ -266,7 +295,9 @@ def batch(st: State, rng: np.random.Generator, b: int) -> np.ndarray:
     return np.stack([st.tokens[s : s + st.seq + 1] for s in starts])
 
 
-def train_steps(st: State, rng: np.random.Generator, steps: int, lr: float, layers: list[int]) -> None:
+def train_steps(
+    st: State, rng: np.random.Generator, steps: int, lr: float, layers: list[int]
+) -> None:
     for _ in range(steps):
         bt = batch(st, rng, 4)
         x, y = bt[:, :-1], bt[:, 1:]
@@ -309,7 +340,9 @@ def task_sft(st: State, rng: np.random.Generator) -> None:
     train_steps(st, rng, 1, 2e-5, list(range(st.nl)))
     # full-model step: every remaining parameter gets an update too
     for name in st.w:
-        if name.startswith("l") and any(name.endswith(s) for s in ("ln1", "ln2")) or name == "lnf":
+        if (
+            name.startswith("l") and any(name.endswith(s) for s in ("ln1", "ln2"))
+        ) or name == "lnf":
             adam(st, name, rng.normal(0, 1e-3, st.w[name].shape).astype(np.float32), 2e-5)
         elif name.startswith("l0.") or name.startswith(f"l{st.nl // 2 - 1}."):
             g = rng.normal(0, 1e-4, st.w[name].shape).astype(np.float32)
@@ -321,8 +354,10 @@ def task_generate(st: State, rng: np.random.Generator) -> None:
     max_len = 256
     outputs = []
     for prompt_no in range(3):
-        kv = [(np.zeros((max_len, st.d), np.float32), np.zeros((max_len, st.d), np.float32))
-              for _ in range(st.nl)]
+        kv = [
+            (np.zeros((max_len, st.d), np.float32), np.zeros((max_len, st.d), np.float32))
+            for _ in range(st.nl)
+        ]
         toks = [1] + [int(t) for t in batch(st, rng, 1)[0][:16]]
         for pos in range(min(max_len - 1, 24 + 16 * prompt_no)):
             t = toks[pos] if pos < len(toks) else toks[-1]
@@ -368,8 +403,14 @@ def task_data(st: State, rng: np.random.Generator) -> None:
     st.tokens_filtered = np.concatenate([keep[perm], flat])
     st.vocab_stats = dict(counts.most_common())
     for i, ids in enumerate(tokenized):
-        st.examples.append({"id": f"new-{i:06d}", "text": new_docs[i][:200], "tokens": ids[:48],
-                            "meta": {"source": "scraped", "len": len(ids), "score": float(rng.random())}})
+        st.examples.append(
+            {
+                "id": f"new-{i:06d}",
+                "text": new_docs[i][:200],
+                "tokens": ids[:48],
+                "meta": {"source": "scraped", "len": len(ids), "score": float(rng.random())},
+            }
+        )
     # a pass over the records (updates refcounts all over the template's heap)
     st.total_len = sum(e["meta"]["len"] for e in st.examples)
 
@@ -384,14 +425,25 @@ def task_eval(st: State, rng: np.random.Generator) -> None:
         acc = float((pred == bt[:, 1:]).mean())
         all_logits.append(logits[:, -8:].copy())
         for j in range(bt.shape[0]):
-            results.append({"ids": bt[j].tolist(), "acc": acc, "pred": pred[j].tolist(),
-                            "text": " ".join(st.itos[t] for t in pred[j][:32])})
+            results.append(
+                {
+                    "ids": bt[j].tolist(),
+                    "acc": acc,
+                    "pred": pred[j].tolist(),
+                    "text": " ".join(st.itos[t] for t in pred[j][:32]),
+                }
+            )
     st.eval_results = results
     st.eval_logits = all_logits
 
 
-TASK_FNS = {"train": task_train, "generate": task_generate, "data": task_data, "eval": task_eval,
-            "sft": task_sft}
+TASK_FNS = {
+    "train": task_train,
+    "generate": task_generate,
+    "data": task_data,
+    "eval": task_eval,
+    "sft": task_sft,
+}
 
 
 # ---------------------------------------------------------------- process roles
