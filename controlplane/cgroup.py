@@ -92,7 +92,12 @@ class Cgroup:
 
     def read_int(self, name: str) -> int:
         v = self._read(name).strip()
-        return -1 if v == "max" else int(v)
+        if v == "max":
+            return -1
+        try:
+            return int(v)
+        except ValueError:
+            raise errors.AzswapError(f"{self.path}/{name}: not a number: {v!r}") from None
 
     def memory_current(self) -> int:
         return self.read_int("memory.current")

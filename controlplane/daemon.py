@@ -249,11 +249,11 @@ class Daemon:
         except errors.AzswapError as e:
             module_error = str(e)
             log.warning("phase %s: module: %s", sb.name, e)
+        self.publish({"event": "phase", "name": sb.name, "phase": phase.label})
         if phase == Phase.TOOL:
             threading.Thread(
                 target=self._restore, args=(sb,), name=f"prefetch-{sb.name}", daemon=True
             ).start()
-        self.publish({"event": "phase", "name": sb.name, "phase": phase.label})
         out: dict[str, Any] = {
             "name": sb.name,
             "phase": view.phase.label,

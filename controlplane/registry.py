@@ -23,6 +23,7 @@ import logging
 import os
 import re
 import threading
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -114,6 +115,7 @@ class Registry:
         self.module = module
         self.state_file = state_file
         self.readonly = readonly  # azctl without a daemon: read names, never write the file
+        self.cgroup_factory: Callable[[str, Path], Cgroup] = Cgroup  # tests inject fakes
         self.cgroup_root = Path(cgroup_root)
         self._lock = threading.RLock()
         self.sandboxes: dict[str, Sandbox] = {}
@@ -143,7 +145,7 @@ class Registry:
             return out
 
     def cgroup(self, sb: Sandbox) -> Cgroup | None:
-        return Cgroup(sb.cgroup_path, self.cgroup_root) if sb.cgroup_path else None
+        return self.cgroup_factory(sb.cgroup_path, self.cgroup_root) if sb.cgroup_path else None
 
     def list_sandboxes(self) -> list[Sandbox]:
         with self._lock:

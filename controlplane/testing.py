@@ -8,6 +8,7 @@ it cannot tell the difference.  It is not used by the daemon unless asked for ex
 from __future__ import annotations
 
 import errno
+import os
 import threading
 from dataclasses import replace
 from pathlib import Path
@@ -259,11 +260,17 @@ class FakeCgroup(Cgroup):
         self.writes: list[int] = []
         self.on_write: list[object] = []  # callables run after each write (tests inject hints)
 
+    def _put(self, name: str, text: str) -> None:
+        # atomic, like a cgroupfs read: other threads never see a half-written file
+        tmp = self.dir / f".{name}.tmp"
+        tmp.write_text(text)
+        os.replace(tmp, self.dir / name)
+
     def set_memory(self, nbytes: int) -> None:
-        (self.dir / "memory.current").write_text(f"{nbytes}\n")
+        self._put("memory.current", f"{nbytes}\n")
 
     def set_cpu_usec(self, usec: int) -> None:
-        (self.dir / "cpu.stat").write_text(f"usage_usec {usec}\n")
+        self._put("cpu.stat", f"usage_usec {usec}\n")
 
     def reclaim(self, nbytes: int) -> bool:
         super().reclaim(nbytes)

@@ -25,7 +25,7 @@ def make_dev(root: Path, n: int = 0) -> Path:
         "mem_used_max": "8192",
         "dedup": "1",
         "sim_effort": "4",
-        "mm_stat": "  409600    40960    65536        0     8192       10        1     4096      512        0",
+        "mm_stat": "409600 40960 65536 0 8192 10 1 4096 512 0",
         "io_stat": "       0        0        0        3      100       50        2        0",
         "kind_stat": "      10       20       30       40       50        1",
         "obj_stat": "     151       90        5        0        0        0",

@@ -1,0 +1,342 @@
+"""The daemon's JSON-lines protocol over a real Unix socket (fake module, fake cgroup tree)."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import os
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from controlplane import errors
+from controlplane.client import DaemonClient
+from controlplane.daemon import MAX_LINE, Daemon, DaemonConfig
+from controlplane.scheduler import SchedulerConfig
+from controlplane.testing import FakeCgroup, FakeClock, FakeModule, make_cgroup, make_proc
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def config(tmp: Path, **kw: object) -> DaemonConfig:
+    base: dict[str, object] = dict(
+        socket_path=tmp / "run" / "azswap.sock",
+        cgroup_root=tmp / "cg",
+        proc_root=make_proc(tmp / "proc"),
+        sys_block=tmp / "sys",
+        state_dir=tmp / "run",
+        follow_events=False,
+        prefetch=False,
+        scheduler=SchedulerConfig(interval=0.05, grace=0.0, cpu_budget=1.0, chunk_bytes=1 << 20),
+    )
+    base.update(kw)
+    return DaemonConfig(**base)  # type: ignore[arg-type]
+
+
+class Running:
+    def __init__(self, tmp: Path, module: FakeModule | None = None, **kw: object) -> None:
+        for p in ("/sb/a", "/sb/b"):
+            make_cgroup(tmp / "cg", p, memory=8 << 20)
+        self.module = module or FakeModule(tmp / "cg")
+        self.cfg = config(tmp, **kw)
+        self.d = Daemon(self.cfg, module_factory=lambda: self.module)
+        self.d.registry.cgroup_factory = functools.partial(
+            FakeCgroup, clock=FakeClock(), bytes_per_second=1 << 40
+        )
+        self.d.start()
+
+    def raw(self) -> socket.socket:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(5)
+        s.connect(str(self.cfg.socket_path))
+        return s
+
+
+@pytest.fixture
+def daemon(tmp_path: Path) -> Iterator[Running]:
+    r = Running(tmp_path)
+    yield r
+    r.d.stop()
+
+
+def ask(s: socket.socket, f, obj: object) -> dict:
+    s.sendall((obj if isinstance(obj, bytes) else json.dumps(obj).encode()) + b"\n")
+    return json.loads(f.readline())
+
+
+def test_socket_is_root_only(daemon: Running) -> None:
+    st = daemon.cfg.socket_path.stat()
+    assert stat.S_ISSOCK(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o600
+    assert stat.S_IMODE(daemon.cfg.socket_path.parent.stat().st_mode) == 0o700
+
+
+def test_register_phase_stats_unregister(daemon: Running) -> None:
+    with DaemonClient(daemon.cfg.socket_path) as c:
+        assert c.ping()["version"] == 1
+        sb = c.register("a", "/sb/a", 1)
+        assert sb["cgroup_id"] in daemon.module.owners
+        assert c.phase("a", "llm-wait")["phase"] == "llm-wait"
+        assert daemon.module.owners[sb["cgroup_id"]].phase.label == "llm-wait"
+        assert [s["phase"] for s in c.list()["sandboxes"]] == ["llm-wait"]
+        st = c.stats("a")
+        assert st["name"] == "a" and st["phase"]["source"] == "hint"
+        assert "azswap_owner_pages" in c.metrics()
+        c.unregister("a")
+        assert c.list()["sandboxes"] == [] and not daemon.module.owners
+
+
+def test_llm_wait_compresses_and_tool_stops(daemon: Running) -> None:
+    with DaemonClient(daemon.cfg.socket_path) as c:
+        c.register("a", "/sb/a", 1)
+        c.phase("a", "llm-wait")
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            st = c.stats("a").get("compress", {})
+            if st.get("done"):
+                break
+            time.sleep(0.02)
+        assert st["done"] and st["mem_now"] == 0 and st["reclaimed"] == 8 << 20
+        c.phase("a", "tool")
+        time.sleep(0.2)
+        assert not c.stats("a")["compress"]["done"]  # re-armed, not compressing in tool phase
+        assert not c.stats("a")["compress"]["active"]
+
+
+def test_compress_by_hand_waits_for_the_result(daemon: Running) -> None:
+    with DaemonClient(daemon.cfg.socket_path) as c:
+        c.register("b", "/sb/b", 1)
+        r = c.compress("b", wait=5)
+        assert r["state"]["done"] and r["state"]["mem_now"] == 0
+
+
+def test_errors_are_replies_and_the_connection_is_kept(daemon: Running) -> None:
+    s = daemon.raw()
+    f = s.makefile("rb")
+    r = ask(s, f, b"{not json")
+    assert r == {"id": None, "ok": False, "error": r["error"]} and r["error"]["code"] == "malformed"
+    assert ask(s, f, b"[1, 2]")["error"]["code"] == "malformed"
+    assert ask(s, f, b"\xff\xfe")["error"]["code"] == "malformed"
+    r = ask(s, f, {"id": 3, "op": "frobnicate"})
+    assert r["id"] == 3 and r["error"]["code"] == "unknown_op"
+    assert ask(s, f, {"id": 4, "op": "register", "name": "a"})["error"]["code"] == "invalid_value"
+    r = ask(s, f, {"id": 5, "op": "register", "name": "a", "cgroup": "/sb/a", "group": "x"})
+    assert r["error"]["code"] == "invalid_value"
+    r = ask(s, f, {"id": 6, "op": "register", "name": "a", "cgroup": "/sb/a", "group": 0})
+    assert r["error"]["code"] == "invalid_value"
+    r = ask(s, f, {"id": 7, "op": "register", "name": "a", "cgroup": "/sb/zz", "group": 1})
+    assert r["error"]["code"] == "unknown_cgroup"
+    assert (
+        ask(s, f, {"id": 8, "op": "phase", "name": "nope", "phase": "tool"})["error"]["code"]
+        == "unknown_sandbox"
+    )
+    r = ask(s, f, {"id": 9, "op": "register", "name": "a", "cgroup": "/sb/a", "group": 1})
+    assert r["ok"]
+    r = ask(s, f, {"id": 10, "op": "phase", "name": "a", "phase": "sleeping"})
+    assert r["error"]["code"] == "invalid_value"
+    # after all of that, the same connection still works
+    assert ask(s, f, {"id": 11, "op": "ping"}) == {"id": 11, "ok": True, "result": r_ping(daemon)}
+    s.close()
+
+
+def r_ping(daemon: Running) -> dict:
+    return {"version": 1, "pid": os.getpid(), "dev": 0}
+
+
+def test_oversized_line_gets_an_error_then_the_connection_closes(daemon: Running) -> None:
+    s = daemon.raw()
+    f = s.makefile("rb")
+    big = json.dumps({"op": "ping", "pad": "x" * MAX_LINE}).encode() + b"\n"
+    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+        s.sendall(big)  # the daemon may close before it read everything
+    r = json.loads(f.readline())
+    assert r["ok"] is False and r["error"]["code"] == "too_large"
+    assert f.readline() == b""  # closed
+    s.close()
+    # the daemon is alive and serves others
+    with DaemonClient(daemon.cfg.socket_path) as c:
+        assert c.ping()["version"] == 1
+
+
+def test_line_of_exactly_the_limit_is_accepted(daemon: Running) -> None:
+    s = daemon.raw()
+    f = s.makefile("rb")
+    head = b'{"op":"ping","pad":"'
+    tail = b'"}'
+    line = head + b"x" * (MAX_LINE - len(head) - len(tail) - 1) + tail
+    assert len(line) + 1 == MAX_LINE
+    assert ask(s, f, line)["ok"] is True
+    s.close()
+
+
+def test_peer_uid_not_allowed_is_refused_and_closed(tmp_path: Path) -> None:
+    r = Running(tmp_path, allowed_uids=frozenset({12345}))
+    try:
+        with pytest.raises(errors.PermissionDenied):
+            DaemonClient(r.cfg.socket_path).ping()
+        assert r.d._server is not None  # still serving
+    finally:
+        r.d.stop()
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root + setpriv")
+def test_non_root_client_is_refused(daemon: Running, tmp_path: Path) -> None:
+    # make the path reachable so that the socket's own 0600 mode is what refuses
+    for p in (tmp_path, tmp_path.parent, tmp_path.parent.parent):
+        os.chmod(p, os.stat(p).st_mode | 0o011)
+    os.chmod(daemon.cfg.socket_path.parent, 0o711)
+    try:
+        code = textwrap.dedent(f"""
+            import sys
+            from controlplane import errors
+            from controlplane.client import DaemonClient
+            try:
+                DaemonClient({str(daemon.cfg.socket_path)!r}).ping()
+            except errors.PermissionDenied as e:
+                print("refused:", e); sys.exit(4)
+            sys.exit(0)
+        """)
+        p = subprocess.run(
+            [
+                "setpriv",
+                "--reuid=nobody",
+                "--regid=nogroup",
+                "--clear-groups",
+                sys.executable,
+                "-c",
+                code,
+            ],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            timeout=30,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+        )
+        assert p.returncode == 4, p.stdout + p.stderr
+    finally:
+        os.chmod(daemon.cfg.socket_path.parent, 0o700)
+
+
+def test_subscribe_receives_events(daemon: Running) -> None:
+    sub = DaemonClient(daemon.cfg.socket_path).subscribe(timeout=5)
+    with DaemonClient(daemon.cfg.socket_path) as c:
+        # the generator sends subscribe on first next(): start it in order
+        import threading
+
+        got: list[dict] = []
+
+        def reader() -> None:
+            for ev in sub:
+                got.append(ev)
+                if ev["event"] == "phase":
+                    return
+
+        t = threading.Thread(target=reader)
+        t.start()
+        deadline = time.monotonic() + 5
+        while not any(conn.subscribed for conn in daemon.d._conns) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        c.register("a", "/sb/a", 1)
+        c.phase("a", "tool")
+        t.join(5)
+    assert [e["event"] for e in got][:2] == ["register", "phase"]
+    assert got[1]["phase"] == "tool" and "time" in got[1]
+
+
+def test_restart_recovers_the_registry(tmp_path: Path) -> None:
+    r = Running(tmp_path)
+    with DaemonClient(r.cfg.socket_path) as c:
+        c.register("a", "/sb/a", 7)
+        c.phase("a", "llm-wait")
+    r.d.stop()
+    assert not r.cfg.socket_path.exists()
+    r2 = Running(tmp_path, module=r.module)
+    try:
+        with DaemonClient(r2.cfg.socket_path) as c:
+            (sb,) = c.list()["sandboxes"]
+            assert (sb["name"], sb["group"], sb["cgroup_path"]) == ("a", 7, "/sb/a")
+            assert sb["phase"] == "llm-wait"  # the module remembered the last hint
+    finally:
+        r2.d.stop()
+
+
+def test_second_daemon_on_the_same_socket_is_refused(daemon: Running, tmp_path: Path) -> None:
+    other = Daemon(daemon.cfg, module_factory=lambda: daemon.module)
+    with pytest.raises(errors.Busy):
+        other.bind()
+
+
+def test_daemon_not_running() -> None:
+    with pytest.raises(errors.DaemonNotRunning):
+        DaemonClient("/nonexistent/azswap.sock").ping()
+
+
+DAEMON_SCRIPT = """
+import functools, sys, logging
+from pathlib import Path
+logging.basicConfig(level=logging.INFO)
+from controlplane.daemon import Daemon, DaemonConfig
+from controlplane.scheduler import SchedulerConfig
+from controlplane.testing import FakeModule, FakeCgroup, FakeClock, make_proc
+tmp = Path(sys.argv[1])
+cfg = DaemonConfig(socket_path=tmp / "run/s.sock", cgroup_root=tmp / "cg",
+                   proc_root=make_proc(tmp / "proc"), sys_block=tmp / "sys", state_dir=tmp / "run",
+                   follow_events=False, prefetch=False,
+                   scheduler=SchedulerConfig(interval=10.0, grace=0.0, cpu_budget=1.0,
+                                             chunk_bytes=1 << 20))
+d = Daemon(cfg, module_factory=functools.partial(FakeModule, tmp / "cg"))
+# slow reclaim: 1 MiB per 50 ms and a 10 s budget per tick: SIGTERM lands mid-compression
+d.registry.cgroup_factory = functools.partial(FakeCgroup, clock=FakeClock(),
+                                              bytes_per_second=1 << 40)
+import time
+_orig = FakeCgroup.reclaim
+def slow(self, n):
+    time.sleep(0.05)
+    return _orig(self, n)
+FakeCgroup.reclaim = slow
+d.run()
+"""
+
+
+def test_sigterm_stops_cleanly_mid_compression(tmp_path: Path) -> None:
+    make_cgroup(tmp_path / "cg", "/sb/a", memory=1 << 30)
+    p = subprocess.Popen(
+        [sys.executable, "-c", DAEMON_SCRIPT, str(tmp_path)],
+        cwd=REPO,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    sock = tmp_path / "run/s.sock"
+    try:
+        deadline = time.monotonic() + 20
+        while not sock.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        with DaemonClient(sock) as c:
+            c.register("a", "/sb/a", 1)
+            c.phase("a", "llm-wait")
+            while not c.stats("a").get("compress", {}).get("active"):
+                time.sleep(0.05)
+        t0 = time.monotonic()
+        p.send_signal(signal.SIGTERM)
+        _, err = p.communicate(timeout=15)
+        took = time.monotonic() - t0
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 0, err
+    assert took < 5
+    assert "stopped:shutdown" in err and "stopped" in err
+    assert not sock.exists()
+    mem = int((tmp_path / "cg/sb/a/memory.current").read_text())
+    assert 0 < mem < 1 << 30  # part compressed, by whole chunks
+    assert ((1 << 30) - mem) % (1 << 20) == 0
