@@ -1,0 +1,417 @@
+"""`make bench`: the evaluation report (markdown + PNG charts + raw JSON) in one command.
+
+    python -m controlplane.bench [--out bench-report] [--n 8] [--size default] [--seed 1]
+        [--styles fork,fresh-aslr,fresh-noaslr] [--systems ...] [--memory 3G] [--reuse-traces]
+        [--skip-vm] [--scale 1,2,4,8,16]
+
+Steps (every figure is measured in this run):
+ 1. record each sandbox style on this machine (controlplane.bench.record: the ML workloads of
+    vm-tests/workloads/mlsandbox.py, N sandboxes, fixed seed) into OUT/traces/STYLE.aztrace;
+ 2. boot the test kernel once (vm-tests/run) and play every trace on every system
+    (controlplane.bench.swapbench): OUT/swapbench.json;
+ 3. replay every trace through the host store core per strategy, with the unlimited-search limit
+    (controlplane.replay): OUT/replay.json; reduction as sandboxes scale: replay of the first
+    1, 2, 4, ... sandboxes of the fork-style trace (recorded with max(--scale) sandboxes);
+ 4. host store/load MB/s vs python-lz4/zstandard (controlplane.bench.hostbench): OUT/host.json;
+ 5. OUT/report.md and OUT/*.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from .. import replay as rp
+from ..trace import PAGE_SIZE, ROLE_TEMPLATE, Trace, read_trace
+from . import hostbench
+from .record import STYLES, run_and_record
+from .swapbench import SYSTEMS
+
+TOP = Path(__file__).resolve().parents[2]
+
+
+def log(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def subset(tr: Trace, k: int) -> Trace:
+    """The template and the first k sandboxes of a trace."""
+    sb = [o.id for o in tr.owners.values() if o.role != ROLE_TEMPLATE][:k]
+    keep = {o.id for o in tr.owners.values() if o.role == ROLE_TEMPLATE} | set(sb)
+    owners = {i: o for i, o in tr.owners.items() if i in keep}
+    order = [(i, r) for i, r in tr.order if i in keep]
+    return Trace(tr.meta, owners, order, sum(o.nr_pages for o in owners.values()))
+
+
+def charts(out: Path, sw: dict[str, Any], rep: list[dict[str, Any]], scale: list[dict[str, Any]]):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    made = []
+    # 1. reduction per system per style
+    if sw.get("runs"):
+        styles = [r["style"] for r in sw["runs"]]
+        systems = [
+            s
+            for s in SYSTEMS
+            if any(x["system"] == s and "ratio" in x for r in sw["runs"] for x in r["results"])
+        ]
+        fig, ax = plt.subplots(figsize=(9, 4.5))
+        w = 0.8 / max(1, len(systems))
+        for j, s in enumerate(systems):
+            vals = []
+            for r in sw["runs"]:
+                x = next((x for x in r["results"] if x["system"] == s and "ratio" in x), None)
+                vals.append(x["ratio"] if x else 0)
+            ax.bar(np.arange(len(styles)) + j * w, vals, w, label=s)
+        for k, r in enumerate(rep):
+            lim = next((x for x in r["results"] if x["strategy"] == "limit-zstd"), None)
+            if lim and r["meta"].get("style") in styles:
+                i = styles.index(r["meta"]["style"])
+                ax.hlines(
+                    lim["ratio"],
+                    i - 0.1,
+                    i + 0.9,
+                    colors="k",
+                    linestyles="dashed",
+                    label="replay limit (zstd)" if k == 0 else None,
+                )
+        ax.set_xticks(np.arange(len(styles)) + 0.4 - w / 2, styles)
+        ax.set_ylabel("sandbox bytes / bytes stored")
+        ax.set_title("Memory reduction of sandbox pages pushed to swap (one guest per run)")
+        ax.legend(fontsize=8, ncol=2)
+        fig.tight_layout()
+        fig.savefig(out / "reduction.png", dpi=110)
+        plt.close(fig)
+        made.append("reduction.png")
+    # 2. per-representation breakdown (replay, all strategies, per style)
+    if rep:
+        fig, axes = plt.subplots(1, len(rep), figsize=(4.5 * len(rep), 4), squeeze=False)
+        for ax, r in zip(axes[0], rep, strict=True):
+            names = [x["strategy"] for x in r["results"]]
+            bottom = np.zeros(len(names))
+            for kind in ("same", "dup", "tdelta", "xdelta", "plain", "raw"):
+                v = np.array([x["sandbox_kinds"][kind] for x in r["results"]], dtype=float)
+                tot = np.array([max(1, sum(x["sandbox_kinds"].values())) for x in r["results"]])
+                ax.bar(names, v / tot * 100, bottom=bottom, label=kind)
+                bottom += v / tot * 100
+            ax.set_title(f"{r['meta'].get('style')}: sandbox pages by representation", fontsize=9)
+            ax.set_ylabel("% of sandbox pages")
+            ax.tick_params(axis="x", rotation=60, labelsize=7)
+        axes[0][0].legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(out / "representation.png", dpi=110)
+        plt.close(fig)
+        made.append("representation.png")
+    # 3. load latency distribution
+    if sw.get("runs"):
+        fig, ax = plt.subplots(figsize=(8, 4))
+        edges = np.logspace(0, 5, 41)
+        r0 = sw["runs"][0]
+        for x in r0["results"]:
+            if x.get("load_hist_us"):
+                h = np.array(x["load_hist_us"], dtype=float)
+                ax.step(edges[:-1], np.cumsum(h) / max(1, h.sum()), where="post", label=x["system"])
+        ax.set_xscale("log")
+        ax.set_xlabel("first-touch latency per page (µs, guest under TCG)")
+        ax.set_ylabel("fraction of sandbox pages")
+        ax.set_title(f"Swap-in latency CDF ({r0['style']})")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(out / "latency.png", dpi=110)
+        plt.close(fig)
+        made.append("latency.png")
+    # 4. scaling
+    if scale:
+        fig, ax = plt.subplots(figsize=(7, 4))
+        ks = [s["sandboxes"] for s in scale]
+        for strat in ("lz4", "zstd", "xdelta", "all", "limit-zstd"):
+            ys = [next(x["ratio"] for x in s["results"] if x["strategy"] == strat) for s in scale]
+            ax.plot(ks, ys, marker="o", label=rp.STRATEGIES[strat].label)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(ks, [str(k) for k in ks])
+        ax.set_xlabel("sandboxes forked from the template")
+        ax.set_ylabel("sandbox bytes / bytes stored")
+        ax.set_title("Reduction as sandboxes scale (fork style, replay)")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(out / "scaling.png", dpi=110)
+        plt.close(fig)
+        made.append("scaling.png")
+    return made
+
+
+def fmt_sw(sw: dict[str, Any]) -> list[str]:
+    lines = []
+    for run in sw.get("runs", []):
+        base = next((x for x in run["results"] if x["system"] == "zram-lz4" and "ratio" in x), None)
+        lines += [
+            f"### {run['style']} ({run['meta'].get('n')} sandboxes, "
+            f"size {run['meta'].get('size')})",
+            "",
+            "| system | owned MiB | stored MiB | reduction | vs zram-lz4 | template stored "
+            "MiB | swap-out MB/s | swap-in MB/s | load p50 µs | load p99 µs | p99 vs "
+            "zram-lz4 | verified |",
+            "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|",
+        ]
+        for x in run["results"]:
+            if "error" in x:
+                lines.append(f"| {x['system']} | error: {x['error'][:80]} |")
+                continue
+            rel = f"{x['ratio'] / base['ratio']:.2f}x" if base and x["system"] != "none" else "-"
+            r99 = (
+                f"{x.get('load_p99_us', 0) / base['load_p99_us']:.2f}x"
+                if base and base.get("load_p99_us") and x["system"] != "none"
+                else "-"
+            )
+            lines.append(
+                f"| {x['system']} | {x['owned_bytes'] / 2**20:.1f} | "
+                f"{x['stored_bytes'] / 2**20:.1f} | {x['ratio']:.2f} | {rel} | "
+                f"{x.get('template_stored_bytes', 0) / 2**20:.1f} | "
+                f"{x.get('swapout_mbps', 0):.1f} | {x.get('swapin_mbps', 0):.1f} | "
+                f"{x.get('load_p50_us', 0):.0f} | {x.get('load_p99_us', 0):.0f} | {r99} | "
+                f"{'yes' if x.get('ok') else 'NO'} |"
+            )
+        lines.append("")
+    return lines
+
+
+def fmt_replay(rep: list[dict[str, Any]]) -> list[str]:
+    lines = []
+    for r in rep:
+        base = next(x for x in r["results"] if x["strategy"] == "lz4")
+        lines += [
+            f"### {r['meta'].get('style')}: {r['pages']} pages "
+            f"({r['pages'] * PAGE_SIZE / 2**20:.0f} MiB incl. template)",
+            "",
+            "| strategy | sandbox MiB | stored MiB | reduction | vs lz4 | template stored MiB "
+            "| store MB/s | load MB/s | sandbox pages by kind |",
+            "|---|--:|--:|--:|--:|--:|--:|--:|---|",
+        ]
+        for x in r["results"]:
+            kinds = " ".join(f"{k}={v}" for k, v in x["sandbox_kinds"].items() if v)
+            lines.append(
+                f"| {x['label']} | {x['sandbox_orig_bytes'] / 2**20:.1f} | "
+                f"{x['sandbox_stored_bytes'] / 2**20:.1f} | {x['ratio']:.2f} | "
+                f"{x['ratio'] / base['ratio']:.2f}x | {x['template_stored_bytes'] / 2**20:.1f} | "
+                f"{x['put_mbps']:.0f} | {x['get_mbps']:.0f} | {kinds} |"
+            )
+        lines.append("")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m controlplane.bench",
+        description=__doc__.split("\n\n")[0],
+        epilog="\n\n".join(__doc__.split("\n\n")[1:]),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument("--out", default=str(TOP / "bench-report"))
+    ap.add_argument("--n", type=int, default=8)
+    ap.add_argument("--size", default="default")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--styles", default=",".join(STYLES))
+    ap.add_argument("--systems", default=",".join(SYSTEMS))
+    ap.add_argument("--memory", default="3G")
+    ap.add_argument("--scale", default="1,2,4,8,16")
+    ap.add_argument("--reuse-traces", action="store_true")
+    ap.add_argument("--skip-vm", action="store_true", help="reuse OUT/swapbench.json")
+    a = ap.parse_args(argv)
+    out = Path(a.out)
+    (out / "traces").mkdir(parents=True, exist_ok=True)
+    styles = [s for s in a.styles.split(",") if s]
+    traces = []
+    for st in styles:
+        p = out / "traces" / f"{st}.aztrace"
+        if not (a.reuse_traces and p.exists()):
+            run_and_record(st, a.n, a.size, a.seed, str(p), log=log)
+        traces.append(str(p))
+    # 2. guest
+    swj = out / "swapbench.json"
+    if not a.skip_vm:
+        vm_out = TOP / "vm-tests" / "out" / "bench-traces"
+        vm_out.mkdir(parents=True, exist_ok=True)
+        guest_traces = []
+        for p in traces:  # the guest sees the checkout read-only: traces go to vm-tests/out
+            dst = vm_out / Path(p).name
+            if os.path.abspath(p) != str(dst):
+                dst.write_bytes(Path(p).read_bytes())
+            guest_traces.append(str(dst))
+        cmd = [
+            str(TOP / "vm-tests" / "run"),
+            "--memory",
+            a.memory,
+            "--timeout",
+            "7200",
+            "--",
+            str(TOP / ".venv" / "bin" / "python"),
+            "-m",
+            "controlplane.bench.swapbench",
+            "--systems",
+            a.systems,
+            "--json",
+            str(TOP / "vm-tests" / "out" / "swapbench.json"),
+        ]
+        for p in guest_traces:
+            cmd += ["--trace", p]
+        log("booting the test kernel: " + " ".join(cmd[4:]))
+        rc = subprocess.run(cmd, cwd=TOP).returncode
+        src = TOP / "vm-tests" / "out" / "swapbench.json"
+        if src.exists():
+            swj.write_text(src.read_text())
+        if rc:
+            log(f"swapbench exited {rc} (see above); the report keeps what it measured")
+    sw = json.loads(swj.read_text()) if swj.exists() else {}
+    # 3. replay
+    log("replay through the host store core")
+    rep = [rp.run(p, rp.DEFAULT) for p in traces]
+    for r in rep:
+        rp.print_table(r)
+    (out / "replay.json").write_text(json.dumps(rep, indent=1, default=float))
+    scale: list[dict[str, Any]] = []
+    ks = [int(k) for k in a.scale.split(",") if k]
+    if ks and "fork" in styles:
+        p = out / "traces" / f"fork-n{max(ks)}.aztrace"
+        if not (a.reuse_traces and p.exists()):
+            run_and_record("fork", max(ks), a.size, a.seed, str(p), log=log)
+        big = read_trace(p)
+        for k in ks:
+            sub = subset(big, k)
+            res = [
+                rp.replay(sub, rp.STRATEGIES[s])
+                for s in ("lz4", "zstd", "xdelta", "all", "limit-zstd")
+            ]
+            scale.append({"sandboxes": k, "results": res})
+            log(
+                f"scaling: {k} sandboxes: "
+                + ", ".join(f"{x['strategy']} {x['ratio']:.2f}" for x in res)
+            )
+        (out / "scaling.json").write_text(json.dumps(scale, indent=1, default=float))
+    # 4. host
+    log("host store/load throughput")
+    host = [hostbench.run(p, 3) for p in traces[:1]]
+    for h in host:
+        hostbench.print_table(h)
+    (out / "host.json").write_text(json.dumps(host, indent=1))
+    # 5. report
+    made = charts(out, sw, rep, scale)
+    write_report(out, a, sw, rep, scale, host, made)
+    log(f"wrote {out / 'report.md'}")
+    return 0
+
+
+def write_report(
+    out: Path,
+    a: argparse.Namespace,
+    sw: dict[str, Any],
+    rep: list[dict[str, Any]],
+    scale: list[dict[str, Any]],
+    host: list[dict[str, Any]],
+    made: list[str],
+) -> None:
+    L = [
+        "# azswap evaluation report",
+        "",
+        f"Generated {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by `python -m "
+        f"controlplane.bench` ({a.n} sandboxes, size `{a.size}`, seed {a.seed}). Every figure "
+        "below was measured in this run.",
+        "",
+        "## Machine",
+        "",
+        f"- host: {platform.node()}, {os.cpu_count()} CPUs, kernel {platform.release()}, "
+        f"Python {platform.python_version()}",
+        f"- guest: kernel {sw.get('kernel', '?')}, {sw.get('cpus', '?')} vCPUs under QEMU TCG, "
+        f"{(sw.get('mem_total_kb') or 0) // 1024} MiB RAM; time figures inside the guest are "
+        "emulated: compare them only as ratios between systems of the same run.",
+        "",
+        "## Workloads",
+        "",
+        "A template Python process holds a transformer's float32 weights, Adam state, a "
+        "tokenized dataset and Python heaps (tokenizer, corpus, records, warmed interpreter); "
+        "sandboxes run training, generation, data processing, evaluation and SFT trajectories "
+        "(vm-tests/workloads/mlsandbox.py). Styles: `fork` (sandboxes forked from the template; "
+        "they own their CoW copies and new pages), `fresh-aslr` / `fresh-noaslr` (independent "
+        "processes with ASLR on / off). Each style is recorded once "
+        "(docs/trace-format.md) and played back into live processes for every system, so every "
+        "system sees byte-identical pages (owned bytes match across rows).",
+        "",
+    ]
+    if made:
+        L += ["## Charts", ""]
+        expl = {
+            "reduction.png": "Sandbox-owned bytes divided by the bytes each system holds for "
+            "them after memory.reclaim (higher is better); dashed: the replay "
+            "tool's unlimited-search limit on the same pages.",
+            "representation.png": "How the store core represents the sandboxes' pages per "
+            "strategy (replay); same/dup/delta pages are what per-page "
+            "compression cannot see.",
+            "latency.png": "Cumulative distribution of per-page first-touch latency (the swap-in "
+            "fault) in the guest; TCG inflates absolute values.",
+            "scaling.png": "Reduction of the fork-style workload as more sandboxes share one "
+            "template (replay of the first k sandboxes).",
+        }
+        for m in made:
+            L += [f"![{m}]({m})", "", expl.get(m, ""), ""]
+    L += [
+        "## In the guest: the same pages on every system",
+        "",
+        "owned = memory.stat anon of the sandbox cgroups before reclaim; stored = bytes the "
+        "system's allocator holds for the sandboxes' pages (zram mem_used_total, zswap "
+        "pool_total_size + pages it passed to the backing ramdisk, azswap pool bytes), the "
+        "template's pages reclaimed first and reported apart.",
+        "",
+    ]
+    L += fmt_sw(sw) if sw else ["(no guest run)", ""]
+    L += [
+        "## Replay through the host store core (same C as azswap.ko)",
+        "",
+        "reduction = sandbox bytes / bytes the sandboxes' pages added to the store (template "
+        "stored first, apart). `unlimited search` is sim_effort max with every delta accepted: "
+        "the practical limit.",
+        "",
+    ]
+    L += fmt_replay(rep)
+    if scale:
+        L += [
+            "## Scaling (fork style, replay)",
+            "",
+            "| sandboxes | " + " | ".join(x["label"] for x in scale[0]["results"]) + " |",
+            "|--:|" + "--:|" * len(scale[0]["results"]),
+        ]
+        for s in scale:
+            L.append(
+                f"| {s['sandboxes']} | "
+                + " | ".join(f"{x['ratio']:.2f}" for x in s["results"])
+                + " |"
+            )
+        L.append("")
+    if host:
+        L += [
+            "## Host: store core vs python-lz4 / python-zstandard (same pages, one CPU)",
+            "",
+            "| system | stored MiB | ratio | store MB/s | load MB/s |",
+            "|---|--:|--:|--:|--:|",
+        ]
+        for h in host:
+            for name, r in h["rows"].items():
+                L.append(
+                    f"| {name} | {r['stored_bytes'] / 2**20:.1f} | {r['ratio']:.2f} | "
+                    f"{r['put_mbps']:.0f} | {r['get_mbps']:.0f} |"
+                )
+        L.append("")
+    (out / "report.md").write_text("\n".join(L) + "\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
