@@ -100,7 +100,9 @@ class FakeModule:
             o = self.owners.get(cgroup_id)
             if o is None or o.is_template != template or cgroup_id in self.unregistered:
                 raise _err(cmd, errno.ENOENT)
-            if o.pages:  # like the core: listed (unregistered) until its pages are freed
+            if o.pages and not template:
+                # like the core: a removed sandbox stays listed (unregistered) until its pages
+                # are freed; a removed template's loaded bases go (no deltas in this fake)
                 self.unregistered.add(cgroup_id)
                 o.phase = Phase.UNKNOWN
             else:

@@ -1,0 +1,307 @@
+"""azctl output and exit codes (CliRunner), including the real no-module host."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from azctl.env import Env
+
+from controlplane import errors
+from controlplane.netlink import MAX_LOAD_PAGES, PAGE_SIZE
+
+from .conftest import World
+
+REPO = Path(__file__).resolve().parents[2]
+AZCTL = Path(sys.executable).parent / "azctl"
+NO_MODULE = not Path("/sys/module/azswap").exists()
+
+
+def one_error_line(res, code: int) -> str:
+    assert res.exit_code == code, (res.exit_code, res.output)
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("azctl: "), res.stderr
+    assert "Traceback" not in res.output
+    return lines[0]
+
+
+def test_help_lists_exit_codes_and_examples(world: World) -> None:
+    out = world.run("--help").output
+    assert "Exit codes:" in out and "Examples:" in out
+    for code, what in errors.EXIT_CODES.items():
+        assert f"{code:<3} {what}" in out
+    assert "azctl phase sb1 llm-wait" in world.run("phase", "--help").output
+
+
+def test_sandbox_lifecycle_through_the_daemon(world: World) -> None:
+    r = world.run("sandbox", "add", "a", "--cgroup", "/sb/a", "--group", "1")
+    assert r.exit_code == 0 and r.output.startswith("sandbox a: cgroup /sb/a id ")
+    r = world.run("sandbox", "add", "b", "--cgroup", "/sb/b", "--group", "1", "--json")
+    b = json.loads(r.output)
+    assert b["name"] == "b" and b["cgroup_id"] in world.module.owners
+    rows = json.loads(world.run("sandbox", "ls", "--json").output)
+    assert [s["name"] for s in rows] == ["a", "b"]
+    human = world.run("sandbox", "ls").output
+    assert "a" in human and "/sb/b" in human
+    assert world.run("sandbox", "rm", "a").output == "sandbox a removed\n"
+    assert [s["name"] for s in json.loads(world.run("sandbox", "ls", "--json").output)] == ["b"]
+
+
+def test_phase_and_compress(world: World) -> None:
+    world.run("sandbox", "add", "a", "--cgroup", "/sb/a", "--group", "1")
+    assert world.run("phase", "a", "tool").output == "a: tool\n"
+    r = world.run("compress", "a", "--wait", "5")
+    assert r.exit_code == 0 and "compressed, memory.current 8.0M -> 0B" in r.output
+    r = world.run("prefetch", "a", "--json")
+    assert json.loads(r.output)["result"]["prefetched_pages"] == 0
+
+
+def test_status_json_agrees_with_the_module(world: World) -> None:
+    world.run("sandbox", "add", "a", "--cgroup", "/sb/a", "--group", "1")
+    world.run("sandbox", "add", "b", "--cgroup", "/sb/b", "--group", "1")
+    ids = {n: world.daemon.registry.sandbox(n).cgroup_id for n in "ab"}
+    world.module.store(ids["a"], 30, "tdelta", bytes_each=200)
+    world.module.store(ids["b"], 10, "plain", bytes_each=1000)
+    world.run("phase", "a", "llm-wait")
+    d = json.loads(world.run("status", "--json").output)
+    owners = {o.cgroup_id: o for o in world.module.stats()}
+    for s in d["sandboxes"]:
+        o = owners[s["cgroup_id"]]
+        assert (s["pages"], s["stored_bytes"], s["kinds"]) == (o.pages, o.stored_bytes, o.kinds)
+    assert d["totals"]["stored_bytes"] == sum(o.stored_bytes for o in owners.values())
+    assert d["totals"]["pages"] == 40
+
+
+def test_status_human(world: World) -> None:
+    world.run("sandbox", "add", "a", "--cgroup", "/sb/a", "--group", "1")
+    world.module.store(world.daemon.registry.sandbox("a").cgroup_id, 8, "dup", bytes_each=512)
+    out = world.run("status").output
+    for s in ("pool", "pages per representation", "sandboxes", "/sb/a", "8.00x", "dup"):
+        assert s in out, out
+
+
+def test_stats_variants(world: World) -> None:
+    world.run("sandbox", "add", "a", "--cgroup", "/sb/a", "--group", "1")
+    assert json.loads(world.run("stats", "a", "--json").output)["name"] == "a"
+    assert "azswap_owner_pages{" in world.run("stats", "--prometheus").output
+    one_error_line(world.run("stats", "nope"), 6)
+
+
+def test_top_runs_one_frame(world: World) -> None:
+    r = world.run("top", "-n", "1")
+    assert r.exit_code == 0 and "pool" in r.output
+
+
+def test_status_without_daemon_reads_the_module(offline: World) -> None:
+    offline.module.sandbox_add(3, cgroup_path="/sb/a")
+    r = offline.run("status", "--json")
+    d = json.loads(r.output)
+    assert d["daemon"] is False and [s["name"] for s in d["sandboxes"]] == ["a"]
+    assert "daemon not running" in offline.run("status").output
+    assert [s["name"] for s in json.loads(offline.run("sandbox", "ls", "--json").output)] == ["a"]
+
+
+def test_daemon_not_running_exit_code(offline: World) -> None:
+    line = one_error_line(
+        offline.run("sandbox", "add", "a", "--cgroup", "/sb/a", "--group", "1"), 5
+    )
+    assert "daemon not running" in line
+    one_error_line(offline.run("phase", "a", "tool"), 5)
+
+
+def test_unknown_sandbox_and_bad_values(world: World) -> None:
+    assert "unknown sandbox 'zz'" in one_error_line(world.run("phase", "zz", "tool"), 6)
+    one_error_line(world.run("sandbox", "rm", "zz"), 6)
+    one_error_line(world.run("sandbox", "add", "a", "--cgroup", "/sb/none", "--group", "1"), 6)
+    one_error_line(world.run("sandbox", "add", "a", "--cgroup", "/sb/a", "--group", "0"), 7)
+    one_error_line(world.run("sandbox", "add", "bad name", "--cgroup", "/sb/a", "--group", "1"), 7)
+    world.run("sandbox", "add", "a", "--cgroup", "/sb/a", "--group", "1")
+    one_error_line(world.run("sandbox", "add", "a", "--cgroup", "/sb/b", "--group", "1"), 9)
+    r = world.run("phase", "a", "sleeping")
+    assert r.exit_code == 2  # click's usage error
+
+
+def test_policy_get_set_and_errors(world: World) -> None:
+    p = json.loads(world.run("policy", "set", "sim_effort=12", "xdelta=off", "--json").output)
+    assert p["sim_effort"] == 12 and p["xdelta"] == 0
+    assert world.daemon.scheduler.config.manage_policy is False  # by hand: the scheduler defers
+    assert "sim_effort" in world.run("policy", "get").output
+    one_error_line(world.run("policy", "set", "codec=brotli"), 7)
+    one_error_line(world.run("policy", "set", "level=99"), 7)
+    one_error_line(world.run("policy", "set", "nonsense=1"), 7)
+    world.run("sandbox", "add", "a", "--cgroup", "/sb/a", "--group", "1")
+    world.module.store(world.daemon.registry.sandbox("a").cgroup_id, 1)
+    assert "codec change" in one_error_line(world.run("policy", "set", "codec=zstd"), 8)
+
+
+def test_permission_denied_from_the_module(offline: World) -> None:
+    offline.module.admin = False
+    line = one_error_line(offline.run("policy", "set", "dedup=0"), 4)
+    assert "permission denied" in line
+
+
+def test_debug_shows_the_traceback(offline: World) -> None:
+    r = offline.run("--debug", "phase", "a", "tool")
+    assert r.exit_code == 5 and "Traceback" in r.stderr
+
+
+# -- templates from snapshot files ------------------------------------------------------
+
+
+def _image(path: Path, pages: list[int]) -> Path:
+    """pages[i] == 0 -> a zero page, else a page filled with that byte value pattern."""
+    with open(path, "wb") as f:
+        for v in pages:
+            f.write(bytes(PAGE_SIZE) if v == 0 else bytes([v, 1, 2, 3]) * (PAGE_SIZE // 4))
+    return path
+
+
+def test_template_from_file_streams_in_bounded_batches(world: World, tmp_path: Path) -> None:
+    layout = [1] * 20 + [0] * 5 + [2] * 3 + [0] * 2 + [3]
+    img = _image(tmp_path / "img", layout)
+    calls: list[tuple[int, int]] = []
+    orig = world.module.template_load
+
+    def spy(cid: int, index: int, pages: bytes) -> None:
+        calls.append((index, len(pages) // PAGE_SIZE))
+        orig(cid, index, pages)
+
+    world.module.template_load = spy  # type: ignore[method-assign]
+    r = world.run("template", "add", "vm", "--group", "2", "--from-file", str(img), "--json")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output)
+    assert out["pages_total"] == 31 and out["pages_zero"] == 7 and out["pages_loaded"] == 24
+    assert all(1 <= n <= MAX_LOAD_PAGES for _, n in calls)
+    loaded = world.module.loaded[out["cgroup_id"]]
+    assert sorted(loaded) == [i for i, v in enumerate(layout) if v]
+    assert loaded[20 + 5] == img.read_bytes()[25 * PAGE_SIZE : 26 * PAGE_SIZE]
+    rows = json.loads(world.run("template", "ls", "--json").output)
+    assert rows[0]["source_file"] == str(img) and rows[0]["pages_loaded"] == 24
+
+
+def test_template_file_not_page_aligned_is_refused(world: World, tmp_path: Path) -> None:
+    img = tmp_path / "img"
+    img.write_bytes(b"x" * (PAGE_SIZE + 1))
+    line = one_error_line(
+        world.run("template", "add", "vm", "--group", "2", "--from-file", str(img)), 7
+    )
+    assert "multiple of the page size" in line
+    assert world.module.owners == {}  # nothing registered
+    one_error_line(
+        world.run("template", "add", "vm", "--group", "2", "--from-file", "/nonexistent"), 6
+    )
+
+
+def test_template_file_changing_while_loading_is_refused(world: World, tmp_path: Path) -> None:
+    img = _image(tmp_path / "img", [1] * 40)
+    orig = world.module.template_load
+
+    def grow(cid: int, index: int, pages: bytes) -> None:
+        orig(cid, index, pages)
+        if index == 0:
+            with open(img, "ab") as f:
+                f.write(bytes(PAGE_SIZE))
+
+    world.module.template_load = grow  # type: ignore[method-assign]
+    line = one_error_line(
+        world.run("template", "add", "vm", "--group", "2", "--from-file", str(img)), 7
+    )
+    assert "changed while loading" in line
+    assert world.module.owners == {}  # the half-loaded template was removed
+    assert json.loads(world.run("template", "ls", "--json").output) == []
+
+
+def test_template_from_cgroup_and_rm(world: World) -> None:
+    r = world.run("template", "add", "base", "--group", "1", "--cgroup", "/tpl/base")
+    assert r.exit_code == 0 and "template base: cgroup /tpl/base" in r.output
+    r = world.run("sandbox", "add", "a", "--cgroup", "/sb/a", "--group", "1", "--template", "base")
+    assert r.exit_code == 0
+    assert world.run("template", "rm", "base").exit_code == 0
+    r = world.run("template", "add", "x", "--group", "1")
+    assert r.exit_code == 2
+
+
+# -- the real host: no module loaded -------------------------------------------------------
+
+
+@pytest.mark.skipif(not NO_MODULE, reason="azswap is loaded on this machine")
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["status"],
+        ["status", "--json"],
+        ["policy", "get"],
+        ["stats", "--json"],
+        ["sandbox", "ls"],
+        ["policy", "set", "dedup=1"],
+    ],
+)
+def test_module_not_loaded(tmp_path: Path, args: list[str]) -> None:
+    from azctl.main import cli
+    from click.testing import CliRunner
+
+    env = Env(socket=tmp_path / "none.sock", sys_block=tmp_path, state_dir=tmp_path)
+    res = CliRunner().invoke(cli, args, obj=env)
+    line = one_error_line(res, 3)
+    assert "module not loaded" in line
+
+
+@pytest.mark.skipif(not NO_MODULE, reason="azswap is loaded on this machine")
+def test_module_not_loaded_real_binary(tmp_path: Path) -> None:
+    p = subprocess.run(
+        [str(AZCTL), "--socket", str(tmp_path / "none.sock"), "status"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert p.returncode == 3 and p.stdout == ""
+    assert p.stderr.count("\n") == 1 and "module not loaded" in p.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root + setpriv")
+def test_daemon_needs_root(tmp_path: Path) -> None:
+    p = subprocess.run(
+        [
+            "setpriv",
+            "--reuid=nobody",
+            "--regid=nogroup",
+            "--clear-groups",
+            str(AZCTL),
+            "--socket",
+            "/tmp/azswap-test-never.sock",
+            "daemon",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert p.returncode == 4 and "needs root" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_shell_completion_script() -> None:
+    p = subprocess.run(
+        [str(AZCTL)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "_AZCTL_COMPLETE": "bash_source"},
+    )
+    assert p.returncode == 0 and "_azctl_completion" in p.stdout
+    p = subprocess.run(
+        [str(AZCTL)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={
+            **os.environ,
+            "_AZCTL_COMPLETE": "bash_complete",
+            "COMP_WORDS": "azctl sand",
+            "COMP_CWORD": "1",
+        },
+    )
+    assert "sandbox" in p.stdout
