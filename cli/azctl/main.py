@@ -78,13 +78,23 @@ json_opt = click.option("--json", "as_json", is_flag=True, help="Machine-readabl
     help=f"Daemon socket [default: {DEFAULT_SOCKET}; env AZSWAP_SOCKET].",
 )
 @click.option("--dev", type=click.IntRange(0), default=None, help="Device N of /dev/azswapN.")
+@click.option(
+    "--state-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Where the daemon keeps sandbox names [default: /run/azswap].",
+)
 @click.option("--debug", is_flag=True, help="Show tracebacks.")
 @click.pass_context
-def cli(ctx: click.Context, socket: Path | None, dev: int | None, debug: bool) -> None:
+def cli(
+    ctx: click.Context, socket: Path | None, dev: int | None, state_dir: Path | None, debug: bool
+) -> None:
     """Control azswap: devices, sandboxes, templates, phases and policy."""
     env = _env(ctx)
     if socket is not None:
         env.socket = socket
+    if state_dir is not None:
+        env.state_dir = state_dir
     if dev is not None:
         env.dev = dev
     env.debug = env.debug or debug
