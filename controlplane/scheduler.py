@@ -109,6 +109,7 @@ class CompressState:
     started_at: float | None = None
     finished_at: float | None = None
     mode: str = ""
+    last_result: str = ""  # how the last run ended (kept across phase changes)
     # lifetime totals
     total_requested: int = 0
     total_wall: float = 0.0
@@ -116,9 +117,21 @@ class CompressState:
     total_runs: int = 0
 
     def rearm(self, view: PhaseView) -> None:
-        keep = (self.total_requested, self.total_wall, self.total_cpu, self.total_runs)
+        keep = (
+            self.total_requested,
+            self.total_wall,
+            self.total_cpu,
+            self.total_runs,
+            self.last_result,
+        )
         self.__init__()  # type: ignore[misc]
-        self.total_requested, self.total_wall, self.total_cpu, self.total_runs = keep
+        (
+            self.total_requested,
+            self.total_wall,
+            self.total_cpu,
+            self.total_runs,
+            self.last_result,
+        ) = keep
         self.generation = view.generation
         self.phase = view.phase.label
         self.phase_since = view.since
@@ -375,6 +388,7 @@ class Scheduler:
         with self._lock:
             st.active = False
             st.mem_now = mem
+            st.last_result = result
             if result in ("done", "floor"):
                 st.done, st.forced, st.finished_at = True, False, self.clock()
             elif result.startswith("stopped") or result.startswith("error"):

@@ -132,6 +132,7 @@ def test_tool_hint_stops_at_the_next_chunk_boundary(tmp_path: Path, clock: FakeC
         clock.advance(1.0)
         assert r.sched.tick().actions == []
     assert len(cg.writes) == 2
+    assert r.sched.snapshot()["sb0"]["last_result"] == "stopped:phase=tool"
 
 
 def test_new_wait_rearms_a_done_sandbox(tmp_path: Path, clock: FakeClock) -> None:
