@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from controlplane import errors, metrics
+from controlplane import errors, metrics, restore
 from controlplane.cgroup import CGROUP_ROOT, PROC_ROOT, normalize
 from controlplane.netlink import AzswapNetlink, EventListener, Phase, validate_group
 from controlplane.phase import PhaseConfig, PhaseModel
@@ -250,7 +250,9 @@ class Daemon:
             module_error = str(e)
             log.warning("phase %s: module: %s", sb.name, e)
         self.publish({"event": "phase", "name": sb.name, "phase": phase.label})
-        if phase == Phase.TOOL:
+        if phase != Phase.TOOL:
+            restore.phase_changed(self.prefetcher, sb, phase.label)
+        else:
             threading.Thread(
                 target=self._restore, args=(sb,), name=f"prefetch-{sb.name}", daemon=True
             ).start()
@@ -524,6 +526,7 @@ class Daemon:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.config.socket_path)
         self.module.close()
+        restore.close(self.prefetcher)
         log.info("stopped")
 
     def run(self) -> None:

@@ -27,6 +27,30 @@ class Prefetcher(Protocol):
     def restore(self, sandbox: Sandbox) -> dict[str, Any] | None: ...
 
 
+# Optional methods the daemon calls when the prefetcher has them:
+#   record_phase_change(sandbox: Sandbox, phase: str) -> object   on every non-tool hint
+#       (a tool hint calls restore(), which records the tool phase itself)
+#   close() -> None                                              on daemon shutdown
+
+
+def phase_changed(p: Prefetcher, sandbox: Sandbox, phase: str) -> None:
+    fn = getattr(p, "record_phase_change", None)
+    if fn is not None:
+        try:
+            fn(sandbox, phase)
+        except Exception as e:  # best effort: never in the way of a hint
+            log.warning("prefetch: phase %s of %s: %s", phase, sandbox.name, e)
+
+
+def close(p: Prefetcher) -> None:
+    fn = getattr(p, "close", None)
+    if fn is not None:
+        try:
+            fn()
+        except Exception as e:
+            log.warning("prefetch: close: %s", e)
+
+
 class NoopPrefetcher:
     """Does nothing: faults bring pages back on demand."""
 

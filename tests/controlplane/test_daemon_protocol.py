@@ -340,3 +340,40 @@ def test_sigterm_stops_cleanly_mid_compression(tmp_path: Path) -> None:
     mem = int((tmp_path / "cg/sb/a/memory.current").read_text())
     assert 0 < mem < 1 << 30  # part compressed, by whole chunks
     assert ((1 << 30) - mem) % (1 << 20) == 0
+
+
+class RecordingPrefetcher:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str]] = []
+
+    def record_phase_change(self, sandbox, phase: str) -> None:
+        self.calls.append(("phase", f"{sandbox.name}:{phase}"))
+
+    def restore(self, sandbox) -> dict:
+        self.calls.append(("restore", sandbox.name))
+        return {"prefetched_pages": 3}
+
+    def close(self) -> None:
+        self.calls.append(("close", ""))
+
+
+def test_prefetcher_is_told_phases_and_restores_on_tool(tmp_path: Path) -> None:
+    for p in ("/sb/a",):
+        make_cgroup(tmp_path / "cg", p)
+    fm = FakeModule(tmp_path / "cg")
+    pf = RecordingPrefetcher()
+    d = Daemon(config(tmp_path), module_factory=lambda: fm, prefetcher=pf)
+    d.start()
+    try:
+        with DaemonClient(d.config.socket_path) as c:
+            c.register("a", "/sb/a", 1)
+            c.phase("a", "llm-wait")
+            c.phase("a", "tool")
+            deadline = time.monotonic() + 5
+            while ("restore", "a") not in pf.calls and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert c.prefetch("a")["result"] == {"prefetched_pages": 3}
+    finally:
+        d.stop()
+    assert pf.calls[:2] == [("phase", "a:llm-wait"), ("restore", "a")]
+    assert pf.calls[-1] == ("close", "")
