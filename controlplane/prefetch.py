@@ -1,0 +1,586 @@
+"""Restore-time prefetch: bring a sandbox's next working set back before its tool touches it.
+
+Learning.  The fault tracer (ebpf/) reports every swap-in fault of a traced sandbox with the
+phase it happened in.  For each tool phase that follows an LLM wait, the *cycle* is the list of
+pages (pid, address) that faulted back in the first ``window_s`` seconds of the phase, in
+first-touch order.  The restore set of a sandbox is learned from its last ``history`` cycles:
+
+    weight(page) = (cycles the page appears in) / (cycles kept)       recurrence
+    rank(page)   = mean over those cycles of (position / cycle length) first-touch order
+
+Pages with weight >= ``min_weight`` are kept; when the byte budget cannot hold all of them the
+least recurrent go first; the survivors are issued in rank order (predicted first touch first).
+
+Prefetch.  ``restore(sandbox)`` (on a tool hint, or just before the predicted end of an LLM
+wait) takes the pages of the restore set that are still swapped out (/proc/PID/pagemap bit 62),
+coalesces adjacent ones into ranges and calls process_madvise(MADV_WILLNEED) through a pidfd of
+each process in the sandbox's cgroup.procs, batch by batch in predicted order (at most 1024
+iovecs a call), within ``max_bytes`` and ``max_seconds``.  Between batches it stops when the
+sandbox has already taken ``stop_after_faults`` major faults on pages outside the restore set
+since the hint: it is faulting past the prediction, and further reads would only compete with it.
+
+MADV_WILLNEED reads each page into the swap cache (azswap decodes it then); the tool's first
+access is then a minor fault.  Accuracy per restore, settled when the next phase starts:
+    used         prefetched pages the tool touched (minor fault: a major fault avoided)
+    unused       prefetched pages the tool never touched in that phase
+    read_twice   prefetched pages that still took a major fault (evicted again before use, or
+                 the advice did not read them): their bytes were read twice
+    missed       major faults on pages the prefetch did not cover
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import logging
+import os
+import struct
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ebpf.events import PAGE_SIZE, FaultEvent, FaultRecords
+
+log = logging.getLogger("azswap.prefetch")
+
+Page = tuple[int, int]  # (pid, page-aligned virtual address)
+
+SYS_PIDFD_OPEN = 434
+SYS_PROCESS_MADVISE = 440
+MADV_WILLNEED = 3
+IOV_MAX = 1024
+PM_SWAP = 1 << 62
+PM_PRESENT = 1 << 63
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+# -- learning ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Scored:
+    page: Page
+    weight: float  # fraction of the kept cycles the page faulted in
+    rank: float  # mean relative first-touch position, 0 = first
+
+
+def learn_restore_set(cycles: Sequence[Sequence[Page]], min_weight: float = 0.34,
+                      max_pages: int | None = None) -> list[Scored]:
+    """The restore set from the last cycles (each a first-touch-ordered page list)."""
+    n = len(cycles)
+    if n == 0:
+        return []
+    seen: dict[Page, int] = {}
+    pos: dict[Page, float] = {}
+    for cyc in cycles:
+        length = max(len(cyc), 1)
+        first: set[Page] = set()
+        for i, pg in enumerate(cyc):
+            if pg in first:
+                continue
+            first.add(pg)
+            seen[pg] = seen.get(pg, 0) + 1
+            pos[pg] = pos.get(pg, 0.0) + i / length
+    scored = [Scored(pg, c / n, pos[pg] / c) for pg, c in seen.items() if c / n >= min_weight]
+    if max_pages is not None and len(scored) > max_pages:
+        scored.sort(key=lambda s: (-s.weight, s.rank))
+        scored = scored[:max_pages]
+    scored.sort(key=lambda s: (s.rank, -s.weight, s.page))
+    return scored
+
+
+@dataclass(frozen=True)
+class Range:
+    pid: int
+    start: int
+    length: int  # bytes
+
+    @property
+    def pages(self) -> int:
+        return self.length // PAGE_SIZE
+
+
+def coalesce(pages: Sequence[Page], max_gap: int = 0) -> list[Range]:
+    """Adjacent pages of one process merged into ranges (gaps of up to ``max_gap`` pages
+    bridged), the ranges ordered by their earliest page in ``pages``."""
+    rank: dict[Page, int] = {}
+    for i, pg in enumerate(pages):
+        rank.setdefault(pg, i)
+    out: list[tuple[int, Range]] = []
+    cur: list[int] | None = None  # pid, start, end, first rank
+    for pid, addr in sorted(rank):
+        r = rank[(pid, addr)]
+        if cur and cur[0] == pid and addr <= cur[2] + max_gap * PAGE_SIZE:
+            cur[2] = addr + PAGE_SIZE
+            cur[3] = min(cur[3], r)
+            continue
+        if cur:
+            out.append((cur[3], Range(cur[0], cur[1], cur[2] - cur[1])))
+        cur = [pid, addr, addr + PAGE_SIZE, r]
+    if cur:
+        out.append((cur[3], Range(cur[0], cur[1], cur[2] - cur[1])))
+    out.sort(key=lambda t: t[0])
+    return [rg for _, rg in out]
+
+
+def batches(pages: Sequence[Page], batch_pages: int) -> Iterable[list[Page]]:
+    for i in range(0, len(pages), batch_pages):
+        yield list(pages[i:i + batch_pages])
+
+
+# -- system calls ----------------------------------------------------------------------------------
+
+
+class _Iovec(ctypes.Structure):
+    _fields_ = (("iov_base", ctypes.c_void_p), ("iov_len", ctypes.c_size_t))
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_syscall = _libc.syscall
+_syscall.restype = ctypes.c_long
+
+
+def pidfd_open(pid: int) -> int:
+    fd = _syscall(ctypes.c_long(SYS_PIDFD_OPEN), ctypes.c_long(pid), ctypes.c_long(0))
+    if fd < 0:
+        e = ctypes.get_errno()
+        raise OSError(e, f"pidfd_open({pid}): {os.strerror(e)}")
+    return int(fd)
+
+
+def process_madvise(pidfd: int, ranges: Sequence[tuple[int, int]],
+                    advice: int = MADV_WILLNEED) -> int:
+    """One process_madvise(2) call over at most IOV_MAX (start, length) ranges; bytes advised.
+    The kernel stops at the first range it cannot advise: the count says where."""
+    if len(ranges) > IOV_MAX:
+        raise ValueError(f"{len(ranges)} ranges > IOV_MAX")
+    iov = (_Iovec * len(ranges))(*[_Iovec(s, n) for s, n in ranges])
+    r = _syscall(ctypes.c_long(SYS_PROCESS_MADVISE), ctypes.c_long(pidfd), iov,
+                 ctypes.c_long(len(ranges)), ctypes.c_long(advice), ctypes.c_long(0))
+    if r < 0:
+        e = ctypes.get_errno()
+        raise OSError(e, f"process_madvise: {os.strerror(e)}")
+    return int(r)
+
+
+def madvise_ranges(pidfd: int, ranges: Sequence[Range],
+                   call: Callable[[int, Sequence[tuple[int, int]]], int] = process_madvise,
+                   ) -> tuple[int, int, int]:
+    """Advise every range, IOV_MAX per call; a range the kernel refuses (unmapped since: ENOMEM,
+    EINVAL) is skipped.  Returns (bytes advised, calls, ranges skipped)."""
+    todo = [(r.start, r.length) for r in ranges]
+    done = calls = skipped = 0
+    while todo:
+        chunk = todo[:IOV_MAX]
+        calls += 1
+        try:
+            n = call(pidfd, chunk)
+        except OSError as e:
+            if e.errno not in (errno.ENOMEM, errno.EINVAL, errno.EFAULT):
+                raise
+            todo = todo[1:]  # the first range failed
+            skipped += 1
+            continue
+        done += n
+        # skip what the call covered; a short count means the next range failed
+        k = 0
+        while k < len(chunk) and n >= chunk[k][1]:
+            n -= chunk[k][1]
+            k += 1
+        if k < len(chunk):  # stopped inside/at range k: it failed
+            todo = todo[k + 1:]
+            skipped += 1
+        else:
+            todo = todo[k:]
+    return done, calls, skipped
+
+
+def cgroup_procs(cgroup: Path) -> list[int]:
+    try:
+        return [int(x) for x in (cgroup / "cgroup.procs").read_text().split()]
+    except OSError:
+        return []
+
+
+def swapped_out(pid: int, pages: Sequence[int], proc: Path = Path("/proc")) -> set[int]:
+    """The addresses among ``pages`` whose PTE is a swap entry now (pagemap bit 62)."""
+    out: set[int] = set()
+    try:
+        fd = os.open(proc / str(pid) / "pagemap", os.O_RDONLY)
+    except OSError:
+        return out
+    try:
+        for addr in pages:
+            raw = os.pread(fd, 8, (addr // PAGE_SIZE) * 8)
+            if len(raw) == 8 and struct.unpack("<Q", raw)[0] & PM_SWAP:
+                out.add(addr)
+    finally:
+        os.close(fd)
+    return out
+
+
+# -- the prefetcher --------------------------------------------------------------------------------
+
+
+@dataclass
+class PrefetchConfig:
+    history: int = 4  # cycles remembered per sandbox
+    window_s: float = 10.0  # "first part" of a tool phase that is learned
+    min_weight: float = 0.34  # recurrence needed to be prefetched
+    max_bytes: int = 256 << 20  # budget per restore
+    max_seconds: float = 2.0  # budget per restore
+    batch_pages: int = 512  # pages per batch (stop checks happen between batches)
+    stop_after_faults: int = 16  # major faults outside the restore set that stop a restore
+    only_swapped: bool = True  # skip pages that are resident (pagemap)
+
+
+@dataclass
+class PrefetchResult:
+    sandbox: str
+    restore_set_pages: int = 0
+    prefetched_pages: int = 0  # advised pages that were swapped out
+    prefetched_bytes: int = 0
+    skipped_resident: int = 0
+    ranges: int = 0
+    calls: int = 0
+    seconds: float = 0.0
+    stopped: str = ""  # "" (done), "budget-bytes", "budget-time", "faulting-past", "no-process"
+    phase_seq: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Accuracy:
+    restores: int = 0
+    prefetched: int = 0
+    used: int = 0  # = faults avoided
+    unused: int = 0
+    read_twice: int = 0
+    missed: int = 0
+
+    @property
+    def bytes_read_twice(self) -> int:
+        return self.read_twice * PAGE_SIZE
+
+    def as_dict(self) -> dict[str, int]:
+        d = asdict(self)
+        d["faults_avoided"] = self.used
+        d["bytes_read_twice"] = self.bytes_read_twice
+        return d
+
+
+@dataclass
+class _Pending:
+    seq: int
+    pages: set[Page]
+
+
+@dataclass
+class SandboxState:
+    name: str
+    cgroup: Path
+    cgroup_id: int
+    phase: str = "unknown"
+    seq: int = 0
+    phase_of: dict[int, str] = field(default_factory=dict)  # phase_seq -> phase
+    restore_seqs: list[int] = field(default_factory=list)  # tool phases after an llm wait
+    pending: _Pending | None = None
+    accuracy: Accuracy = field(default_factory=Accuracy)
+    last: PrefetchResult | None = None
+
+
+class Prefetcher:
+    """Learns restore sets from fault events and prefetches them.
+
+    Without a tracer (``tracer=None``) events are fed by hand with :meth:`feed` and phase
+    sequence numbers are kept here; with one, :meth:`record_phase_change` stamps the phase into
+    the BPF map and a background thread (:meth:`start_polling`) feeds the events.
+    """
+
+    def __init__(
+        self,
+        config: PrefetchConfig | None = None,
+        tracer: Any = None,
+        clock: Callable[[], float] = time.monotonic,
+        madvise: Callable[[int, Sequence[tuple[int, int]]], int] = process_madvise,
+        open_pidfd: Callable[[int], int] = pidfd_open,
+        procs: Callable[[Path], list[int]] = cgroup_procs,
+        swapped: Callable[[int, Sequence[int]], set[int]] = swapped_out,
+    ) -> None:
+        self.cfg = config or PrefetchConfig()
+        self.tracer = tracer
+        self.clock = clock
+        self._madvise, self._pidfd, self._procs, self._swapped = (
+            madvise, open_pidfd, procs, swapped)
+        self.records = FaultRecords(keep_phases=2 * self.cfg.history + 4)
+        self.sandboxes: dict[str, SandboxState] = {}
+        self._mu = threading.RLock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.status = "ready" if tracer is not None else "no tracer"
+
+    # -- registration and phases -------------------------------------------------------------
+    def add_sandbox(self, name: str, cgroup: str | os.PathLike[str],
+                    cgroup_id: int | None = None) -> SandboxState:
+        with self._mu:
+            st = self.sandboxes.get(name)
+            if st is not None:
+                return st
+            path = Path(cgroup)
+            if not path.is_absolute():
+                path = CGROUP_ROOT / str(cgroup).lstrip("/")
+            cgid = cgroup_id if cgroup_id is not None else os.stat(path).st_ino
+            if self.tracer is not None:
+                self.tracer.add_sandbox(name, cgid)
+            st = SandboxState(name, path, cgid)
+            self.sandboxes[name] = st
+            self.records.add_sandbox(name, cgid)
+            return st
+
+    def _state(self, sandbox: Any) -> SandboxState:
+        """A SandboxState from a name or a registry Sandbox (name, cgroup_id, cgroup_path)."""
+        if isinstance(sandbox, str):
+            return self.sandboxes[sandbox]
+        st = self.sandboxes.get(sandbox.name)
+        if st is None:
+            cg = sandbox.cgroup_path or ""
+            st = self.add_sandbox(sandbox.name, cg, getattr(sandbox, "cgroup_id", None))
+        return st
+
+    def record_phase_change(self, sandbox: Any, phase: str) -> int:
+        """Tell the prefetcher a sandbox changed phase ("tool", "llm-wait", "idle", ...).
+        Settles the accuracy of the previous restore; returns the new phase sequence number."""
+        with self._mu:
+            st = self._state(sandbox)
+            self._settle(st)
+            st.seq += 1
+            if self.tracer is not None:
+                from ebpf.tracer import PHASE_CODES
+
+                self.tracer.phase_change(st.name, PHASE_CODES.get(phase, 0), seq=st.seq)
+            prev = st.phase
+            st.phase = phase
+            st.phase_of[st.seq] = phase
+            if phase == "tool" and prev != "tool":
+                st.restore_seqs.append(st.seq)
+                del st.restore_seqs[: -(self.cfg.history + 1)]
+            for s in [s for s in st.phase_of if s < st.seq - 4 * self.cfg.history - 4]:
+                del st.phase_of[s]
+            return st.seq
+
+    def feed(self, events: Iterable[FaultEvent]) -> None:
+        with self._mu:
+            for ev in events:
+                self.records.add(ev)
+
+    # -- learning ----------------------------------------------------------------------------
+    def cycles(self, sandbox: Any) -> list[list[Page]]:
+        """The learned cycles: first-window pages of the last completed tool phases."""
+        with self._mu:
+            st = self._state(sandbox)
+            rec = self.records.by_cgroup.get(st.cgroup_id)
+            if rec is None:
+                return []
+            window = int(self.cfg.window_s * 1e9)
+            out = []
+            for seq in st.restore_seqs:
+                if seq == st.seq and st.phase == "tool":
+                    continue  # still running
+                ph = rec.phases.get(seq)
+                pages = [pg for pg in ph.order if ph.first_ns[pg] <= window] if ph else []
+                out.append(pages)
+            return out[-self.cfg.history:]
+
+    def restore_set(self, sandbox: Any) -> list[Scored]:
+        cyc = self.cycles(sandbox)
+        return learn_restore_set(cyc, self.cfg.min_weight, self.cfg.max_bytes // PAGE_SIZE)
+
+    # -- prefetch ----------------------------------------------------------------------------
+    def _faults_past(self, st: SandboxState, seq: int, predicted: set[Page]) -> int:
+        """Pages outside the prediction that took a major fault in phase ``seq``."""
+        with self._mu:
+            rec = self.records.by_cgroup.get(st.cgroup_id)
+            ph = rec.phases.get(seq) if rec else None
+            if ph is None:
+                return 0
+            return len(ph.major_pages - predicted)
+
+    def restore(self, sandbox: Any) -> dict[str, Any]:
+        """Prefetch the sandbox's restore set (a tool phase starts now, unless one was already
+        recorded).  Never raises for "nothing learned yet"."""
+        with self._mu:
+            st = self._state(sandbox)
+            if st.phase != "tool":
+                self.record_phase_change(st.name, "tool")
+            seq = st.seq
+            rs = self.restore_set(st.name)
+        res = PrefetchResult(st.name, restore_set_pages=len(rs), phase_seq=seq)
+        t0 = self.clock()
+        predicted = {s.page for s in rs}
+        order = [s.page for s in rs]
+        pids = set(self._procs(st.cgroup))
+        order = [pg for pg in order if pg[0] in pids]
+        if not order:
+            res.stopped = "no-process" if rs and not pids else ""
+            st.last = res
+            return res.as_dict()
+        fds: dict[int, int] = {}
+        advised: set[Page] = set()
+        try:
+            for batch in batches(order, self.cfg.batch_pages):
+                if res.prefetched_bytes >= self.cfg.max_bytes:
+                    res.stopped = "budget-bytes"
+                    break
+                if self.clock() - t0 >= self.cfg.max_seconds:
+                    res.stopped = "budget-time"
+                    break
+                if self._faults_past(st, seq, predicted) >= self.cfg.stop_after_faults:
+                    res.stopped = "faulting-past"
+                    break
+                room = (self.cfg.max_bytes - res.prefetched_bytes) // PAGE_SIZE
+                batch = batch[:room]
+                if self.cfg.only_swapped:
+                    keep: list[Page] = []
+                    by_pid: dict[int, list[int]] = {}
+                    for pid, addr in batch:
+                        by_pid.setdefault(pid, []).append(addr)
+                    out = {pid: self._swapped(pid, addrs) for pid, addrs in by_pid.items()}
+                    keep = [pg for pg in batch if pg[1] in out[pg[0]]]
+                    res.skipped_resident += len(batch) - len(keep)
+                    batch = keep
+                for pid in dict.fromkeys(pg[0] for pg in batch):
+                    mine = [pg for pg in batch if pg[0] == pid]
+                    if pid not in fds:
+                        try:
+                            fds[pid] = self._pidfd(pid)
+                        except OSError as e:
+                            log.info("prefetch %s: pid %d: %s", st.name, pid, e)
+                            fds[pid] = -1
+                    if fds[pid] < 0:
+                        continue
+                    ranges = coalesce(mine)
+                    done, calls, _skipped = madvise_ranges(fds[pid], ranges, self._madvise)
+                    res.ranges += len(ranges)
+                    res.calls += calls
+                    res.prefetched_bytes += done
+                    # pages covered: ranges in order until `done` bytes
+                    left = done
+                    for rg in ranges:
+                        if left <= 0:
+                            break
+                        n = min(rg.pages, left // PAGE_SIZE)
+                        advised.update((pid, rg.start + k * PAGE_SIZE) for k in range(n))
+                        left -= rg.length
+        finally:
+            for fd in fds.values():
+                if fd >= 0:
+                    with contextlib.suppress(OSError):
+                        os.close(fd)
+        res.prefetched_pages = len(advised)
+        res.seconds = self.clock() - t0
+        with self._mu:
+            st.pending = _Pending(seq, advised)
+            st.accuracy.restores += 1
+            st.accuracy.prefetched += len(advised)
+            st.last = res
+        return res.as_dict()
+
+    def _settle(self, st: SandboxState) -> None:
+        """Account the last restore against the faults of its tool phase."""
+        p, st.pending = st.pending, None
+        if p is None:
+            return
+        rec = self.records.by_cgroup.get(st.cgroup_id)
+        ph = rec.phases.get(p.seq) if rec else None
+        touched_minor: set[Page] = set()
+        touched_major: set[Page] = set()
+        missed = 0
+        if ph is not None:
+            touched_major = set(ph.major_pages)
+            touched_minor = set(ph.minor_pages) - touched_major
+            missed = len(touched_major - p.pages)
+        a = st.accuracy
+        a.used += len(p.pages & touched_minor)
+        a.read_twice += len(p.pages & touched_major)
+        a.unused += len(p.pages - touched_minor - touched_major)
+        a.missed += missed
+
+    def accuracy(self, sandbox: Any) -> dict[str, int]:
+        with self._mu:
+            st = self._state(sandbox)
+            return st.accuracy.as_dict()
+
+    def settle(self, sandbox: Any) -> dict[str, int]:
+        """Settle the pending restore now (end of a tool phase without a phase change)."""
+        with self._mu:
+            st = self._state(sandbox)
+            self._settle(st)
+            return st.accuracy.as_dict()
+
+    # -- background polling (with a tracer) --------------------------------------------------
+    def start_polling(self) -> None:
+        if self.tracer is None or self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._poll_loop, name="prefetch-events",
+                                        daemon=True)
+        self._thread.start()
+
+    def _poll_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                evs = self.tracer.poll(100)
+            except Exception as e:  # keep the daemon alive; say why prefetch stopped learning
+                self.status = f"event polling stopped: {e}"
+                log.warning("prefetch: %s", self.status)
+                return
+            if evs:
+                self.feed(evs)
+
+    def sync(self) -> None:
+        """Feed every event already in the ring buffer (tests, end of a phase)."""
+        if self.tracer is not None:
+            self.feed(self.tracer.drain())
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2)
+            self._thread = None
+        if self.tracer is not None:
+            self.tracer.close()
+
+
+def make_prefetcher() -> Prefetcher:
+    """The daemon's factory (controlplane/restore.py): a Prefetcher whose fault tracer compiles
+    and attaches in the background (tens of seconds under TCG); until then restore() runs on an
+    empty history and says so in its result."""
+    from ebpf.tracer import PHASE_CODES, FaultTracer
+
+    tracer = FaultTracer()
+    p = Prefetcher(tracer=None)
+    p.status = "tracer starting"
+
+    def boot() -> None:
+        try:
+            tracer.start()
+        except Exception as e:
+            p.status = f"tracer unavailable: {e}"
+            log.warning("prefetch: %s", p.status)
+            return
+        with p._mu:
+            p.tracer = tracer
+            for st in p.sandboxes.values():
+                tracer.add_sandbox(st.name, st.cgroup_id)
+                tracer.phase_change(st.name, PHASE_CODES.get(st.phase, 0), seq=st.seq)
+            p.status = "tracing"
+        p.start_polling()
+
+    threading.Thread(target=boot, name="prefetch-tracer", daemon=True).start()
+    return p

@@ -1,0 +1,183 @@
+"""The Prefetcher with fake system calls: phases, learning from events, batching in predicted
+order, byte and time budgets, the faulting-past stop, resident pages skipped, accuracy."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from controlplane.prefetch import PrefetchConfig, Prefetcher
+from ebpf.events import EV_MAJOR, EV_MINOR, FaultEvent
+
+P = 4096
+B = 0x7F0000000000
+PID = 321
+CG = 77
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class Kernel:
+    """Fake process_madvise + pidfd + cgroup.procs + pagemap."""
+
+    def __init__(self, clock: Clock, cost: float = 0.0) -> None:
+        self.clock, self.cost = clock, cost
+        self.advised: list[int] = []  # page addresses, in call order
+        self.calls = 0
+        self.resident: set[int] = set()
+        self.procs = [PID]
+
+    def madvise(self, fd: int, ranges: Sequence[tuple[int, int]]) -> int:
+        assert fd == 1000 + PID
+        self.calls += 1
+        self.clock.t += self.cost
+        n = 0
+        for start, length in ranges:
+            self.advised += list(range(start, start + length, P))
+            n += length
+        return n
+
+    def swapped(self, pid: int, addrs: Sequence[int]) -> set[int]:
+        return {a for a in addrs if a not in self.resident}
+
+
+def make(cfg: PrefetchConfig | None = None, cost: float = 0.0) -> tuple[Prefetcher, Kernel]:
+    clock = Clock()
+    k = Kernel(clock, cost)
+    p = Prefetcher(cfg or PrefetchConfig(history=3), clock=clock, madvise=k.madvise,
+                   open_pidfd=lambda pid: 1000 + pid, procs=lambda cg: list(k.procs),
+                   swapped=k.swapped)
+    p.add_sandbox("sb", "/sys/fs/cgroup/sb", cgroup_id=CG)
+    return p, k
+
+
+def faults(p: Prefetcher, idx: Sequence[int], kind: int = EV_MAJOR, since: int = 1000) -> None:
+    seq = p.sandboxes["sb"].seq
+    p.feed(FaultEvent(i, CG, B + i * P, i, since, PID, PID, seq, kind, 0) for i in idx)
+
+
+def cycle(p: Prefetcher, idx: Sequence[int], prefetch: bool = False) -> dict[str, Any] | None:
+    p.record_phase_change("sb", "llm-wait")
+    res = p.restore("sb") if prefetch else None
+    if not prefetch:
+        p.record_phase_change("sb", "tool")
+    faults(p, idx)
+    return res
+
+
+def test_nothing_learned_yet_is_not_an_error() -> None:
+    p, k = make()
+    res = p.restore("sb")
+    assert res["restore_set_pages"] == 0 and res["prefetched_pages"] == 0
+    assert k.calls == 0
+
+
+def test_learns_then_prefetches_in_first_touch_order() -> None:
+    p, k = make()
+    hot = [50, 51, 52, 7, 300, 8, 9]
+    cycle(p, hot)
+    cycle(p, [*hot, 999])
+    res = cycle(p, [], prefetch=True)
+    assert res is not None
+    assert res["restore_set_pages"] == len(hot) + 1  # 999 has weight 1/2 >= 0.34
+    # ranges in predicted order: 50-52, 7-9 (7 ranks before 300), 300, 999
+    assert k.advised == [B + i * P for i in (50, 51, 52, 7, 8, 9, 300, 999)]
+    assert res["ranges"] == 4 and res["calls"] == 1
+    assert res["prefetched_pages"] == 8 and res["stopped"] == ""
+
+
+def test_window_limits_learning_to_the_first_part_of_the_phase() -> None:
+    p, k = make(PrefetchConfig(history=3, window_s=1.0))
+    for _ in range(2):
+        p.record_phase_change("sb", "llm-wait")
+        p.record_phase_change("sb", "tool")
+        faults(p, [1, 2], since=int(0.5e9))
+        faults(p, [3, 4], since=int(2e9))  # late in the phase: not part of the restore set
+    p.record_phase_change("sb", "llm-wait")
+    p.restore("sb")
+    assert k.advised == [B + P, B + 2 * P]
+
+
+def test_byte_budget() -> None:
+    p, k = make(PrefetchConfig(history=3, max_bytes=5 * P, batch_pages=3))
+    cycle(p, range(20))
+    cycle(p, range(20))
+    res = cycle(p, [], prefetch=True)
+    assert res is not None
+    assert len(k.advised) == 5 and res["prefetched_bytes"] == 5 * P
+    assert res["restore_set_pages"] == 5  # learned set capped by the budget
+
+
+def test_time_budget() -> None:
+    p, k = make(PrefetchConfig(history=3, max_seconds=1.0, batch_pages=4), cost=0.4)
+    cycle(p, range(40))
+    cycle(p, range(40))
+    res = cycle(p, [], prefetch=True)
+    assert res is not None
+    assert res["stopped"] == "budget-time"
+    assert k.calls == 3 and len(k.advised) == 12  # 0.0, 0.4, 0.8 < 1.0; stop at 1.2
+
+
+def test_stops_when_sandbox_faults_past_the_prediction() -> None:
+    p, k = make(PrefetchConfig(history=3, batch_pages=2, stop_after_faults=3))
+    cycle(p, range(10))
+    cycle(p, range(10))
+    p.record_phase_change("sb", "llm-wait")
+    p.record_phase_change("sb", "tool")
+    faults(p, [500, 501, 502])  # the tool is already running, outside the restore set
+    res = p.restore("sb")
+    assert res["stopped"] == "faulting-past" and k.calls == 0
+
+
+def test_resident_pages_are_skipped() -> None:
+    p, k = make()
+    cycle(p, range(6))
+    cycle(p, range(6))
+    k.resident = {B + 2 * P, B + 3 * P}
+    res = cycle(p, [], prefetch=True)
+    assert res is not None
+    assert res["skipped_resident"] == 2
+    assert k.advised == [B + i * P for i in (0, 1, 4, 5)]
+
+
+def test_dead_processes_pages_are_dropped() -> None:
+    p, k = make()
+    cycle(p, range(6))
+    cycle(p, range(6))
+    k.procs = [999]
+    res = cycle(p, [], prefetch=True)
+    assert res is not None
+    assert res["prefetched_pages"] == 0 and k.calls == 0
+
+
+def test_accuracy_used_unused_read_twice_missed() -> None:
+    p, _k = make()
+    cycle(p, range(10))
+    cycle(p, range(10))
+    p.record_phase_change("sb", "llm-wait")
+    p.restore("sb")  # prefetches pages 0..9
+    faults(p, range(0, 6), kind=EV_MINOR)  # used: faults avoided
+    faults(p, [6], kind=EV_MAJOR)  # evicted again before use: read twice
+    faults(p, [40, 41], kind=EV_MAJOR)  # not predicted: missed
+    p.record_phase_change("sb", "llm-wait")  # settles
+    a = p.accuracy("sb")
+    assert a["prefetched"] == 10
+    assert a["used"] == a["faults_avoided"] == 6
+    assert a["read_twice"] == 1 and a["bytes_read_twice"] == P
+    assert a["unused"] == 3
+    assert a["missed"] == 2
+
+
+def test_restore_accepts_a_registry_sandbox() -> None:
+    from controlplane.registry import Sandbox
+
+    p, _k = make()
+    sb = Sandbox(name="other", cgroup_id=88, group=0, cgroup_path="/sys/fs/cgroup/other")
+    res = p.restore(sb)
+    assert res["sandbox"] == "other" and p.sandboxes["other"].cgroup_id == 88

@@ -1,0 +1,199 @@
+"""ebpf/faulttrace: exact event counts for a scripted fault sequence, module tracepoints, drops
+counted, and clear errors (not root, second instance, module absent, unload/reload)."""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+IN_GUEST = bool(os.environ.get("AZSWAP_IN_GUEST"))
+pytestmark = pytest.mark.skipif(not IN_GUEST, reason="runs inside the test kernel (vm-tests/run)")
+
+TOP = Path(__file__).resolve().parents[2]
+CLI = [sys.executable, str(TOP / "ebpf" / "faulttrace.py")]
+KPROBES = Path("/sys/kernel/debug/kprobes/list")
+
+
+def run_cli(*args: str, uid: int | None = None) -> subprocess.CompletedProcess[str]:
+    def drop() -> None:
+        if uid is not None:
+            os.setgid(uid)
+            os.setuid(uid)
+
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=300,
+                          preexec_fn=drop, cwd="/tmp")
+
+
+def assert_clear_error(r: subprocess.CompletedProcess[str], words: str) -> None:
+    assert r.returncode == 1, (r.returncode, r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr, r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert lines and lines[-1].startswith("faulttrace: error: "), r.stderr
+    assert words in lines[-1], lines[-1]
+
+
+def test_errors_before_loading() -> None:
+    """Not root, and azswap's tracepoints required while the module is absent."""
+    import azswap_guest as ag
+
+    ag.cleanup_module()
+    assert_clear_error(run_cli("-c", "/sys/fs/cgroup", "-d", "1", uid=65534), "must run as root")
+    assert_clear_error(run_cli("-c", "/sys/fs/cgroup", "-d", "1", "--module-events"),
+                       "azswap module not loaded")
+    assert_clear_error(run_cli("-c", "/nonexistent-cgroup", "-d", "1"), "nonexistent-cgroup")
+    h = run_cli("-h")
+    assert h.returncode == 0 and "examples:" in h.stdout
+
+
+@pytest.fixture(scope="module")
+def swap() -> Iterator[str]:
+    from swapdev import swap_device
+
+    with swap_device("512M") as kind:
+        print(f"swap device: {kind}")
+        yield kind
+
+
+@pytest.fixture(scope="module")
+def tracer(swap: str) -> Iterator[object]:
+    from ebpf.tracer import FaultTracer
+
+    tr = FaultTracer()
+    tr.start()
+    yield tr
+    tr.close()
+
+
+def _sandbox(name: str, npages: int, seed: int) -> tuple[object, object]:
+    from swapdev import Cg
+
+    from controlplane.bench.pagesandbox import PageSandbox
+
+    cg = Cg(name)
+    return cg, PageSandbox(cg.path, npages, seed)
+
+
+def _swapped(pid: int, addrs: list[int]) -> set[int]:
+    from controlplane.prefetch import swapped_out
+
+    return swapped_out(pid, addrs)
+
+
+def test_exact_fault_sequence(tracer, swap: str) -> None:
+    from ebpf.tracer import PHASE_TOOL
+
+    cg, sb = _sandbox("exact", 512, 7)
+    try:
+        tracer.add_sandbox("exact", cg.path)
+        cg.reclaim_all()
+        rng = random.Random(3)
+        seq = rng.sample(range(512), 300)
+        addrs = [sb.page_addr(i) for i in seq]
+        out = _swapped(sb.pid, addrs)
+        assert len(out) == len(addrs), f"only {len(out)} of {len(addrs)} pages swapped out"
+        tracer.drain()
+        before = tracer.sandbox_stats().get("exact", {})
+        tracer.phase_change("exact", PHASE_TOOL)
+        r = sb.touch(seq)
+        evs = [e for e in tracer.drain() if e.tgid == sb.pid]
+        assert r["bad"] == 0
+        lo, hi = sb.addr, sb.addr + 512 * 4096
+        region = [e for e in evs if lo <= e.addr < hi]
+        # every scripted page faulted back once, in the scripted order, each a major fault
+        assert [e.addr for e in region] == addrs
+        assert all(e.major for e in region)
+        assert {e.phase_seq for e in region} == {tracer.sandboxes["exact"].phase_seq}
+        assert all(e.since_phase_ns > 0 for e in region)
+        # all major faults of the process in the window: the kernel's own count
+        win = [e for e in evs if r["t0_ns"] <= e.ts_ns <= r["t1_ns"] and e.major]
+        assert len(win) == r["majflt"], (len(win), r["majflt"])
+        after = tracer.sandbox_stats()["exact"]
+        c = tracer.counters()
+        assert c["drops"] == 0 and c["pending_full"] == 0 and c["bad_events"] == 0
+        assert after["major"] - before.get("major", 0) >= len(addrs)
+        assert sb.verify() == 0
+    finally:
+        sb.stop()
+        tracer.remove_sandbox("exact")
+        cg.remove()
+
+
+def test_module_tracepoints(tracer, swap: str) -> None:
+    if swap != "azswap" or not tracer.with_module:
+        pytest.skip(f"azswap tracepoints need the azswap device (swap device: {swap})")
+    cg, sb = _sandbox("tp", 256, 9)
+    try:
+        tracer.add_sandbox("tp", cg.path)
+        cg.reclaim_all()
+        st0 = tracer.sandbox_stats().get("tp", {})
+        assert st0.get("stores", 0) >= 256 and st0.get("stored_bytes", 0) > 0, st0
+        tracer.drain()
+        r = sb.touch(range(256))
+        assert r["bad"] == 0
+        evs = [e for e in tracer.drain() if e.tgid == sb.pid and e.major]
+        st = tracer.sandbox_stats()["tp"]
+        loads = st["loads"] - st0.get("loads", 0)
+        # each major swap-in of the sandbox is one azswap load (no readahead: page-cluster 0)
+        assert loads == len(evs), (loads, len(evs))
+        hist = tracer.decode_hist().get("tp", {})
+        assert sum(hist.values()) == st["loads"]
+    finally:
+        sb.stop()
+        tracer.remove_sandbox("tp")
+        cg.remove()
+
+
+def test_second_instance_refused(tracer) -> None:
+    from ebpf.tracer import AlreadyRunning, FaultTracer
+
+    with pytest.raises(AlreadyRunning, match="already loaded"):
+        FaultTracer().start()
+    assert_clear_error(run_cli("-c", "/sys/fs/cgroup", "-d", "1"), "already loaded")
+
+
+def test_unload_then_drops_counted(tracer, swap: str) -> None:
+    """close() detaches the probes and frees the lock; a tiny ring buffer that is not read
+    loses events, and every lost event is counted."""
+    from ebpf.tracer import FaultTracer
+
+    tracer.close()
+    listed = KPROBES.read_text() if KPROBES.exists() else ""
+    assert "swap_cache_get_folio" not in listed, listed
+    small = FaultTracer(ringbuf_pages=1)
+    small.start()
+    cg, sb = _sandbox("drops", 1024, 11)
+    try:
+        small.add_sandbox("drops", cg.path)
+        cg.reclaim_all()
+        small.drain()
+        c0 = small.counters()
+        s0 = small.sandbox_stats().get("drops", {})
+        r = sb.touch(range(1024))
+        assert r["bad"] == 0
+        c1 = small.counters()
+        got = len(small.drain())
+        st = small.sandbox_stats()["drops"]
+        total = st["major"] + st["minor"] - s0.get("major", 0) - s0.get("minor", 0)
+        events = c1["events"] - c0["events"]
+        drops = c1["drops"] - c0["drops"]
+        assert total >= 1024
+        assert drops > 0, "a one-page ring buffer should have overflowed"
+        assert events == got
+        assert events + drops == total, (events, drops, total)
+        assert st["drops"] - s0.get("drops", 0) == drops
+    finally:
+        sb.stop()
+        small.close()
+        cg.remove()
+    # the CLI can load again now
+    r = run_cli("-c", "/sys/fs/cgroup", "-d", "0.5", "--no-module-events")
+    assert r.returncode == 0, r.stderr
+    assert "dropped 0" in r.stdout
