@@ -172,7 +172,9 @@ class DaemonClient:
         return self.request("policy_set", fields=fields)
 
     def subscribe(self, timeout: float | None = None) -> Iterator[dict[str, Any]]:
-        """Events from a dedicated connection, until the daemon goes away."""
+        """Events from a dedicated connection, until the daemon goes away.  Subscribed when this
+        returns (so nothing that happens afterwards is missed); ``timeout`` bounds each wait
+        (TimeoutError)."""
         s = self._connect()
         s.settimeout(timeout)
         f = s.makefile("rb")
@@ -181,6 +183,15 @@ class DaemonClient:
             first = json.loads(f.readline() or b"{}")
             if not first.get("ok"):
                 self._raise(first.get("error", {"code": "daemon_not_running"}))
+        except BaseException:
+            f.close()
+            s.close()
+            raise
+        return self._events(s, f)
+
+    @staticmethod
+    def _events(s: socket.socket, f: Any) -> Iterator[dict[str, Any]]:
+        try:
             for raw in f:
                 msg = json.loads(raw)
                 if "event" in msg:

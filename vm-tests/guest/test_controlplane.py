@@ -101,6 +101,15 @@ def wait_for(fn: Any, timeout: float, what: str, interval: float = 0.02) -> Any:
         time.sleep(interval)
 
 
+def wait_compressed(events: Any, name: str) -> dict[str, Any]:
+    """The scheduler's state when its 'compress' event for ``name`` says it finished."""
+    for ev in events:
+        if ev["event"] == "compress" and ev["name"] == name:
+            assert ev["result"] in ("done", "floor"), ev
+            return dict(ev["state"])
+    raise AssertionError("event stream ended")
+
+
 def module_owner(cid: int) -> Any:
     from controlplane.netlink import AzswapNetlink
 
@@ -161,15 +170,10 @@ def test_controlplane_end_to_end(dev0: ag.Dev, azpages: Any, workers: list) -> N
         assert mem0 >= 256 * MiB and st0.pages == 0
 
         # -- llm-wait compresses sb1: memory.current drops, stored bytes rise ---------------
+        events = DaemonClient(SOCK).subscribe(timeout=600)
         t0 = time.monotonic()
         c.phase("sb1", "llm-wait")
-        comp = wait_for(
-            lambda: (
-                (c.stats("sb1").get("compress") or {}).get("done") and c.stats("sb1")["compress"]
-            ),
-            300,
-            "sb1 compressed",
-        )
+        comp = wait_compressed(events, "sb1")
         t_done = time.monotonic() - t0
         mem1 = cg1.current()
         st1 = module_owner(cg1.id)
@@ -292,16 +296,10 @@ def test_controlplane_end_to_end(dev0: ag.Dev, azpages: Any, workers: list) -> N
         # -- the same 256 MiB with the default CPU budget (0.25 of a CPU) -----------------------
         ag.all_call([w1], "touch")  # fault everything back
         mem0 = cg1.current()
+        events = DaemonClient(SOCK).subscribe(timeout=900)
         t0 = time.monotonic()
         c.phase("sb1", "llm-wait")
-        comp = wait_for(
-            lambda: (
-                (c.stats("sb1").get("compress") or {}).get("done") and c.stats("sb1")["compress"]
-            ),
-            600,
-            "sb1 compressed (budget 0.25)",
-            interval=0.1,
-        )
+        comp = wait_compressed(events, "sb1")
         t_done = time.monotonic() - t0
         mem1 = cg1.current()
         duty = comp["wall"] / max(1e-9, comp["finished_at"] - comp["started_at"])
