@@ -40,7 +40,7 @@ from controlplane.cgroup import CGROUP_ROOT, PROC_ROOT, normalize
 from controlplane.netlink import AzswapNetlink, EventListener, Phase, validate_group
 from controlplane.phase import PhaseConfig, PhaseModel
 from controlplane.registry import RUN_DIR, ModuleBackend, Registry, Sandbox, state_path
-from controlplane.restore import Prefetcher, load_prefetcher
+from controlplane.restore import NoopPrefetcher, Prefetcher, load_prefetcher
 from controlplane.scheduler import Scheduler, SchedulerConfig, Target
 from controlplane.sysfs import SYS_BLOCK, Device
 
@@ -171,7 +171,9 @@ class Daemon:
             policy_setter=lambda pol: self.module.policy_set(**pol),
             notify=self.publish,
         )
-        self.prefetcher = prefetcher if prefetcher is not None else load_prefetcher(c.prefetch)
+        # loaded in start(), after the module answered: the real prefetcher compiles BPF
+        self.prefetcher: Prefetcher = prefetcher if prefetcher is not None else NoopPrefetcher()
+        self._load_prefetcher = prefetcher is None
         self._conns: set[Connection] = set()
         self._conns_lock = threading.Lock()
         self._stop = threading.Event()
@@ -462,6 +464,8 @@ class Daemon:
         """Recover, bind and start every thread (returns; see :meth:`run` for the foreground)."""
         self.recover()
         self.bind()
+        if self._load_prefetcher:
+            self.prefetcher = load_prefetcher(self.config.prefetch)
         assert self._server is not None
         self._spawn("server", self._server.serve_forever, 0.2)
         self._spawn("scheduler", self.scheduler.run)
