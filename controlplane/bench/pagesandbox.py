@@ -11,6 +11,7 @@ delta (/proc/self/stat majflt) around the touches.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import mmap
 import os
 import random
@@ -61,6 +62,15 @@ def majflt() -> int:
     return int(stat.rsplit(")", 1)[1].split()[9])
 
 
+def pswpin() -> int:
+    """Pages read from swap, system-wide (/proc/vmstat)."""
+    with open("/proc/vmstat") as f:
+        for ln in f:
+            if ln.startswith("pswpin "):
+                return int(ln.split()[1])
+    return 0
+
+
 class _Pages:
     def __init__(self, npages: int, seed: int) -> None:
         self.n, self.seed = npages, seed
@@ -100,8 +110,6 @@ def _serve(conn: Connection, cgroup: Path | None, npages: int, seed: int) -> Non
         (cgroup / "cgroup.procs").write_text(str(os.getpid()))
     pages = _Pages(npages, seed)
     pages.fill()
-    import ctypes
-
     addr = ctypes.addressof(ctypes.c_char.from_buffer(pages.m))
     conn.send({"pid": os.getpid(), "addr": addr})
     while True:
@@ -111,16 +119,17 @@ def _serve(conn: Connection, cgroup: Path | None, npages: int, seed: int) -> Non
             return
         if cmd == "touch":
             idx, write_every, spin_s = args
-            m0, t0 = majflt(), time.monotonic_ns()
+            s0, m0, t0 = pswpin(), majflt(), time.monotonic_ns()
             bad, _ = pages.touch(idx, write_every)
             end = time.monotonic() + spin_s
             while time.monotonic() < end:  # the tool's own CPU work
                 zlib.crc32(pages.pool[:4096])
-            t1, m1 = time.monotonic_ns(), majflt()
+            t1, m1, s1 = time.monotonic_ns(), majflt(), pswpin()
             conn.send(
                 {
                     "bad": bad,
                     "majflt": m1 - m0,
+                    "pswpin": s1 - s0,
                     "t0_ns": t0,
                     "t1_ns": t1,
                     "seconds": (t1 - t0) / 1e9,

@@ -4,6 +4,7 @@ every swap-in is one page (no readahead) and fault counts are exact."""
 
 from __future__ import annotations
 
+import atexit
 import errno
 import os
 import subprocess
@@ -108,3 +109,45 @@ class Cg:
                 return
             except OSError:
                 time.sleep(0.1)
+
+
+# -- one swap device and one fault tracer for the whole guest session ---------------------------
+# (compiling the BPF program costs 15-100 s under TCG; with azswap, the tracer's tracepoint
+# attachments pin the module, so the tracer is closed before the device goes away)
+
+_session: dict[str, object] = {}
+
+
+def _session_end() -> None:
+    tr = _session.pop("tracer", None)
+    if tr is not None:
+        tr.close()  # type: ignore[attr-defined]
+    cm = _session.pop("swap", None)
+    if cm is not None:
+        cm.__exit__(None, None, None)  # type: ignore[attr-defined]
+
+
+def session_swap() -> str:
+    if "kind" not in _session:
+        cm = swap_device("512M")
+        _session["kind"] = cm.__enter__()
+        _session["swap"] = cm
+        atexit.register(_session_end)
+    return str(_session["kind"])
+
+
+def session_tracer(ringbuf_pages: int = 32) -> object:
+    """The shared FaultTracer, started on first use (and again after a test closed it)."""
+    from ebpf.tracer import FaultTracer
+
+    session_swap()
+    tr = _session.get("tracer")
+    if tr is None or tr.bpf is None:  # type: ignore[attr-defined]
+        tr = FaultTracer(ringbuf_pages=ringbuf_pages)
+        tr.start()
+        _session["tracer"] = tr
+    return tr
+
+
+def replace_tracer(tr: object) -> None:
+    _session["tracer"] = tr

@@ -10,7 +10,6 @@ import json
 import os
 import random
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,20 +25,15 @@ NOISE = 40  # random extra pages per cycle (must not be learned)
 
 
 @pytest.fixture(scope="module")
-def setup() -> Iterator[tuple[object, str]]:
-    from swapdev import swap_device
+def setup() -> tuple[object, str]:
+    from swapdev import session_swap, session_tracer
 
     from controlplane.prefetch import PrefetchConfig, Prefetcher
-    from ebpf.tracer import FaultTracer
 
-    with swap_device("512M") as kind:
-        tr = FaultTracer()
-        tr.start()
-        p = Prefetcher(PrefetchConfig(history=3, window_s=60.0), tracer=tr)
-        try:
-            yield p, kind
-        finally:
-            p.close()
+    kind = session_swap()
+    tr = session_tracer()
+    # events are fed by p.sync() after each phase: no polling thread, the tracer stays shared
+    return Prefetcher(PrefetchConfig(history=3, window_s=60.0), tracer=tr), kind
 
 
 def test_restore_set_and_fault_reduction(setup) -> None:

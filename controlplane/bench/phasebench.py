@@ -1,0 +1,386 @@
+"""Phase benchmark (issue 6): fan-out sandboxes with LLM-wait/tool cycles under three regimes.
+
+    vm-tests/run --memory 2G -- .venv/bin/python -m controlplane.bench.phasebench \\
+        [--sandboxes 4] [--pages 4096] [--hot 0.25] [--cycles 6] [--wait 2.0] [--tool-cpu 0.1] \\
+        [--modes a,b,c] [--swap azswap|zram] [--json OUT]
+
+Every sandbox is a process in its own memory cgroup (controlplane/bench/pagesandbox.py) owning
+--pages pages of text-like, verifiable data.  It alternates an LLM wait (sleep --wait s, the
+sandboxes staggered) and a tool phase: touch its hot set (--hot of its pages, same pages in the
+same first-touch order each cycle, every 8th one rewritten, plus 1% fresh random pages), verify
+every page touched, then --tool-cpu s of CPU.  Regimes, each with fresh sandboxes, in one guest:
+
+  (a) none        no compression: nothing reclaimed.
+  (b) aggressive  a proactive reclaimer blind to phases: every --interval s it pushes every
+                  sandbox out with memory.reclaim, whatever the sandbox is doing.
+  (c) phase-aware compress a sandbox once per LLM wait, --grace s after the wait starts (the
+                  scheduler's rule), never in a tool phase; on the tool hint prefetch its learned
+                  restore set (controlplane/prefetch.py, fault tracer in ebpf/) with
+                  process_madvise(MADV_WILLNEED), synchronously: the prefetch time is part of the
+                  tool latency.  --prefetch-lead S issues it S seconds before the (predicted) end
+                  of the wait instead.
+
+Figures per regime: tool-phase latency (mean, p50, p95, over cycles after --warmup), end-to-end
+time of the whole fan-out, major faults in tool phases, memory footprint (time-averaged sum of
+the sandboxes' memory.current plus the swap device's own memory: zram mem_used_total / azswap
+pool + metadata bytes) and the saving against (a).  Then slowdown (b)/(a), (c)/(a) and the
+fraction of (b)'s saving that (c) keeps.  Nothing here asserts anything; JSON goes to
+$AZSWAP_OUT/phasebench.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import json
+import os
+import random
+import statistics
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from controlplane.bench.pagesandbox import PageSandbox
+
+CGROOT = Path("/sys/fs/cgroup")
+BENCH_CG = CGROOT / "azphase"
+MiB = 1 << 20
+
+
+# -- swap device -------------------------------------------------------------------------------
+
+
+def _sh(*cmd: str) -> int:
+    import subprocess
+
+    return subprocess.run(list(cmd), capture_output=True, text=True, check=False).returncode
+
+
+class SwapDev:
+    def __init__(self, want: str, size: str = "1G") -> None:
+        self.kind = ""
+        p = Path("/sys/module/zswap/parameters/enabled")
+        if p.exists():
+            p.write_text("N")
+        if want == "azswap":
+            self.kind = self._azswap(size)
+        if not self.kind:
+            _sh("modprobe", "zram", "num_devices=1")
+            Path("/sys/block/zram0/reset").write_text("1")
+            Path("/sys/block/zram0/comp_algorithm").write_text("lz4")
+            Path("/sys/block/zram0/disksize").write_text(size)
+            _sh("mkswap", "/dev/zram0")
+            if _sh("swapon", "-p", "100", "/dev/zram0"):
+                raise SystemExit("phasebench: swapon /dev/zram0 failed")
+            self.kind = "zram"
+
+    def _azswap(self, size: str) -> str:
+        top = Path(__file__).resolve().parents[2]
+        for m in ("zsmalloc", "lz4_compress", "lz4_decompress", "zstd_compress",
+                  "zstd_decompress"):
+            _sh("modprobe", m)
+        if not Path("/sys/module/azswap").exists() and _sh(
+                "insmod", str(top / "kmod" / "azswap.ko")):
+            print("phasebench: insmod azswap.ko failed; using zram", file=sys.stderr)
+            return ""
+        try:
+            Path("/sys/block/azswap0/disksize").write_text(size)
+        except OSError as e:
+            print(f"phasebench: azswap0 disksize: {e}; using zram", file=sys.stderr)
+            return ""
+        if _sh("mkswap", "/dev/azswap0") or _sh("swapon", "-p", "100", "/dev/azswap0"):
+            print("phasebench: swapon /dev/azswap0 failed; using zram", file=sys.stderr)
+            _sh("rmmod", "azswap")
+            return ""
+        return "azswap"
+
+    def used_bytes(self) -> int:
+        """Memory the device itself holds for the stored pages."""
+        if self.kind == "zram":
+            cols = Path("/sys/block/zram0/mm_stat").read_text().split()
+            return int(cols[2])  # mem_used_total
+        cols = [int(x) for x in Path("/sys/block/azswap0/mm_stat").read_text().split()]
+        return cols[2] + cols[7]  # pool + meta (docs/sysfs-abi.md column order)
+
+    def close(self) -> None:
+        if self.kind == "zram":
+            _sh("swapoff", "/dev/zram0")
+            Path("/sys/block/zram0/reset").write_text("1")
+        elif self.kind == "azswap":
+            _sh("swapoff", "/dev/azswap0")
+            _sh("rmmod", "azswap")
+
+
+# -- cgroups -----------------------------------------------------------------------------------
+
+
+def reclaim(cg: Path, amount: str = "1G") -> float:
+    t = time.monotonic()
+    try:
+        (cg / "memory.reclaim").write_text(amount)
+    except OSError as e:
+        if e.errno != errno.EAGAIN:
+            raise
+    return time.monotonic() - t
+
+
+def mem_current(cg: Path) -> int:
+    return int((cg / "memory.current").read_text())
+
+
+def pgmajfault(cg: Path) -> int:
+    for ln in (cg / "memory.stat").read_text().splitlines():
+        k, v = ln.split()
+        if k == "pgmajfault":
+            return int(v)
+    return 0
+
+
+# -- one regime --------------------------------------------------------------------------------
+
+
+@dataclass
+class Box:
+    name: str
+    cg: Path
+    sb: PageSandbox
+    hot: list[int]
+    rng: random.Random
+    phase: str = "start"
+    phase_t: float = 0.0
+    compressed: bool = True  # (c): compressed once per wait
+    tool_s: list[float] = field(default_factory=list)
+    majflt: list[int] = field(default_factory=list)
+    prefetch: list[dict[str, Any]] = field(default_factory=list)
+    bad: int = 0
+
+
+@dataclass
+class Args:
+    sandboxes: int
+    pages: int
+    hot: float
+    cycles: int
+    warmup: int
+    wait: float
+    tool_cpu: float
+    interval: float
+    grace: float
+    prefetch_lead: float
+    seed: int
+
+
+def run_mode(mode: str, a: Args, dev: SwapDev, prefetcher: Any) -> dict[str, Any]:
+    BENCH_CG.mkdir(exist_ok=True)
+    (BENCH_CG / "cgroup.subtree_control").write_text("+memory")
+    boxes: list[Box] = []
+    for i in range(a.sandboxes):
+        cg = BENCH_CG / f"{mode}{i}"
+        cg.mkdir(exist_ok=True)
+        sb = PageSandbox(cg, a.pages, seed=a.seed + i)
+        rng = random.Random(a.seed * 100 + i)
+        hot = rng.sample(range(a.pages), int(a.pages * a.hot))
+        boxes.append(Box(f"{mode}{i}", cg, sb, hot, rng))
+        if prefetcher is not None:
+            prefetcher.add_sandbox(f"{mode}{i}", cg)
+    stop = threading.Event()
+    mu = threading.Lock()
+    samples: list[int] = []
+
+    def sampler() -> None:
+        while not stop.is_set():
+            total = sum(mem_current(b.cg) for b in boxes)
+            if mode != "a":
+                total += dev.used_bytes()
+            samples.append(total)
+            stop.wait(0.1)
+
+    reclaim_s = [0.0]
+
+    def aggressive() -> None:  # (b): blind to phases
+        while not stop.is_set():
+            for b in boxes:
+                reclaim_s[0] += reclaim(b.cg)
+            stop.wait(a.interval)
+
+    def phase_aware() -> None:  # (c): once per wait, after the grace period, never in tools
+        while not stop.is_set():
+            now = time.monotonic()
+            for b in boxes:
+                with mu:
+                    due = (b.phase == "llm-wait" and not b.compressed
+                           and now - b.phase_t >= a.grace)
+                    if due:
+                        b.compressed = True
+                if due:
+                    reclaim_s[0] += reclaim(b.cg)
+            stop.wait(0.05)
+
+    def set_phase(b: Box, phase: str) -> None:
+        with mu:
+            b.phase, b.phase_t = phase, time.monotonic()
+            if phase == "llm-wait":
+                b.compressed = False
+        if prefetcher is not None and phase == "llm-wait":
+            prefetcher.record_phase_change(b.name, phase)
+
+    def life(b: Box, offset: float) -> None:
+        time.sleep(offset)
+        for c in range(a.cycles):
+            res: dict[str, Any] | None = None
+            set_phase(b, "llm-wait")
+            lead = a.prefetch_lead if prefetcher is not None and c >= 1 else 0.0
+            time.sleep(max(a.wait - lead, 0.0))
+            t0 = time.monotonic()
+            if lead:
+                with mu:
+                    b.compressed = True  # the wait is ending: do not compress any more
+                res = prefetcher.restore(b.name)
+                time.sleep(max(lead - (time.monotonic() - t0), 0.0))
+                t0 = time.monotonic()
+            set_phase(b, "tool")
+            if prefetcher is not None and not lead:
+                res = prefetcher.restore(b.name)
+            if prefetcher is not None:
+                b.prefetch.append(res)
+            fresh = b.rng.sample(range(a.pages), max(a.pages // 100, 1))
+            r = b.sb.touch(b.hot + fresh, write_every=8, spin_s=a.tool_cpu)
+            b.tool_s.append(time.monotonic() - t0)
+            b.majflt.append(int(r["majflt"]))
+            b.bad += int(r["bad"])
+        set_phase(b, "done")
+
+    helpers = [threading.Thread(target=sampler, daemon=True)]
+    if mode == "b":
+        helpers.append(threading.Thread(target=aggressive, daemon=True))
+    elif mode == "c":
+        helpers.append(threading.Thread(target=phase_aware, daemon=True))
+    lives = [threading.Thread(target=life, args=(b, i * a.wait / a.sandboxes))
+             for i, b in enumerate(boxes)]
+    t_start = time.monotonic()
+    for t in helpers + lives:
+        t.start()
+    for t in lives:
+        t.join()
+    e2e = time.monotonic() - t_start
+    stop.set()
+    for t in helpers:
+        t.join()
+    bad = sum(b.bad for b in boxes) + sum(b.sb.verify() for b in boxes)
+    steady = [s for b in boxes for s in b.tool_s[a.warmup:]]
+    maj = [m for b in boxes for m in b.majflt[a.warmup:]]
+    out: dict[str, Any] = {
+        "mode": mode,
+        "e2e_s": round(e2e, 3),
+        "tool_mean_s": round(statistics.fmean(steady), 4),
+        "tool_p50_s": round(statistics.median(steady), 4),
+        "tool_p95_s": round(sorted(steady)[int(0.95 * (len(steady) - 1))], 4),
+        "tool_majflt_mean": round(statistics.fmean(maj), 1),
+        "footprint_mib": round(statistics.fmean(samples) / MiB, 2),
+        "reclaim_s": round(reclaim_s[0], 2),
+        "bad_pages": bad,
+        "pgmajfault": sum(pgmajfault(b.cg) for b in boxes),
+    }
+    if prefetcher is not None:
+        acc = [prefetcher.settle(b.name) for b in boxes]
+        out["prefetch"] = {k: sum(x[k] for x in acc) for k in acc[0]}
+        pf = [r for b in boxes for r in b.prefetch[a.warmup:] if r]
+        out["prefetch_s_mean"] = round(statistics.fmean(r["seconds"] for r in pf), 4) if pf else 0
+        out["prefetch_pages_mean"] = (round(statistics.fmean(r["prefetched_pages"] for r in pf),
+                                            1) if pf else 0)
+        out["stopped"] = sorted({r["stopped"] for r in pf if r["stopped"]})
+    for b in boxes:
+        b.sb.stop()
+        for _ in range(50):
+            try:
+                b.cg.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="phasebench", description=__doc__.split("\n\n")[0],
+                                 epilog="\n\n".join(__doc__.split("\n\n")[1:]),
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sandboxes", type=int, default=4)
+    ap.add_argument("--pages", type=int, default=4096, help="pages per sandbox")
+    ap.add_argument("--hot", type=float, default=0.25, help="fraction touched per tool phase")
+    ap.add_argument("--cycles", type=int, default=6)
+    ap.add_argument("--warmup", type=int, default=2, help="cycles left out of tool latency")
+    ap.add_argument("--wait", type=float, default=2.0, help="LLM wait, seconds")
+    ap.add_argument("--tool-cpu", type=float, default=0.1, help="tool CPU work, seconds")
+    ap.add_argument("--interval", type=float, default=0.25, help="(b) reclaim period")
+    ap.add_argument("--grace", type=float, default=0.2, help="(c) wait age before compressing")
+    ap.add_argument("--prefetch-lead", type=float, default=0.0,
+                    help="(c) prefetch this long before the wait ends (0: on the tool hint)")
+    ap.add_argument("--modes", default="a,b,c")
+    ap.add_argument("--swap", choices=("azswap", "zram"), default="azswap")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--json", type=Path,
+                    default=Path(os.environ.get("AZSWAP_OUT", "/tmp")) / "phasebench.json")
+    ns = ap.parse_args(argv)
+    if os.geteuid() != 0:
+        print("phasebench: error: must run as root (in the guest: vm-tests/run)", file=sys.stderr)
+        return 1
+    a = Args(ns.sandboxes, ns.pages, ns.hot, ns.cycles, ns.warmup, ns.wait, ns.tool_cpu,
+             ns.interval, ns.grace, ns.prefetch_lead, ns.seed)
+    dev = SwapDev(ns.swap)
+    print(f"swap device: {dev.kind}; {a}", flush=True)
+    results: dict[str, dict[str, Any]] = {}
+    prefetcher = None
+    try:
+        for mode in ns.modes.split(","):
+            if mode == "c":
+                from controlplane.prefetch import PrefetchConfig, Prefetcher
+                from ebpf.tracer import FaultTracer
+
+                tr = FaultTracer()
+                t = time.monotonic()
+                tr.start()
+                print(f"fault tracer loaded in {time.monotonic() - t:.1f}s", flush=True)
+                prefetcher = Prefetcher(PrefetchConfig(history=3, window_s=a.wait), tracer=tr)
+                prefetcher.start_polling()
+            results[mode] = run_mode(mode, a, dev, prefetcher)
+            print(json.dumps(results[mode]), flush=True)
+    finally:
+        if prefetcher is not None:
+            prefetcher.close()
+        dev.close()
+    report(results, dev.kind, a)
+    ns.json.write_text(json.dumps({"swap": dev.kind, "args": a.__dict__, "results": results},
+                                  indent=1))
+    return 0
+
+
+def report(r: dict[str, dict[str, Any]], kind: str, a: Args) -> None:
+    names = {"a": "(a) no compression", "b": "(b) aggressive, no phase/prefetch",
+             "c": f"(c) {kind} phase-aware + prefetch"}
+    print(f"\n{'regime':<36} {'tool mean':>10} {'tool p95':>9} {'e2e':>8} {'majflt/tool':>11} "
+          f"{'footprint':>10} {'saved':>8}")
+    base = r.get("a")
+    for m, v in r.items():
+        saved = base["footprint_mib"] - v["footprint_mib"] if base else 0.0
+        v["saved_mib"] = round(saved, 2)
+        print(f"{names.get(m, m):<36} {v['tool_mean_s'] * 1e3:>8.1f}ms"
+              f" {v['tool_p95_s'] * 1e3:>7.1f}ms {v['e2e_s']:>7.2f}s"
+              f" {v['tool_majflt_mean']:>11.1f} {v['footprint_mib']:>8.1f}Mi"
+              f" {saved:>6.1f}Mi")
+    if base and "b" in r and "c" in r:
+        b, c = r["b"], r["c"]
+        print(f"\nslowdown tool latency  (b)/(a) = {b['tool_mean_s'] / base['tool_mean_s']:.2f}x"
+              f"   (c)/(a) = {c['tool_mean_s'] / base['tool_mean_s']:.2f}x")
+        print(f"slowdown end-to-end    (b)/(a) = {b['e2e_s'] / base['e2e_s']:.3f}x"
+              f"   (c)/(a) = {c['e2e_s'] / base['e2e_s']:.3f}x")
+        if b["saved_mib"] > 0:
+            print(f"(c) keeps {c['saved_mib'] / b['saved_mib'] * 100:.0f}% of (b)'s memory saving")
+        if "prefetch" in c:
+            print(f"prefetch accuracy (c): {c['prefetch']}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
