@@ -161,7 +161,10 @@ def from_netlink(err: int, extack: str | None, command: str, what: str = "") -> 
     elif err == E.ENOENT:
         cls = _ENOENT_NOUN.get(command, UnknownSandbox)
         if not extack:
-            noun = {UnknownCgroup: "no such cgroup", UnknownTemplate: "unknown template"}
+            noun: dict[type[AzswapError], str] = {
+                UnknownCgroup: "no such cgroup",
+                UnknownTemplate: "unknown template",
+            }
             msg = f"{subject}: {noun.get(cls, 'unknown sandbox')}"
     elif err == E.ENODEV:
         cls = UnknownDevice

@@ -542,7 +542,8 @@ def daemon(
             manage_policy=not no_policy,
         ),
     )
-    factory = (lambda: env.module_factory(env.dev)) if env.module_factory else None
+    mf = env.module_factory
+    factory = (lambda: mf(env.dev)) if mf is not None else None
     Daemon(cfg, module_factory=factory).run()
 
 
