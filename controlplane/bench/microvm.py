@@ -1,0 +1,476 @@
+"""microVM sandboxes, live: recorded guest memory replayed into VMM-like processes in a guest.
+
+    vm-tests/run --memory 4G -- .venv/bin/python -m controlplane.bench.microvm \\
+        [--dir vm-tests/out/microvm] [--styles private,anon] \\
+        [--systems azswap-lz4,azswap-zstd,zram-lz4,zram-zstd,zswap-lz4,zswap-zstd] [--json OUT]
+
+Input: what vm-tests/microvm/record.py wrote (DIR/microvm.aztrace: the snapshot template's
+non-zero pages and, per recorded guest, the pages that differ from the template at the same offset;
+DIR/manifest.json: tasks and per-guest non-zero page counts). In this one guest, for every restore
+style and every system:
+
+ 1. the template image is rebuilt on tmpfs (/run/azvm/template.ram, charged to this driver's
+    cgroup, never reclaimed: it is the host page cache a VMM maps); the swap system is set up
+    (controlplane/bench/swapbench.py's per-system setup: zram, zswap over brd, azswap);
+    for azswap the template is registered with a synthetic id (TEMPLATE_ADD) and the image loaded
+    as bases (TEMPLATE_LOAD, cli/azctl/snapshot.py's streamed loader, as
+    `azctl template add --from-file` does), and every VM's cgroup is registered as a sandbox;
+ 2. each recorded VM becomes a VMM-like process (vm-tests/workloads/player.c) in its own memory
+    cgroup /sys/fs/cgroup/azvm/vmN, its guest RAM at the same virtual address in every VM:
+      private  the template image mapped MAP_PRIVATE (as Firecracker does) and the VM's differing
+               pages written at their offsets (CoW: page->index = file page offset);
+      anon     anonymous memory with the whole image copied in (QEMU's restore from a file),
+               then the VM's differing pages: only non-zero pages are written;
+    then memory.reclaim pushes the cgroup to swap (one VM after the other);
+ 3. stored bytes are read from the system (pool bytes; azswap: payload, metadata, per-owner and
+    per-representation stats over netlink);
+ 4. restore: each VM touches every page it wrote (the swap-in faults), timed, and every page is
+    checked against the recording (checksums).
+
+Figures go to $AZSWAP_OUT/microvm-live.json; `python -m controlplane.bench.microvm_report` joins
+them with the host replay's unlimited-search limit and prints both views (docs/microvm.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..trace import PAGE_SIZE, ROLE_TEMPLATE, Vma, read_trace
+from .swapbench import (
+    CG,
+    Player,
+    build_player,
+    cg_stat,
+    checksums,
+    make_system,
+    pct,
+    reclaim,
+    rfile,
+    sh,
+    wfile,
+)
+
+TOP = Path(__file__).resolve().parents[2]
+CGROOT = CG / "azvm"
+RUN = Path("/run/azvm")
+VM_BASE = 0x2000_0000_0000  # guest RAM's address in every VMM process (page index VM_BASE >> 12)
+GROUP = 1
+STYLES = ("private", "anon")
+SYSTEMS = ("azswap-lz4", "azswap-zstd", "zram-lz4", "zram-zstd", "zswap-lz4", "zswap-zstd")
+CHUNK = 1024  # pages per socket write
+
+
+def log(msg: str) -> None:
+    print(f"[microvm {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+@dataclass
+class Vm:
+    name: str
+    task: str
+    offs: np.ndarray  # page offsets of the owned pages, ascending
+    data: bytes  # the owned pages, in offs order
+    sums: np.ndarray  # their checksums
+    nonzero: np.ndarray  # bool per owned page: not all zero
+    nonzero_pages: int
+
+
+@dataclass
+class Recording:
+    npages: int
+    template_id: int
+    tmpl_nonzero: np.ndarray  # bool per page offset
+    tmpl_sums: np.ndarray  # checksum per page offset (0 for zero pages)
+    image: Path
+    vms: list[Vm]
+    manifest: dict[str, Any]
+
+
+def load_recording(d: Path, run: Path) -> Recording:
+    """Read the trace; rebuild the template image on tmpfs; keep only the owned pages in memory."""
+    manifest = json.loads((d / "manifest.json").read_text())
+    npages = int(manifest["pages"])
+    tr = read_trace(d / "microvm.aztrace")
+    tmpl = [o for o in tr.owners.values() if o.role == ROLE_TEMPLATE]
+    if len(tmpl) != 1:
+        raise SystemExit("microvm: the trace needs exactly one template owner")
+    t = tmpl[0]
+    run.mkdir(parents=True, exist_ok=True)
+    image = run / "template.ram"
+    nz = np.zeros(npages, dtype=bool)
+    tsums = np.zeros(npages, dtype=np.uint64)
+    with open(image, "wb") as f:
+        f.truncate(npages * PAGE_SIZE)
+        for r in t.runs:
+            idx = np.asarray(r.indexes, dtype=np.int64)
+            sums = checksums(r.data)
+            nz[idx] = True
+            tsums[idx] = sums
+            # consecutive indexes are written with one call
+            k = 0
+            while k < len(idx):
+                j = k + 1
+                while j < len(idx) and idx[j] == idx[j - 1] + 1:
+                    j += 1
+                f.seek(int(idx[k]) * PAGE_SIZE)
+                f.write(r.data[k * PAGE_SIZE : j * PAGE_SIZE])
+                k = j
+    t.runs.clear()  # the image is on tmpfs now
+    guests = {g["name"]: g for g in manifest["guests"]}
+    vms = []
+    for o in tr.owners.values():
+        if o.role == ROLE_TEMPLATE:
+            continue
+        idx = np.asarray(o.indexes(), dtype=np.int64)
+        data = o.data()
+        order = np.argsort(idx, kind="stable")
+        if not np.all(order == np.arange(len(idx))):
+            data = b"".join(data[k * PAGE_SIZE : (k + 1) * PAGE_SIZE] for k in order)
+            idx = idx[order]
+        o.runs.clear()
+        g = guests.get(o.name, {})
+        pages = np.frombuffer(data, dtype=np.uint8).reshape(-1, PAGE_SIZE)
+        vms.append(Vm(o.name, str(o.info.get("task", g.get("task", "?"))), idx, data,
+                      checksums(data) if data else np.zeros(0, np.uint64),
+                      pages.any(axis=1), int(g.get("info", {}).get("nonzero_pages", 0))))
+    return Recording(npages, t.id, nz, tsums, image, vms, manifest)
+
+
+# ------------------------------------------------------------------ VMM processes
+class Vmm:
+    """One recorded VM as a live process (player.c) in its own cgroup."""
+
+    def __init__(self, exe: Path, lsock: socket.socket, sock_path: str, name: str,
+                 cg: Path) -> None:
+        self.proc = subprocess.Popen([str(exe), sock_path, name, str(cg)])
+        conn, _ = lsock.accept()
+        conn.settimeout(1800)
+        self.p = Player(name, conn)
+        (n,) = struct.unpack("<I", self.p.recv(4))
+        got = self.p.recv(n).decode()
+        if got != name:
+            raise RuntimeError(f"expected VMM {name}, got {got}")
+        self.expect = np.zeros(0, np.uint64)
+
+    def map(self, rec: Recording, style: str) -> None:
+        end = VM_BASE + rec.npages * PAGE_SIZE
+        path = str(rec.image) if style == "private" else ""
+        rc = self.p.map(Vma(VM_BASE, end, 0, 3, path))
+        if rc != 0:
+            raise RuntimeError(f"{self.p.name}: mapping guest RAM failed ({rc})")
+        maps = Path(f"/proc/{self.proc.pid}/maps").read_text()
+        line = next((ln for ln in maps.splitlines() if ln.startswith(f"{VM_BASE:x}-")), "")
+        if (style == "private") != (str(rec.image) in line):
+            raise RuntimeError(f"{self.p.name}: guest RAM is not mapped as asked: {line!r}")
+
+    def fill(self, rec: Recording, vm: Vm, style: str) -> int:
+        """Write the VM's pages; remember the expected checksum of each written page."""
+        if style == "private":
+            self._write(vm.offs, vm.data)
+            self.expect = vm.sums
+            return len(vm.offs)
+        # anon: final content = owned page where owned, else the template page; non-zero only
+        final_nz = rec.tmpl_nonzero.copy()
+        final_sums = rec.tmpl_sums.copy()
+        final_nz[vm.offs] = vm.nonzero
+        final_sums[vm.offs] = vm.sums
+        offs = np.flatnonzero(final_nz)
+        owned_pos = {int(o): k for k, o in enumerate(vm.offs)}
+        with open(rec.image, "rb") as img:
+            for c in range(0, len(offs), CHUNK):
+                part = offs[c : c + CHUNK]
+                buf = bytearray()
+                for o in part:
+                    k = owned_pos.get(int(o))
+                    if k is not None:
+                        buf += vm.data[k * PAGE_SIZE : (k + 1) * PAGE_SIZE]
+                    else:
+                        img.seek(int(o) * PAGE_SIZE)
+                        buf += img.read(PAGE_SIZE)
+                self._write(part, bytes(buf))
+        self.expect = final_sums[offs]
+        return len(offs)
+
+    def _write(self, offs: np.ndarray, data: bytes) -> None:
+        for c in range(0, len(offs), CHUNK):
+            part = offs[c : c + CHUNK]
+            self.p.write([VM_BASE + int(o) * PAGE_SIZE for o in part],
+                         data[c * PAGE_SIZE : (c + len(part)) * PAGE_SIZE])
+        self.p.sync()
+
+    def quit(self) -> None:
+        self.p.quit()
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+# ------------------------------------------------------------------ cgroups
+def make_cgroups(names: list[str]) -> dict[str, Path]:
+    CGROOT.mkdir(exist_ok=True)
+    wfile(CGROOT / "cgroup.subtree_control", "+memory")
+    out = {}
+    for n in names:
+        p = CGROOT / n
+        p.mkdir(exist_ok=True)
+        out[n] = p
+    return out
+
+
+def remove_cgroups() -> None:
+    if not CGROOT.exists():
+        return
+    for p in CGROOT.iterdir():
+        if p.is_dir():
+            for _ in range(100):
+                try:
+                    p.rmdir()
+                    break
+                except OSError:
+                    time.sleep(0.1)
+    with contextlib.suppress(OSError):
+        CGROOT.rmdir()
+
+
+# ------------------------------------------------------------------ azswap template
+def azswap_template(rec: Recording, style: str) -> dict[str, Any]:
+    """TEMPLATE_ADD (synthetic id) + TEMPLATE_LOAD of the image, keyed where the VMs' pages are:
+    the file page offset for private mappings, VM_BASE >> 12 + offset for anonymous guest RAM."""
+    sys.path.insert(0, str(TOP / "cli"))
+    from azctl import snapshot
+
+    from ..netlink import AzswapNetlink
+
+    base = 0 if style == "private" else VM_BASE // PAGE_SIZE
+    t0 = time.perf_counter()
+    with AzswapNetlink() as nl:
+        nl.template_add(GROUP, cgroup_id=rec.template_id)
+        res = snapshot.load(str(rec.image),
+                            lambda idx, pages: nl.template_load(rec.template_id, base + idx, pages))
+    return {"pages_loaded": res.pages_loaded, "pages_zero": res.pages_zero,
+            "batches": res.batches, "load_s": time.perf_counter() - t0, "index_base": base}
+
+
+def azswap_register(cgs: dict[str, Path]) -> dict[str, int]:
+    from ..netlink import AzswapNetlink
+
+    with AzswapNetlink() as nl:
+        return {n: nl.sandbox_add(GROUP, cgroup_path="/" + str(p.relative_to(CG)))
+                for n, p in cgs.items()}
+
+
+def azswap_owner_stats(ids: dict[str, int], tid: int) -> list[dict[str, Any]]:
+    from ..netlink import AzswapNetlink
+
+    names = {v: k for k, v in ids.items()}
+    names[tid] = "template"
+    with AzswapNetlink() as nl:
+        return [dict(o.to_dict(), name=names.get(o.cgroup_id, str(o.cgroup_id)))
+                for o in nl.stats()]
+
+
+def azswap_unregister(ids: dict[str, int], tid: int) -> None:
+    from ..netlink import AzswapNetlink
+
+    with AzswapNetlink() as nl:
+        for cid in ids.values():
+            with contextlib.suppress(Exception):
+                nl.sandbox_del(cid)
+        with contextlib.suppress(Exception):
+            nl.template_del(tid)
+
+
+# ------------------------------------------------------------------ one run
+def run_one(rec: Recording, style: str, sysname: str, exe: Path, tmp: Path) -> dict[str, Any]:
+    system = make_system(sysname)
+    remove_cgroups()
+    cgs = make_cgroups([v.name for v in rec.vms])
+    if style == "private":
+        pages = sum(len(v.offs) for v in rec.vms)
+    else:
+        pages = sum(max(v.nonzero_pages, len(v.offs)) for v in rec.vms) + rec.npages
+    nbytes = (pages * PAGE_SIZE * 5 // 4 + (64 << 20)) // PAGE_SIZE * PAGE_SIZE
+    res: dict[str, Any] = {"system": sysname, "style": style, "ok": False, "vms": {}}
+    az = sysname.startswith("azswap")
+    ids: dict[str, int] = {}
+    vmms: dict[str, Vmm] = {}
+    sock_path = str(tmp / "vmm.sock")
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(sock_path)
+    lsock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    lsock.bind(sock_path)
+    lsock.listen(64)
+    lsock.settimeout(120)
+    try:
+        system.setup(nbytes)
+        s0 = system.stats()
+        if az:
+            res["template_load"] = azswap_template(rec, style)
+            ids = azswap_register(cgs)
+        s1 = system.stats()
+        t_fill = t_out = 0.0
+        for vm in rec.vms:
+            t0 = time.perf_counter()
+            v = Vmm(exe, lsock, sock_path, vm.name, cgs[vm.name])
+            vmms[vm.name] = v
+            v.map(rec, style)
+            written = v.fill(rec, vm, style)
+            t_fill += time.perf_counter() - t0
+            anon = cg_stat(cgs[vm.name]).get("anon", 0)
+            t_out += (spent := reclaim(cgs[vm.name]))
+            left = cg_stat(cgs[vm.name]).get("anon", 0)
+            res["vms"][vm.name] = {"task": vm.task, "owned_pages": len(vm.offs),
+                                   "written_pages": written, "anon_bytes": anon,
+                                   "anon_after_reclaim": left, "reclaim_s": spent}
+            log(f"{style}/{sysname}: {vm.name} ({vm.task}): {written} pages written, "
+                f"{(anon - left) >> 20} MiB swapped out in {spent:.1f}s")
+        s2 = system.stats()
+        res["fill_s"], res["swapout_s"] = t_fill, t_out
+        res["stats_before"], res["stats_after_template"], res["stats_after"] = s0, s1, s2
+        for vm in rec.vms:
+            res["vms"][vm.name]["swap_current"] = int(rfile(cgs[vm.name] / "memory.swap.current"))
+        swapped = sum(r["anon_bytes"] - r["anon_after_reclaim"] for r in res["vms"].values())
+        res["swapped_out_bytes"] = swapped
+        res["pool_bytes"] = s2.get("pool", 0)
+        res["template_pool_bytes"] = s1.get("pool", 0) - s0.get("pool", 0)
+        res["sandbox_pool_bytes"] = s2.get("pool", 0) - s1.get("pool", 0)
+        if "payload" in s2:
+            res["payload_bytes"] = s2["payload"]
+            res["sandbox_payload_bytes"] = s2["payload"] - s1.get("payload", 0)
+        if az:
+            res["meta_bytes"] = s2.get("meta", 0)
+            res["template_bytes"] = s2.get("template_bytes", 0)
+            res["owners"] = azswap_owner_stats(ids, rec.template_id)
+        # restore: every VM faults all its pages back, one VM after the other
+        lats = []
+        t_in = 0
+        bad = 0
+        for vm in rec.vms:
+            v = vmms[vm.name]
+            total, lat, sums = v.p.touch()
+            nbad = int((sums != v.expect).sum())
+            bad += nbad
+            lats.append(lat)
+            t_in += total
+            res["vms"][vm.name].update(restore_ms=total / 1e6, bad_pages=nbad)
+        lat_all = np.concatenate(lats) if lats else np.zeros(0)
+        res["restore_s"] = t_in / 1e9
+        res["restored_pages"] = len(lat_all)
+        res["load_p50_us"] = pct(lat_all, 50) / 1e3
+        res["load_p99_us"] = pct(lat_all, 99) / 1e3
+        res["bad_pages"] = bad
+        res["ok"] = bad == 0
+        return res
+    finally:
+        for v in vmms.values():
+            with contextlib.suppress(Exception):
+                v.quit()
+        lsock.close()
+        if az:
+            azswap_unregister(ids, rec.template_id)
+        try:
+            system.teardown()
+        except Exception as exc:  # keep going with the next system
+            res["teardown_error"] = str(exc)
+        remove_cgroups()
+
+
+def summary_line(r: dict[str, Any]) -> str:
+    if "error" in r:
+        return f"{r['style']}/{r['system']}: ERROR {r['error']}"
+    return (f"{r['style']}/{r['system']}: swapped {r['swapped_out_bytes'] >> 20} MiB, pool "
+            f"{r['pool_bytes'] / 2**20:.1f} MiB (sandboxes {r['sandbox_pool_bytes'] / 2**20:.1f}),"
+            f" restore {r['restore_s']:.2f}s, verified={r['ok']}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m controlplane.bench.microvm",
+        description=__doc__.split("\n\n")[0],
+        epilog="\n\n".join(__doc__.split("\n\n")[1:]),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument("--dir", type=Path, default=TOP / "vm-tests" / "out" / "microvm")
+    ap.add_argument("--styles", default=",".join(STYLES))
+    ap.add_argument("--systems", default=",".join(SYSTEMS))
+    ap.add_argument("--vms", type=int, default=0, help="use only the first N recorded VMs")
+    ap.add_argument("--json", type=Path, default=None)
+    a = ap.parse_args(argv)
+    if os.geteuid() != 0:
+        print("microvm: needs root (run it through vm-tests/run)", file=sys.stderr)
+        return 1
+    styles = [s for s in a.styles.split(",") if s]
+    systems = [s for s in a.systems.split(",") if s]
+    for s in styles:
+        if s not in STYLES:
+            print(f"microvm: unknown style {s!r} (known: {', '.join(STYLES)})", file=sys.stderr)
+            return 2
+    for s in systems:
+        if s not in SYSTEMS:
+            print(f"microvm: unknown system {s!r} (known: {', '.join(SYSTEMS)})", file=sys.stderr)
+            return 2
+    if any(s.startswith("azswap") for s in systems) and not (TOP / "kmod/azswap.ko").exists():
+        print("microvm: kmod/azswap.ko not built (make kmod)", file=sys.stderr)
+        return 1
+    out_dir = Path(os.environ.get("AZSWAP_OUT", TOP / "vm-tests" / "out"))
+    wfile("/proc/sys/vm/page-cluster", "0")
+    wfile("/proc/sys/vm/swappiness", "100")
+    sh("swapoff", "-a", check=False)
+    if not RUN.is_mount():
+        RUN.mkdir(parents=True, exist_ok=True)
+        sh("mount", "-t", "tmpfs", "-o", "size=2g,mode=0755", "azvm", str(RUN))
+    t0 = time.monotonic()
+    rec = load_recording(a.dir, RUN)
+    if a.vms:
+        rec.vms = rec.vms[: a.vms]
+    log(f"{a.dir}: {len(rec.vms)} VMs ({', '.join(v.task for v in rec.vms)}), template "
+        f"{int(rec.tmpl_nonzero.sum())} non-zero pages of {rec.npages}, owned "
+        f"{sum(len(v.offs) for v in rec.vms)} pages; loaded in {time.monotonic() - t0:.0f}s")
+    tmp = Path(tempfile.mkdtemp(prefix="microvm-"))
+    exe = build_player(tmp)
+    report: dict[str, Any] = {
+        "kernel": os.uname().release, "time": time.time(), "cpus": os.cpu_count(),
+        "dir": str(a.dir), "manifest": rec.manifest, "vm_base": VM_BASE,
+        "vms": [{"name": v.name, "task": v.task, "owned_pages": len(v.offs),
+                 "nonzero_pages": v.nonzero_pages} for v in rec.vms],
+        "template_nonzero_pages": int(rec.tmpl_nonzero.sum()), "npages": rec.npages,
+        "runs": [],
+    }
+    with contextlib.suppress(OSError):
+        report["mem_total_kb"] = int(Path("/proc/meminfo").read_text().split()[1])
+    jpath = a.json or out_dir / "microvm-live.json"
+    for style in styles:
+        for s in systems:
+            t1 = time.monotonic()
+            try:
+                r = run_one(rec, style, s, exe, tmp)
+            except Exception as exc:
+                r = {"system": s, "style": style, "error": f"{type(exc).__name__}: {exc}"}
+            r["wall_s"] = time.monotonic() - t1
+            log(summary_line(r) + f" ({r['wall_s']:.0f}s)")
+            report["runs"].append(r)
+            jpath.write_text(json.dumps(report, indent=1, default=float))
+    log(f"wrote {jpath}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    return 0 if all(r.get("ok") for r in report["runs"]) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

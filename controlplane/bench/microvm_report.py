@@ -1,0 +1,260 @@
+"""microVM sandboxes: the two views (owned pages, fleet) from a live run and the host replay.
+
+    python -m controlplane.bench.microvm_report [--dir vm-tests/out/microvm]
+        [--live vm-tests/out/microvm-live.json] [--limit-json DIR/limit.json] [--md DIR/report.md]
+
+Inputs: DIR/manifest.json and DIR/microvm.aztrace (vm-tests/microvm/record.py), the live figures of
+`python -m controlplane.bench.microvm` (in the test guest). The unlimited-search limit on the same
+owned pages comes from the host build of the store core (controlplane/replay.py, strategies
+limit-lz4 and limit-zstd, plus per-page lz4/zstd and the default-effort store for reference); it
+is computed once and cached in --limit-json.
+
+Owned pages (private-mapping restore): the pages each VM dirtied vs the template image at the same
+offset; raw bytes / bytes each system stores for them (payload = compressed objects; pool = what
+the allocator holds). Fleet: the sum of each VM's non-zero guest RAM / what the host spends:
+  private  template image in page cache (raw, once) + everything in swap (azswap: its template
+           bases too) + azswap metadata;
+  anon     everything in swap (azswap: the template's compressed bases, loaded once) + metadata.
+Projection to N VMs: fixed cost F (the template: raw image and/or bases) + N x the measured mean
+per-VM cost (everything else, metadata included, divided by the recorded N), against N x the
+mean per-VM non-zero RAM: fleet(N) = N*R / (F + N*C).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from ..replay import STRATEGIES, replay
+from ..trace import PAGE_SIZE, ROLE_TEMPLATE, read_trace
+
+TOP = Path(__file__).resolve().parents[2]
+LIMIT_STRATEGIES = ("lz4", "zstd", "xdelta", "all", "limit-lz4", "limit-zstd")
+MiB = float(1 << 20)
+
+
+def limit_figures(trace: Path) -> dict[str, Any]:
+    tr = read_trace(trace)
+    out: dict[str, Any] = {"trace": str(trace), "results": {}}
+    for name in LIMIT_STRATEGIES:
+        r = replay(tr, STRATEGIES[name])
+        r.pop("owners", None)
+        out["results"][name] = r
+        print(f"[microvm-report] replay {name}: sandbox ratio {r['ratio']:.3f}", file=sys.stderr)
+    # per-VM owned bytes straight from the trace
+    out["owned_pages"] = {o.name: o.nr_pages for o in tr.owners.values()
+                          if o.role != ROLE_TEMPLATE}
+    return out
+
+
+def _sb_owners(run: dict[str, Any]) -> list[dict[str, Any]]:
+    return [o for o in run.get("owners", []) if not o.get("is_template")
+            and str(o.get("name", "")).startswith("vm")]
+
+
+def kinds_of(run: dict[str, Any]) -> dict[str, int]:
+    agg: dict[str, int] = {}
+    for o in _sb_owners(run):
+        for k, v in o.get("kinds", {}).items():
+            agg[k] = agg.get(k, 0) + int(v)
+    return agg
+
+
+def owned_view(live: dict[str, Any], lim: dict[str, Any]) -> list[dict[str, Any]]:
+    owned = sum(v["owned_pages"] for v in live["vms"]) * PAGE_SIZE
+    rows: list[dict[str, Any]] = []
+    for r in live["runs"]:
+        if r.get("style") != "private" or "error" in r:
+            continue
+        payload = r.get("sandbox_payload_bytes")
+        pool = r["sandbox_pool_bytes"]
+        row = {"system": r["system"], "owned_bytes": owned,
+               "swapped_bytes": r["swapped_out_bytes"], "payload_bytes": payload,
+               "pool_bytes": pool, "ratio_pool": owned / pool if pool else 0.0,
+               "ratio_payload": owned / payload if payload else None,
+               "kinds": kinds_of(r) or {k: v for k, v in r["stats_after"].items()
+                                        if k in ("same_pages", "huge_pages")},
+               "verified": r.get("ok", False)}
+        if r["system"].startswith("azswap"):
+            sb = _sb_owners(r)
+            row["owner_bytes"] = sum(o["exclusive_bytes"] + o["shared_bytes"] for o in sb)
+            codec = r["system"].split("-")[1]
+            limv = lim["results"].get(f"limit-{codec}")
+            if limv and payload:
+                row["limit_ratio"] = limv["ratio"]
+                row["pct_of_limit"] = 100.0 * (owned / payload) / limv["ratio"]
+        rows.append(row)
+    for name in LIMIT_STRATEGIES:
+        x = lim["results"].get(name)
+        if x:
+            rows.append({"system": f"host replay: {x['label']}",
+                         "owned_bytes": x["sandbox_orig_bytes"],
+                         "payload_bytes": x["sandbox_stored_bytes"], "pool_bytes": None,
+                         "ratio_payload": x["ratio"], "ratio_pool": None,
+                         "kinds": {k: v for k, v in x["sandbox_kinds"].items() if v}})
+    base = next((x for x in rows if x["system"] == "zram-lz4"), None)
+    for x in rows:
+        if base and x.get("ratio_pool") and base["ratio_pool"]:
+            x["vs_zram_lz4_pool"] = x["ratio_pool"] / base["ratio_pool"]
+        if base and x.get("ratio_payload") and base.get("ratio_payload"):
+            x["vs_zram_lz4_payload"] = x["ratio_payload"] / base["ratio_payload"]
+    return rows
+
+
+def fleet_view(live: dict[str, Any], projections: tuple[int, ...]) -> list[dict[str, Any]]:
+    n = len(live["vms"])
+    nonzero = sum(v["nonzero_pages"] for v in live["vms"]) * PAGE_SIZE
+    tmpl_raw = live["template_nonzero_pages"] * PAGE_SIZE
+    rows = []
+    for r in live["runs"]:
+        if "error" in r:
+            continue
+        meta = r.get("meta_bytes", 0)
+        pool = r["pool_bytes"]
+        tmpl_pool = r.get("template_pool_bytes", 0)
+        if r["style"] == "private":
+            fixed = tmpl_raw + tmpl_pool
+            spent = tmpl_raw + pool + meta
+        else:
+            fixed = tmpl_pool
+            spent = pool + meta
+        per_vm = (spent - fixed) / n
+        row = {"style": r["style"], "system": r["system"], "vms": n, "nonzero_bytes": nonzero,
+               "template_page_cache_bytes": tmpl_raw if r["style"] == "private" else 0,
+               "template_bases_bytes": tmpl_pool, "sandbox_pool_bytes": r["sandbox_pool_bytes"],
+               "meta_bytes": meta, "spent_bytes": spent, "fleet": nonzero / spent,
+               "fixed_bytes": fixed, "per_vm_bytes": per_vm, "per_vm_nonzero": nonzero / n,
+               "projected": {str(k): (k * nonzero / n) / (fixed + k * per_vm)
+                             for k in projections}}
+        rows.append(row)
+    return rows
+
+
+def restore_view(live: dict[str, Any]) -> list[dict[str, Any]]:
+    rows = []
+    for r in live["runs"]:
+        if "error" in r:
+            rows.append({"style": r["style"], "system": r["system"], "error": r["error"]})
+            continue
+        rows.append({"style": r["style"], "system": r["system"], "restore_s": r["restore_s"],
+                     "pages": r["restored_pages"], "p50_us": r["load_p50_us"],
+                     "p99_us": r["load_p99_us"], "swapout_s": r["swapout_s"],
+                     "bad_pages": r["bad_pages"], "verified": r["ok"]})
+    for st in ("private", "anon"):
+        base = next((x for x in rows if x["style"] == st and x["system"] == "zram-lz4"
+                     and "error" not in x), None)
+        for x in rows:
+            if base and x["style"] == st and "error" not in x and base["restore_s"]:
+                x["vs_zram_lz4"] = x["restore_s"] / base["restore_s"]
+    return rows
+
+
+def _f(v: Any, fmt: str = ".2f", scale: float = 1.0) -> str:
+    if v is None:
+        return "-"
+    return format(v / scale, fmt)
+
+
+def markdown(live: dict[str, Any], owned: list[dict[str, Any]], fleet: list[dict[str, Any]],
+             restore: list[dict[str, Any]], projections: tuple[int, ...]) -> str:
+    m = live["manifest"]
+    lines = [
+        f"# microVM sandboxes: {len(live['vms'])} VMs restored from one snapshot",
+        "",
+        f"Recorded by vm-tests/microvm/record.py at {m.get('time')}: guest RAM {m.get('mem_mib')}"
+        f" MiB, mlsandbox size {m.get('size')}, tasks {', '.join(v['task'] for v in live['vms'])}."
+        f" Template: {live['template_nonzero_pages']} non-zero pages of {live['npages']}."
+        f" Live run: kernel {live['kernel']}, {live['cpus']} vCPUs, "
+        f"{live.get('mem_total_kb', 0) >> 10} MiB.",
+        "",
+        "## Owned pages (private-mapping restore)",
+        "",
+        "| system | owned MiB | stored payload MiB | pool MiB | ratio (payload) | ratio (pool) "
+        "| vs zram-lz4 (pool) | vs zram-lz4 (payload) | % of limit | kinds | verified |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
+    ]
+    for x in owned:
+        kinds = " ".join(f"{k}={v}" for k, v in x["kinds"].items() if v)
+        lines.append(
+            f"| {x['system']} | {_f(x['owned_bytes'], '.1f', MiB)} | "
+            f"{_f(x['payload_bytes'], '.1f', MiB)} | {_f(x['pool_bytes'], '.1f', MiB)} | "
+            f"{_f(x['ratio_payload'])} | {_f(x['ratio_pool'])} | "
+            f"{_f(x.get('vs_zram_lz4_pool'))} | {_f(x.get('vs_zram_lz4_payload'))} | "
+            f"{_f(x.get('pct_of_limit'), '.0f')} | {kinds} | "
+            f"{'-' if 'verified' not in x else ('yes' if x['verified'] else 'NO')} |")
+    lines += [
+        "",
+        "## Fleet (sum of each VM's non-zero guest RAM / what the host spends)",
+        "",
+        "| style | system | non-zero MiB | template page cache MiB | template bases MiB "
+        "| sandboxes MiB | metadata MiB | host spends MiB | fleet | "
+        + " | ".join(f"N={k} (proj.)" for k in projections) + " |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * len(projections),
+    ]
+    for x in fleet:
+        lines.append(
+            f"| {x['style']} | {x['system']} | {_f(x['nonzero_bytes'], '.1f', MiB)} | "
+            f"{_f(x['template_page_cache_bytes'], '.1f', MiB)} | "
+            f"{_f(x['template_bases_bytes'], '.1f', MiB)} | "
+            f"{_f(x['sandbox_pool_bytes'], '.1f', MiB)} | {_f(x['meta_bytes'], '.1f', MiB)} | "
+            f"{_f(x['spent_bytes'], '.1f', MiB)} | {x['fleet']:.2f} | "
+            + " | ".join(f"{x['projected'][str(k)]:.2f}" for k in projections) + " |")
+    lines += [
+        "",
+        "## Restore (every page each VM wrote, faulted back and verified)",
+        "",
+        "| style | system | pages | restore s | vs zram-lz4 | p50 µs | p99 µs | swap-out s "
+        "| bad pages |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for x in restore:
+        if "error" in x:
+            lines.append(f"| {x['style']} | {x['system']} | ERROR: {x['error'][:80]} |||||||")
+            continue
+        lines.append(
+            f"| {x['style']} | {x['system']} | {x['pages']} | {x['restore_s']:.2f} | "
+            f"{_f(x.get('vs_zram_lz4'))} | {x['p50_us']:.1f} | {x['p99_us']:.1f} | "
+            f"{x['swapout_s']:.1f} | {x['bad_pages']} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m controlplane.bench.microvm_report",
+        description=__doc__.split("\n\n")[0],
+        epilog="\n\n".join(__doc__.split("\n\n")[1:]),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument("--dir", type=Path, default=TOP / "vm-tests" / "out" / "microvm")
+    ap.add_argument("--live", type=Path, default=TOP / "vm-tests" / "out" / "microvm-live.json")
+    ap.add_argument("--limit-json", type=Path, default=None)
+    ap.add_argument("--md", type=Path, default=None)
+    ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--project", default="8,32,128", help="fleet projections (VM counts)")
+    a = ap.parse_args(argv)
+    proj = tuple(int(x) for x in a.project.split(",") if x)
+    lpath = a.limit_json or a.dir / "limit.json"
+    if lpath.exists() and json.loads(lpath.read_text()).get("trace") == str(
+            a.dir / "microvm.aztrace"):
+        lim = json.loads(lpath.read_text())
+    else:
+        lim = limit_figures(a.dir / "microvm.aztrace")
+        lpath.write_text(json.dumps(lim, indent=1, default=float))
+    live = json.loads(a.live.read_text())
+    owned = owned_view(live, lim)
+    fleet = fleet_view(live, proj)
+    restore = restore_view(live)
+    md = markdown(live, owned, fleet, restore, proj)
+    print(md)
+    (a.md or a.dir / "report.md").write_text(md)
+    (a.json or a.dir / "report.json").write_text(json.dumps(
+        {"owned": owned, "fleet": fleet, "restore": restore, "limit": lim}, indent=1,
+        default=float))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

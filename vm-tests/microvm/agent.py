@@ -1,0 +1,99 @@
+"""Template agent: PID 1 of the microVM recorder guest (runs under the guest's python3).
+
+Builds the ML sandbox state of vm-tests/workloads/mlsandbox.py (a transformer's weights and Adam
+state, a tokenized dataset, a tokenizer, documents and example records, a warmed interpreter),
+freezes it (gc.freeze, as a zygote), reports TEMPLATE_READY on the control port (/dev/ttyS1) and
+blocks there: the quiescent point the recorder snapshots. Each guest restored from the snapshot
+receives one line ``TASK <name> <seed>``, runs that trajectory, reports ``LLM_WAIT`` and blocks
+again (waiting for the LLM's answer, which never comes): the recorder saves its RAM then.
+
+Kernel command line: azagent.size=<mlsandbox size> azagent.seed=<n>. Messages on the control port
+are single lines; logs go to the console.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import sys
+import time
+import tty
+
+CTRL = "/dev/ttyS1"
+
+
+def log(msg: str) -> None:
+    print(f"[azagent] {msg}", file=sys.stderr, flush=True)
+
+
+def cmdline() -> dict[str, str]:
+    with open("/proc/cmdline") as f:
+        words = f.read().split()
+    out: dict[str, str] = {}
+    for w in words:
+        if w.startswith("azagent.") and "=" in w:
+            k, v = w.split("=", 1)
+            out[k.removeprefix("azagent.")] = v
+    return out
+
+
+class Port:
+    def __init__(self, path: str) -> None:
+        self.fd = os.open(path, os.O_RDWR | os.O_NOCTTY)
+        tty.setraw(self.fd)
+        self.buf = b""
+
+    def send(self, line: str) -> None:
+        os.write(self.fd, line.encode() + b"\n")
+
+    def recv(self) -> str:
+        while b"\n" not in self.buf:
+            chunk = os.read(self.fd, 256)
+            if chunk:
+                self.buf += chunk
+        line, self.buf = self.buf.split(b"\n", 1)
+        return line.decode(errors="replace").strip()
+
+
+def main() -> None:
+    args = cmdline()
+    size = args.get("size", "default")
+    seed = int(args.get("seed", "1"))
+    port = Port(CTRL)
+    port.send(f"BOOTED {time.monotonic():.2f}")
+    sys.path.insert(0, "/opt/azagent")
+    t0 = time.monotonic()
+    import mlsandbox
+
+    st = mlsandbox.build_state(seed, size)
+    gc.collect()
+    gc.freeze()
+    built = time.monotonic() - t0
+    log(f"template state built in {built:.1f}s (size {size}, seed {seed})")
+    port.send(f"TEMPLATE_READY {built:.2f}")
+    while True:
+        line = port.recv()
+        parts = line.split()
+        if not parts:
+            continue
+        if parts[0] == "TASK" and len(parts) == 3 and parts[1] in mlsandbox.TASK_FNS:
+            t1 = time.monotonic()
+            try:
+                mlsandbox.run_task(st, parts[1], int(parts[2]))
+            except Exception as exc:  # report, keep the guest alive for the recorder
+                port.send(f"ERROR {type(exc).__name__}: {exc}")
+                continue
+            port.send(f"LLM_WAIT {parts[1]} {time.monotonic() - t1:.2f}")
+        elif parts[0] == "PING":
+            port.send("PONG")
+        else:
+            port.send(f"ERROR unknown command {line!r}")
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except BaseException as exc:  # PID 1 must not exit: report and hang
+        log(f"agent failed: {exc!r}")
+        while True:
+            time.sleep(3600)
