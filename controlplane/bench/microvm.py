@@ -190,19 +190,19 @@ class Vmm:
         final_nz[vm.offs] = vm.nonzero
         final_sums[vm.offs] = vm.sums
         offs = np.flatnonzero(final_nz)
-        owned_pos = {int(o): k for k, o in enumerate(vm.offs)}
-        with open(rec.image, "rb") as img:
-            for c in range(0, len(offs), CHUNK):
-                part = offs[c : c + CHUNK]
-                buf = bytearray()
-                for o in part:
-                    k = owned_pos.get(int(o))
-                    if k is not None:
-                        buf += vm.data[k * PAGE_SIZE : (k + 1) * PAGE_SIZE]
-                    else:
-                        img.seek(int(o) * PAGE_SIZE)
-                        buf += img.read(PAGE_SIZE)
-                self._write(part, bytes(buf))
+        img = np.memmap(rec.image, dtype=np.uint8, mode="r", shape=(rec.npages, PAGE_SIZE))
+        owned = np.frombuffer(vm.data, dtype=np.uint8).reshape(-1, PAGE_SIZE)
+        pos = np.searchsorted(vm.offs, offs)
+        hit = (pos < len(vm.offs)) & (vm.offs[np.minimum(pos, len(vm.offs) - 1)] == offs)
+        for c in range(0, len(offs), CHUNK):
+            part = offs[c : c + CHUNK]
+            buf = np.array(img[part])
+            h = hit[c : c + CHUNK]
+            if h.any():
+                buf[h] = owned[pos[c : c + CHUNK][h]]
+            self.p.write([VM_BASE + int(o) * PAGE_SIZE for o in part], buf.tobytes())
+        self.p.sync()
+        del img
         self.expect = final_sums[offs]
         return len(offs)
 

@@ -85,10 +85,12 @@ def log(msg: str) -> None:
     print(f"[microvm-image] {msg}", file=sys.stderr, flush=True)
 
 
-def debian_mirror() -> str:
+def debian_mirror(sources: list[Path] | None = None) -> str:
     """The Debian mirror apt uses here (deb822 or one-line sources), default deb.debian.org."""
-    cands = [Path("/etc/apt/sources.list"), *sorted(Path("/etc/apt/sources.list.d").glob("*"))]
-    for p in cands:
+    if sources is None:
+        sources = [Path("/etc/apt/sources.list"),
+                   *sorted(Path("/etc/apt/sources.list.d").glob("*"))]
+    for p in sources:
         try:
             text = p.read_text()
         except OSError:

@@ -1,0 +1,208 @@
+"""Host tests of the microVM recorder's pieces and the report (no QEMU, no root needed)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import random
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+import pytest
+
+from controlplane.bench import microvm, microvm_report
+from controlplane.corelib import default_lib_path
+from controlplane.trace import ROLE_SANDBOX, ROLE_TEMPLATE, read_trace
+
+TOP = Path(__file__).resolve().parents[2]
+PAGE = 4096
+
+
+def _load(name: str) -> ModuleType:
+    path = TOP / "vm-tests" / "microvm" / f"{name}.py"
+    sys.path.insert(0, str(path.parent))
+    spec = importlib.util.spec_from_file_location(f"microvm_{name}", path)
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def record() -> ModuleType:
+    return _load("record")
+
+
+@pytest.fixture(scope="module")
+def image() -> ModuleType:
+    return _load("image")
+
+
+def test_mirror_from_deb822_and_one_line(image: ModuleType, tmp_path: Path) -> None:
+    a = tmp_path / "debian.sources"
+    a.write_text(
+        "Types: deb\nURIs: http://mirror.example/debian-security\nSuites: bookworm-security\n"
+        "Components: main\n\nTypes: deb\nURIs: http://mirror.example/debian\n"
+        "Suites: bookworm bookworm-updates\nComponents: main\n"
+    )
+    assert image.debian_mirror([a]) == "http://mirror.example/debian"
+    b = tmp_path / "sources.list"
+    b.write_text("# x\ndeb [arch=amd64] http://m2.example/debian bookworm main\n")
+    assert image.debian_mirror([b]) == "http://m2.example/debian"
+    c = tmp_path / "other.list"
+    c.write_text("deb https://packages.example/apt cloud main\n")
+    assert image.debian_mirror([c]) == "http://deb.debian.org/debian"
+
+
+def _page(rng: random.Random, kind: str) -> bytes:
+    if kind == "zero":
+        return bytes(PAGE)
+    if kind == "text":
+        words = [b"alpha", b"beta", b"gamma", b"delta", b"model", b"token"]
+        out = b" ".join(rng.choice(words) for _ in range(900))
+        return out[:PAGE].ljust(PAGE, b".")
+    return rng.randbytes(PAGE)
+
+
+def _fake_recording(tmp: Path, record: ModuleType, npages: int = 64) -> list:
+    rng = random.Random(7)
+    tmpl = bytearray()
+    for k in range(npages):
+        tmpl += _page(rng, "zero" if k % 5 == 0 else ("text" if k % 2 else "rand"))
+    (tmp / "template.ram").write_bytes(tmpl)
+    results = []
+    for i, task in enumerate(("train", "generate")):
+        g = bytearray(tmpl)
+        for k in range(i + 1, npages, 7):  # owned pages: edits, fresh pages, a zeroed page
+            if k % 3 == 0:
+                g[k * PAGE : (k + 1) * PAGE] = bytes(PAGE)
+            else:
+                g[k * PAGE + 100 : k * PAGE + 108] = rng.randbytes(8)
+        (tmp / f"vm{i}.ram").write_bytes(g)
+        results.append(record.GuestResult(f"vm{i}", task, 1000 + i))
+    return results
+
+
+def test_trace_holds_template_and_owned_pages(record: ModuleType, tmp_path: Path) -> None:
+    results = _fake_recording(tmp_path, record)
+    stats = record.write_trace(tmp_path, results, {"style": "microvm-snapshot"})
+    tr = read_trace(tmp_path / "microvm.aztrace")
+    tmpl = (tmp_path / "template.ram").read_bytes()
+    owners = list(tr.owners.values())
+    assert [o.role for o in owners] == [ROLE_TEMPLATE, ROLE_SANDBOX, ROLE_SANDBOX]
+    t = owners[0]
+    assert t.id == record.TEMPLATE_ID
+    # the template: every non-zero page, index = page offset = vaddr >> 12
+    nz = [k for k in range(64) if tmpl[k * PAGE : (k + 1) * PAGE] != bytes(PAGE)]
+    assert t.indexes() == nz and stats["template_nonzero_pages"] == len(nz)
+    assert [v >> 12 for v in t.vaddrs()] == nz
+    for n, o in enumerate(owners[1:]):
+        g = (tmp_path / f"vm{n}.ram").read_bytes()
+        diff = [k for k in range(64)
+                if g[k * PAGE : (k + 1) * PAGE] != tmpl[k * PAGE : (k + 1) * PAGE]]
+        assert o.indexes() == diff
+        assert o.data() == b"".join(g[k * PAGE : (k + 1) * PAGE] for k in diff)
+        info = results[n].info
+        assert info["owned_pages"] == len(diff)
+        assert info["nonzero_pages"] == sum(
+            g[k * PAGE : (k + 1) * PAGE] != bytes(PAGE) for k in range(64))
+        assert o.info["task"] == results[n].task
+
+
+def test_load_recording_rebuilds_image(record: ModuleType, tmp_path: Path) -> None:
+    results = _fake_recording(tmp_path, record)
+    stats = record.write_trace(tmp_path, results, {"style": "microvm-snapshot"})
+    (tmp_path / "manifest.json").write_text(json.dumps({**stats, "pages": 64}))
+    run = tmp_path / "run"
+    rec = microvm.load_recording(tmp_path, run)
+    assert rec.image.read_bytes() == (tmp_path / "template.ram").read_bytes()
+    assert rec.template_id == record.TEMPLATE_ID
+    assert [v.task for v in rec.vms] == ["train", "generate"]
+    for n, vm in enumerate(rec.vms):
+        g = (tmp_path / f"vm{n}.ram").read_bytes()
+        assert list(np.diff(vm.offs) > 0) == [True] * (len(vm.offs) - 1)
+        for j, k in enumerate(vm.offs):
+            page = g[int(k) * PAGE : (int(k) + 1) * PAGE]
+            assert vm.data[j * PAGE : (j + 1) * PAGE] == page
+            assert bool(vm.nonzero[j]) == (page != bytes(PAGE))
+        assert vm.nonzero_pages == results[n].info["nonzero_pages"]
+
+
+def _live(n: int = 2) -> dict:
+    vms = [{"name": f"vm{i}", "task": "train", "owned_pages": 100, "nonzero_pages": 1000}
+           for i in range(n)]
+    owners = [{"name": f"vm{i}", "is_template": False, "exclusive_bytes": 30 * PAGE,
+               "shared_bytes": 0, "kinds": {"dup": 10, "plain": 90}} for i in range(n)]
+
+    def run(style: str, system: str, pool: int, tpool: int = 0, payload: int | None = None,
+            restore: float = 1.0) -> dict:
+        r = {"style": style, "system": system, "ok": True, "swapped_out_bytes": 200 * PAGE,
+             "pool_bytes": pool + tpool, "template_pool_bytes": tpool,
+             "sandbox_pool_bytes": pool, "stats_after": {"same_pages": 3},
+             "restore_s": restore, "restored_pages": 200, "load_p50_us": 5.0,
+             "load_p99_us": 50.0, "swapout_s": 1.0, "bad_pages": 0}
+        if payload is not None:
+            r["sandbox_payload_bytes"] = payload
+        if system.startswith("azswap"):
+            r.update(meta_bytes=4 * PAGE, owners=owners)
+        return r
+
+    return {
+        "manifest": {"time": "t", "mem_mib": 384, "size": "default"}, "vms": vms,
+        "template_nonzero_pages": 900, "npages": 1024, "kernel": "k", "cpus": 2,
+        "runs": [
+            run("private", "zram-lz4", 100 * PAGE, payload=95 * PAGE, restore=2.0),
+            run("private", "azswap-lz4", 40 * PAGE, 300 * PAGE, payload=60 * PAGE, restore=2.5),
+            run("anon", "zram-lz4", 900 * PAGE, payload=880 * PAGE),
+            run("anon", "azswap-lz4", 50 * PAGE, 300 * PAGE, payload=60 * PAGE),
+            {"style": "anon", "system": "zswap-lz4", "error": "boom"},
+        ],
+    }
+
+
+def test_views_arithmetic() -> None:
+    live = _live()
+    lim = {"results": {"limit-lz4": {"label": "unlimited search, lz4", "ratio": 4.0,
+                                     "sandbox_orig_bytes": 200 * PAGE,
+                                     "sandbox_stored_bytes": 50 * PAGE,
+                                     "sandbox_kinds": {"dup": 5}}}}
+    owned = microvm_report.owned_view(live, lim)
+    zr = next(x for x in owned if x["system"] == "zram-lz4")
+    az = next(x for x in owned if x["system"] == "azswap-lz4")
+    assert zr["ratio_pool"] == pytest.approx(2.0)
+    assert az["ratio_pool"] == pytest.approx(5.0)
+    assert az["vs_zram_lz4_pool"] == pytest.approx(2.5)
+    assert az["ratio_payload"] == pytest.approx(200 / 60)
+    assert az["pct_of_limit"] == pytest.approx(100 * (200 / 60) / 4.0)
+    assert az["owner_bytes"] == 60 * PAGE
+    fleet = {(x["style"], x["system"]): x for x in microvm_report.fleet_view(live, (2, 32))}
+    f = fleet[("private", "azswap-lz4")]
+    # template raw (900 pages) + pool (340) + meta (4)
+    assert f["spent_bytes"] == (900 + 340 + 4) * PAGE
+    assert f["fleet"] == pytest.approx(2000 / 1244)
+    # the projection at the recorded N reproduces the measurement
+    assert f["projected"]["2"] == pytest.approx(f["fleet"])
+    assert f["projected"]["32"] > f["fleet"]
+    a = fleet[("anon", "zram-lz4")]
+    assert a["spent_bytes"] == 900 * PAGE and a["fixed_bytes"] == 0
+    assert a["projected"]["32"] == pytest.approx(a["fleet"])
+    assert ("anon", "zswap-lz4") not in fleet
+    rest = microvm_report.restore_view(live)
+    r = next(x for x in rest if x["style"] == "private" and x["system"] == "azswap-lz4")
+    assert r["vs_zram_lz4"] == pytest.approx(1.25)
+    md = microvm_report.markdown(live, owned, list(fleet.values()), rest, (2, 32))
+    assert "## Owned pages" in md and "## Fleet" in md and "ERROR: boom" in md
+
+
+@pytest.mark.skipif(not default_lib_path().exists(), reason="make hostlib first")
+def test_limit_on_a_small_recording(record: ModuleType, tmp_path: Path) -> None:
+    results = _fake_recording(tmp_path, record)
+    record.write_trace(tmp_path, results, {"style": "microvm-snapshot"})
+    lim = microvm_report.limit_figures(tmp_path / "microvm.aztrace")
+    res = lim["results"]
+    # edited pages are template deltas, so the store beats per-page lz4 on owned pages
+    assert res["limit-lz4"]["ratio"] > 2 * res["lz4"]["ratio"]
+    assert res["limit-lz4"]["sandbox_kinds"]["tdelta"] > 0
