@@ -702,12 +702,14 @@ def main(argv: list[str] | None = None) -> int:
     }
     with contextlib.suppress(OSError):
         report["mem_total_kb"] = int(Path("/proc/meminfo").read_text().split()[1])
+    jpath = Path(a.json) if a.json else out_dir / "swapbench.json"
     for path in traces:
         tr = read_trace(path)
         style = tr.meta.get("style", Path(path).stem)
         log(f"{path}: {style}, {len(tr.owners)} owners, {tr.nr_pages * PAGE_SIZE / 2**20:.1f} MiB")
         expect = {o.name: checksums(o.data()) for o in tr.owners.values()}
-        results = []
+        results: list[dict[str, Any]] = []
+        report["runs"].append({"trace": path, "style": style, "meta": tr.meta, "results": results})
         for s in systems:
             log(f"{style}: {s}")
             t0 = time.monotonic()
@@ -718,6 +720,7 @@ def main(argv: list[str] | None = None) -> int:
                 log(f"{style}: {s} failed: {r['error']}")
             r["wall_s"] = time.monotonic() - t0
             results.append(r)
+            jpath.write_text(json.dumps(report, indent=1, default=float))  # partial results survive
             if "error" not in r:
                 log(
                     f"{style}: {s}: owned {r['owned_bytes'] / 2**20:.1f} MiB stored "
@@ -725,9 +728,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"ok={r['ok']} ({r['wall_s']:.0f}s)"
                 )
         table(results, style)
-        report["runs"].append({"trace": path, "style": style, "meta": tr.meta, "results": results})
         del tr
-    jpath = Path(a.json) if a.json else out_dir / "swapbench.json"
     jpath.write_text(json.dumps(report, indent=1, default=float))
     log(f"wrote {jpath}")
     shutil.rmtree(tmp, ignore_errors=True)
