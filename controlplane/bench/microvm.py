@@ -75,8 +75,15 @@ SYSTEMS = ("azswap-lz4", "azswap-zstd", "zram-lz4", "zram-zstd", "zswap-lz4", "z
 CHUNK = 1024  # pages per socket write
 
 
+LOG: Path | None = None
+
+
 def log(msg: str) -> None:
-    print(f"[microvm {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+    line = f"[microvm {time.strftime('%H:%M:%S')}] {msg}"
+    print(line, flush=True)
+    if LOG is not None:  # progress readable from the host while the guest runs
+        with open(LOG, "a") as f:
+            f.write(line + "\n")
 
 
 @dataclass
@@ -430,6 +437,9 @@ def main(argv: list[str] | None = None) -> int:
         print("microvm: kmod/azswap.ko not built (make kmod)", file=sys.stderr)
         return 1
     out_dir = Path(os.environ.get("AZSWAP_OUT", TOP / "vm-tests" / "out"))
+    jpath = a.json or out_dir / "microvm-live.json"
+    global LOG
+    LOG = jpath.with_suffix(".log")
     wfile("/proc/sys/vm/page-cluster", "0")
     wfile("/proc/sys/vm/swappiness", "100")
     sh("swapoff", "-a", check=False)
@@ -455,7 +465,6 @@ def main(argv: list[str] | None = None) -> int:
     }
     with contextlib.suppress(OSError):
         report["mem_total_kb"] = int(Path("/proc/meminfo").read_text().split()[1])
-    jpath = a.json or out_dir / "microvm-live.json"
     for style in styles:
         for s in systems:
             t1 = time.monotonic()

@@ -1,0 +1,99 @@
+"""microVM restore styles in the test kernel: a small synthetic snapshot through the live replay.
+
+A template image and two "recorded" VMs (edited, fresh and zeroed pages) go through
+controlplane/bench/microvm.py exactly as a recording does: VMM-like processes (private mapping of
+the image, or an anonymous copy) in their own cgroups, memory.reclaim, every page faulted back and
+verified. With azswap the image is a snapshot-file template (TEMPLATE_ADD + TEMPLATE_LOAD).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import random
+import sys
+from pathlib import Path
+
+import pytest
+
+from controlplane.bench import microvm
+from controlplane.bench.swapbench import build_player
+
+TOP = Path(__file__).resolve().parents[2]
+PAGE = 4096
+NPAGES = 512
+
+
+def _recorder():
+    path = TOP / "vm-tests" / "microvm" / "record.py"
+    sys.path.insert(0, str(path.parent))
+    spec = importlib.util.spec_from_file_location("microvm_record_guest", path)
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _text(rng: random.Random) -> bytes:
+    words = [b"alpha", b"beta", b"gamma", b"delta", b"model", b"token", b"layer", b"cache"]
+    return b" ".join(rng.choice(words) for _ in range(900))[:PAGE].ljust(PAGE, b".")
+
+
+@pytest.fixture(scope="module")
+def recording(tmp_path_factory: pytest.TempPathFactory) -> microvm.Recording:
+    rec_mod = _recorder()
+    d = tmp_path_factory.mktemp("microvm")
+    rng = random.Random(3)
+    tmpl = bytearray()
+    for k in range(NPAGES):
+        tmpl += bytes(PAGE) if k % 8 == 0 else (_text(rng) if k % 3 else rng.randbytes(PAGE))
+    (d / "template.ram").write_bytes(tmpl)
+    results = []
+    for i, task in enumerate(("train", "eval")):
+        g = bytearray(tmpl)
+        for k in range(i + 1, NPAGES, 4):
+            if k % 5 == 0:
+                g[k * PAGE : (k + 1) * PAGE] = _text(rng)  # fresh page
+            elif k % 7 == 0:
+                g[k * PAGE : (k + 1) * PAGE] = bytes(PAGE)  # zeroed
+            else:
+                g[k * PAGE + 64 : k * PAGE + 80] = rng.randbytes(16)  # edited in place
+        (d / f"vm{i}.ram").write_bytes(g)
+        results.append(rec_mod.GuestResult(f"vm{i}", task, 1000 + i))
+    stats = rec_mod.write_trace(d, results, {"style": "microvm-snapshot"})
+    (d / "manifest.json").write_text(json.dumps({**stats, "pages": NPAGES}))
+    return microvm.load_recording(d, d / "run")
+
+
+def _azswap_ok() -> bool:
+    return (TOP / "kmod" / "azswap.ko").exists()
+
+
+@pytest.mark.parametrize("style", microvm.STYLES)
+@pytest.mark.parametrize("system", ["zram-lz4", "azswap-lz4"])
+def test_restore_styles_verify(recording: microvm.Recording, tmp_path: Path, style: str,
+                               system: str) -> None:
+    if system.startswith("azswap") and not _azswap_ok():
+        pytest.skip("kmod/azswap.ko not built")
+    exe = build_player(tmp_path)
+    r = microvm.run_one(recording, style, system, exe, tmp_path)
+    assert r["ok"], r
+    assert r["bad_pages"] == 0
+    owned = sum(len(v.offs) for v in recording.vms)
+    assert r["swapped_out_bytes"] >= owned * PAGE * 9 // 10
+    if style == "private":
+        assert r["restored_pages"] == owned
+    if system.startswith("azswap"):
+        assert r["template_load"]["pages_loaded"] == int(recording.tmpl_nonzero.sum())
+        kinds: dict[str, int] = {}
+        for o in r["owners"]:
+            if str(o.get("name", "")).startswith("vm"):
+                for k, v in o["kinds"].items():
+                    kinds[k] = kinds.get(k, 0) + v
+        if style == "private":
+            # in-place edits of a CoW page of the image: same-offset template deltas
+            assert kinds.get("tdelta", 0) > 0, kinds
+        else:
+            # an anonymous copy: the pages equal to the image are duplicates of its bases
+            assert kinds.get("dup", 0) >= int(recording.tmpl_nonzero.sum()), kinds
