@@ -173,19 +173,20 @@ class Args:
     seed: int
 
 
-def run_mode(mode: str, a: Args, dev: SwapDev, prefetcher: Any) -> dict[str, Any]:
+def run_mode(mode: str, a: Args, dev: SwapDev, prefetcher: Any, rnd: int = 0) -> dict[str, Any]:
     BENCH_CG.mkdir(exist_ok=True)
     (BENCH_CG / "cgroup.subtree_control").write_text("+memory")
     boxes: list[Box] = []
     for i in range(a.sandboxes):
-        cg = BENCH_CG / f"{mode}{i}"
+        name = f"{mode}{rnd}-{i}"
+        cg = BENCH_CG / name
         cg.mkdir(exist_ok=True)
         sb = PageSandbox(cg, a.pages, seed=a.seed + i)
         rng = random.Random(a.seed * 100 + i)
         hot = rng.sample(range(a.pages), int(a.pages * a.hot))
-        boxes.append(Box(f"{mode}{i}", cg, sb, hot, rng))
+        boxes.append(Box(name, cg, sb, hot, rng))
         if prefetcher is not None:
-            prefetcher.add_sandbox(f"{mode}{i}", cg)
+            prefetcher.add_sandbox(name, cg)
     stop = threading.Event()
     mu = threading.Lock()
     samples: list[int] = []
@@ -319,6 +320,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prefetch-lead", type=float, default=0.0,
                     help="(c) prefetch this long before the wait ends (0: on the tool hint)")
     ap.add_argument("--modes", default="a,b,c")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="rounds of all modes, interleaved; figures are medians over rounds")
     ap.add_argument("--swap", choices=("azswap", "zram"), default="azswap")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json", type=Path,
@@ -331,30 +334,44 @@ def main(argv: list[str] | None = None) -> int:
              ns.interval, ns.grace, ns.prefetch_lead, ns.seed)
     dev = SwapDev(ns.swap)
     print(f"swap device: {dev.kind}; {a}", flush=True)
-    results: dict[str, dict[str, Any]] = {}
+    rounds: dict[str, list[dict[str, Any]]] = {}
     prefetcher = None
     try:
-        for mode in ns.modes.split(","):
-            if mode == "c":
-                from controlplane.prefetch import PrefetchConfig, Prefetcher
-                from ebpf.tracer import FaultTracer
+        for rnd in range(ns.repeat):
+            for mode in ns.modes.split(","):
+                if mode == "c" and prefetcher is None:
+                    from controlplane.prefetch import PrefetchConfig, Prefetcher
+                    from ebpf.tracer import FaultTracer
 
-                tr = FaultTracer()
-                t = time.monotonic()
-                tr.start()
-                print(f"fault tracer loaded in {time.monotonic() - t:.1f}s", flush=True)
-                prefetcher = Prefetcher(PrefetchConfig(history=3, window_s=a.wait), tracer=tr)
-                prefetcher.start_polling()
-            results[mode] = run_mode(mode, a, dev, prefetcher)
-            print(json.dumps(results[mode]), flush=True)
+                    tr = FaultTracer()
+                    t = time.monotonic()
+                    tr.start()
+                    print(f"fault tracer loaded in {time.monotonic() - t:.1f}s", flush=True)
+                    prefetcher = Prefetcher(PrefetchConfig(history=3, window_s=a.wait),
+                                            tracer=tr)
+                    prefetcher.start_polling()
+                res = run_mode(mode, a, dev, prefetcher if mode == "c" else None, rnd)
+                rounds.setdefault(mode, []).append(res)
+                print(json.dumps(res), flush=True)
     finally:
         if prefetcher is not None:
             prefetcher.close()
         dev.close()
+    results = {m: median_of(rs) for m, rs in rounds.items()}
     report(results, dev.kind, a)
-    ns.json.write_text(json.dumps({"swap": dev.kind, "args": a.__dict__, "results": results},
-                                  indent=1))
+    ns.json.write_text(json.dumps({"swap": dev.kind, "args": a.__dict__, "results": results,
+                                   "rounds": rounds}, indent=1))
     return 0
+
+
+def median_of(rs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per numeric figure, the median over rounds (the rest from the first round)."""
+    out = dict(rs[0])
+    for k, v in rs[0].items():
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            out[k] = statistics.median(r[k] for r in rs)
+    out["rounds"] = len(rs)
+    return out
 
 
 def report(r: dict[str, dict[str, Any]], kind: str, a: Args) -> None:

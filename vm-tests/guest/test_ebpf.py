@@ -140,11 +140,14 @@ def test_exact_fault_sequence(tracer, swap: str) -> None:
         assert all(e.major for e in region)
         assert {e.phase_seq for e in region} == {tracer.sandboxes["exact"].phase_seq}
         assert all(e.since_phase_ns > 0 for e in region)
-        # all major swap-ins of the process in the window: the kernel's own count (pswpin is
-        # system-wide, one page per swap-in with page-cluster 0; majflt adds file faults)
+        # the kernel agrees page by page: exactly the scripted pages came back, the rest of the
+        # region is still out (pagemap)
+        region_addrs = [sb.page_addr(i) for i in range(512)]
+        assert _swapped(sb.pid, region_addrs) == set(region_addrs) - set(addrs)
+        # and in total: the process's major swap-ins in the window are bounded by its majflt
+        # (which adds file-backed faults) and by pswpin (system-wide)
         win = [e for e in evs if r["t0_ns"] <= e.ts_ns <= r["t1_ns"] and e.major]
-        assert len(win) == r["pswpin"], (len(win), r)
-        assert len(win) <= r["majflt"], (len(win), r)
+        assert len(addrs) <= len(win) <= min(r["majflt"], r["pswpin"]), (len(win), r)
         after = tracer.sandbox_stats()["exact"]
         c = tracer.counters()
         assert c["drops"] == 0 and c["pending_full"] == 0 and c["bad_events"] == 0
@@ -164,7 +167,7 @@ def test_module_tracepoints(tracer, swap: str) -> None:
         tracer.add_sandbox("tp", cg.path)
         cg.reclaim_all()
         st0 = tracer.sandbox_stats().get("tp", {})
-        assert st0.get("stores", 0) >= 256 and st0.get("stored_bytes", 0) > 0, st0
+        assert st0.get("stores", 0) >= 256 and st0.get("store_errors", 0) == 0, st0
         tracer.drain()
         r = sb.touch(range(256))
         assert r["bad"] == 0
@@ -175,6 +178,9 @@ def test_module_tracepoints(tracer, swap: str) -> None:
         assert loads == len(evs), (loads, len(evs))
         hist = tracer.decode_hist().get("tp", {})
         assert sum(hist.values()) == st["loads"]
+        assert st["load_ns"] > 0
+        # text-like pages are neither zero nor duplicates: they add bytes to the store
+        assert st0["stored_bytes"] > 0, f"azswap_store reported bytes=0 for all stores: {st0}"
     finally:
         sb.stop()
         tracer.remove_sandbox("tp")
