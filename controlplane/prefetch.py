@@ -200,6 +200,26 @@ def madvise_ranges(pidfd: int, ranges: Sequence[Range],
     return done, calls, skipped
 
 
+def cgroup_dir(path: str | os.PathLike[str], root: Path = CGROUP_ROOT) -> Path:
+    """A cgroup directory from a path under the cgroup2 root ("/sandboxes/sb1", the registry's
+    form, or "sandboxes/sb1") or an absolute one under it ("/sys/fs/cgroup/sandboxes/sb1")."""
+    s = str(path)
+    if s == str(root) or s.startswith(str(root) + "/"):
+        return Path(s)
+    return root / s.strip("/")
+
+
+def find_cgroup(cgroup_id: int, root: Path = CGROUP_ROOT, limit: int = 100000) -> Path | None:
+    """The cgroup directory whose id (inode) is cgroup_id, by walking the tree."""
+    for seen, (dirpath, _dirs, _files) in enumerate(os.walk(root)):
+        if seen >= limit:
+            break
+        with contextlib.suppress(OSError):
+            if os.stat(dirpath).st_ino == cgroup_id:
+                return Path(dirpath)
+    return None
+
+
 def cgroup_procs(cgroup: Path) -> list[int]:
     try:
         return [int(x) for x in (cgroup / "cgroup.procs").read_text().split()]
@@ -333,9 +353,7 @@ class Prefetcher:
             st = self.sandboxes.get(name)
             if st is not None:
                 return st
-            path = Path(cgroup)
-            if not path.is_absolute():
-                path = CGROUP_ROOT / str(cgroup).lstrip("/")
+            path = cgroup_dir(cgroup)
             cgid = cgroup_id if cgroup_id is not None else os.stat(path).st_ino
             if self.tracer is not None:
                 self.tracer.add_sandbox(name, cgid)
@@ -350,8 +368,13 @@ class Prefetcher:
             return self.sandboxes[sandbox]
         st = self.sandboxes.get(sandbox.name)
         if st is None:
-            cg = sandbox.cgroup_path or ""
-            st = self.add_sandbox(sandbox.name, cg, getattr(sandbox, "cgroup_id", None))
+            cgid = getattr(sandbox, "cgroup_id", None)
+            cg: str | Path | None = sandbox.cgroup_path
+            if not cg and cgid is not None:
+                cg = find_cgroup(cgid)
+            if not cg:
+                raise LookupError(f"sandbox {sandbox.name}: no cgroup path known")
+            st = self.add_sandbox(sandbox.name, cg, cgid)
         return st
 
     def record_phase_change(self, sandbox: Any, phase: str) -> int:

@@ -62,9 +62,9 @@ class ModuleAbsent(TracerError):
 def cgroup_id(path: str | os.PathLike[str]) -> int:
     """The cgroup v2 id of a cgroup directory (its inode number, what
     bpf_get_current_cgroup_id() returns)."""
-    p = Path(path)
-    if not p.is_absolute():
-        p = Path("/sys/fs/cgroup") / p
+    root = "/sys/fs/cgroup"
+    s = str(path)
+    p = Path(s) if s == root or s.startswith(root + "/") else Path(root) / s.strip("/")
     try:
         return os.stat(p).st_ino
     except OSError as e:
