@@ -111,4 +111,5 @@ def test_cli_missing_cgroup_is_one_line(capsys: pytest.CaptureFixture[str]) -> N
 
     assert main(["-c", "/nonexistent/cg", "-d", "0"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("faulttrace: error: cgroup /sys/fs/cgroup/nonexistent/cg")
+    assert len(err) == 1
+    assert err[0].startswith("faulttrace: error: cgroup /sys/fs/cgroup/nonexistent/cg")
