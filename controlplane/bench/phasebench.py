@@ -17,8 +17,9 @@ every page touched, then --tool-cpu s of CPU.  Regimes, each with fresh sandboxe
                   scheduler's rule), never in a tool phase; on the tool hint prefetch its learned
                   restore set (controlplane/prefetch.py, fault tracer in ebpf/) with
                   process_madvise(MADV_WILLNEED), synchronously: the prefetch time is part of the
-                  tool latency.  --prefetch-lead S issues it S seconds before the (predicted) end
-                  of the wait instead.
+                  tool latency.  --prefetch-async runs it in a thread while the tool starts (as
+                  the daemon does); --prefetch-lead S issues it S seconds before the
+                  (predicted) end of the wait instead.
 
 Figures per regime: tool-phase latency (mean, p50, p95, over cycles after --warmup), end-to-end
 time of the whole fan-out, major faults in tool phases, memory footprint (time-averaged sum of
@@ -170,6 +171,7 @@ class Args:
     interval: float
     grace: float
     prefetch_lead: float
+    prefetch_async: bool
     seed: int
 
 
@@ -243,12 +245,22 @@ def run_mode(mode: str, a: Args, dev: SwapDev, prefetcher: Any, rnd: int = 0) ->
                 time.sleep(max(lead - (time.monotonic() - t0), 0.0))
                 t0 = time.monotonic()
             set_phase(b, "tool")
-            if prefetcher is not None and not lead:
+            fresh = b.rng.sample(range(a.pages), max(a.pages // 100, 1))
+            bg: threading.Thread | None = None
+            box: list[dict[str, Any]] = []
+            if prefetcher is not None and not lead and a.prefetch_async:
+                # as the daemon does: the tool starts at once, the prefetch races ahead of it
+                bg = threading.Thread(target=lambda out=box: out.append(
+                    prefetcher.restore(b.name)))
+                bg.start()
+            elif prefetcher is not None and not lead:
                 res = prefetcher.restore(b.name)
+            r = b.sb.touch(b.hot + fresh, write_every=8, spin_s=a.tool_cpu)
+            if bg is not None:
+                bg.join()
+                res = box[0] if box else None
             if prefetcher is not None:
                 b.prefetch.append(res)
-            fresh = b.rng.sample(range(a.pages), max(a.pages // 100, 1))
-            r = b.sb.touch(b.hot + fresh, write_every=8, spin_s=a.tool_cpu)
             b.tool_s.append(time.monotonic() - t0)
             b.majflt.append(int(r["majflt"]))
             b.bad += int(r["bad"])
@@ -319,6 +331,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--grace", type=float, default=0.2, help="(c) wait age before compressing")
     ap.add_argument("--prefetch-lead", type=float, default=0.0,
                     help="(c) prefetch this long before the wait ends (0: on the tool hint)")
+    ap.add_argument("--prefetch-async", action="store_true",
+                    help="(c) on the tool hint, prefetch in a thread while the tool runs "
+                         "(what the daemon does) instead of before it")
     ap.add_argument("--modes", default="a,b,c")
     ap.add_argument("--repeat", type=int, default=1,
                     help="rounds of all modes, interleaved; figures are medians over rounds")
@@ -331,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
         print("phasebench: error: must run as root (in the guest: vm-tests/run)", file=sys.stderr)
         return 1
     a = Args(ns.sandboxes, ns.pages, ns.hot, ns.cycles, ns.warmup, ns.wait, ns.tool_cpu,
-             ns.interval, ns.grace, ns.prefetch_lead, ns.seed)
+             ns.interval, ns.grace, ns.prefetch_lead, ns.prefetch_async, ns.seed)
     dev = SwapDev(ns.swap)
     print(f"swap device: {dev.kind}; {a}", flush=True)
     rounds: dict[str, list[dict[str, Any]]] = {}
