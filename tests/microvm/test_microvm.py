@@ -206,3 +206,20 @@ def test_limit_on_a_small_recording(record: ModuleType, tmp_path: Path) -> None:
     # edited pages are template deltas, so the store beats per-page lz4 on owned pages
     assert res["limit-lz4"]["ratio"] > 2 * res["lz4"]["ratio"]
     assert res["limit-lz4"]["sandbox_kinds"]["tdelta"] > 0
+
+
+def test_merge_live_tags_guests(tmp_path: Path) -> None:
+    a, b = _live(), _live()
+    b["runs"] = b["runs"][2:4]
+    (tmp_path / "ga.json").write_text(json.dumps(a))
+    (tmp_path / "gb.json").write_text(json.dumps(b))
+    m = microvm_report.merge_live([tmp_path / "ga.json", tmp_path / "gb.json"])
+    assert len(m["runs"]) == len(a["runs"]) + 2
+    assert {r["guest"] for r in m["runs"]} == {"ga", "gb"}
+    rest = microvm_report.restore_view(m)
+    anon_az_b = next(x for x in rest if x["guest"] == "gb" and x["system"] == "azswap-lz4")
+    assert anon_az_b["vs_zram_lz4"] == pytest.approx(1.0)  # against gb's own zram-lz4
+    c = _live(3)
+    (tmp_path / "gc.json").write_text(json.dumps(c))
+    with pytest.raises(SystemExit):
+        microvm_report.merge_live([tmp_path / "ga.json", tmp_path / "gc.json"])
