@@ -157,7 +157,8 @@ def restore_view(live: dict[str, Any]) -> list[dict[str, Any]]:
     rows = []
     for r in live["runs"]:
         if "error" in r:
-            rows.append({"style": r["style"], "system": r["system"], "error": r["error"]})
+            rows.append({"style": r["style"], "system": r["system"], "guest": r.get("guest", ""),
+                         "error": r["error"]})
             continue
         rows.append({"style": r["style"], "system": r["system"], "guest": r.get("guest", ""),
                      "restore_s": r["restore_s"],
