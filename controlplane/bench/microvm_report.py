@@ -47,6 +47,45 @@ def limit_figures(trace: Path) -> dict[str, Any]:
     # per-VM owned bytes straight from the trace
     out["owned_pages"] = {o.name: o.nr_pages for o in tr.owners.values()
                           if o.role != ROLE_TEMPLATE}
+    del tr
+    out["composition"] = composition(trace)
+    return out
+
+
+def composition(trace: Path) -> dict[str, Any]:
+    """What the owned pages are, per VM: all-zero, identical to a template page at another
+    offset, identical to a page another VM owns (and not the template), or neither."""
+    import hashlib
+
+    tr = read_trace(trace)
+    zero = bytes(PAGE_SIZE)
+
+    def digests(o: Any) -> list[bytes]:
+        d = o.data()
+        return [hashlib.blake2b(d[k * PAGE_SIZE : (k + 1) * PAGE_SIZE], digest_size=16).digest()
+                for k in range(o.nr_pages)]
+
+    owners = list(tr.owners.values())
+    tmpl = {h for o in owners if o.role == ROLE_TEMPLATE for h in digests(o)}
+    vms = [(o, digests(o)) for o in owners if o.role != ROLE_TEMPLATE]
+    seen: dict[bytes, set[str]] = {}
+    for o, hs in vms:
+        for h in hs:
+            seen.setdefault(h, set()).add(o.name)
+    zh = hashlib.blake2b(zero, digest_size=16).digest()
+    out: dict[str, Any] = {}
+    for o, hs in vms:
+        c = {"pages": len(hs), "zero": 0, "template_other_offset": 0, "other_vm": 0, "unique": 0}
+        for h in hs:
+            if h == zh:
+                c["zero"] += 1
+            elif h in tmpl:
+                c["template_other_offset"] += 1
+            elif len(seen[h]) > 1:
+                c["other_vm"] += 1
+            else:
+                c["unique"] += 1
+        out[o.name] = dict(c, task=o.info.get("task", "?"))
     return out
 
 
@@ -181,7 +220,9 @@ def _f(v: Any, fmt: str = ".2f", scale: float = 1.0) -> str:
 
 
 def markdown(live: dict[str, Any], owned: list[dict[str, Any]], fleet: list[dict[str, Any]],
-             restore: list[dict[str, Any]], projections: tuple[int, ...]) -> str:
+             restore: list[dict[str, Any]], projections: tuple[int, ...],
+             lim: dict[str, Any] | None = None) -> str:
+    lim = lim or {}
     m = live["manifest"]
     lines = [
         f"# microVM sandboxes: {len(live['vms'])} VMs restored from one snapshot",
@@ -207,6 +248,19 @@ def markdown(live: dict[str, Any], owned: list[dict[str, Any]], fleet: list[dict
             f"{_f(x.get('vs_zram_lz4_pool'))} | {_f(x.get('vs_zram_lz4_payload'))} | "
             f"{_f(x.get('pct_of_limit'), '.0f')} | {kinds} | "
             f"{'-' if 'verified' not in x else ('yes' if x['verified'] else 'NO')} |")
+    comp = lim.get("composition") or {}
+    if comp:
+        lines += [
+            "",
+            "What the owned pages are (exact page identity, from the trace):",
+            "",
+            "| VM | task | owned pages | zero | = a template page at another offset "
+            "| = another VM's page | other |",
+            "|---|---|---:|---:|---:|---:|---:|",
+        ]
+        for name, c in comp.items():
+            lines.append(f"| {name} | {c['task']} | {c['pages']} | {c['zero']} | "
+                         f"{c['template_other_offset']} | {c['other_vm']} | {c['unique']} |")
     lines += [
         "",
         "## Fleet (sum of each VM's non-zero guest RAM / what the host spends)",
@@ -262,9 +316,11 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     proj = tuple(int(x) for x in a.project.split(",") if x)
     lpath = a.limit_json or a.dir / "limit.json"
-    if lpath.exists() and json.loads(lpath.read_text()).get("trace") == str(
-            a.dir / "microvm.aztrace"):
-        lim = json.loads(lpath.read_text())
+    lim = json.loads(lpath.read_text()) if lpath.exists() else {}
+    if lim.get("trace") == str(a.dir / "microvm.aztrace"):
+        if "composition" not in lim:
+            lim["composition"] = composition(a.dir / "microvm.aztrace")
+            lpath.write_text(json.dumps(lim, indent=1, default=float))
     else:
         lim = limit_figures(a.dir / "microvm.aztrace")
         lpath.write_text(json.dumps(lim, indent=1, default=float))
@@ -272,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     owned = owned_view(live, lim)
     fleet = fleet_view(live, proj)
     restore = restore_view(live)
-    md = markdown(live, owned, fleet, restore, proj)
+    md = markdown(live, owned, fleet, restore, proj, lim)
     print(md)
     (a.md or a.dir / "report.md").write_text(md)
     (a.json or a.dir / "report.json").write_text(json.dumps(

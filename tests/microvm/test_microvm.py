@@ -223,3 +223,14 @@ def test_merge_live_tags_guests(tmp_path: Path) -> None:
     (tmp_path / "gc.json").write_text(json.dumps(c))
     with pytest.raises(SystemExit):
         microvm_report.merge_live([tmp_path / "ga.json", tmp_path / "gc.json"])
+
+
+def test_composition_of_owned_pages(record: ModuleType, tmp_path: Path) -> None:
+    results = _fake_recording(tmp_path, record)
+    record.write_trace(tmp_path, results, {"style": "microvm-snapshot"})
+    comp = microvm_report.composition(tmp_path / "microvm.aztrace")
+    for n, r in enumerate(results):
+        c = comp[f"vm{n}"]
+        assert c["task"] == r.task and c["pages"] == r.info["owned_pages"]
+        assert c["zero"] == r.info["owned_zero_pages"]
+        assert c["zero"] + c["template_other_offset"] + c["other_vm"] + c["unique"] == c["pages"]
