@@ -4,8 +4,12 @@ Builds the ML sandbox state of vm-tests/workloads/mlsandbox.py (a transformer's 
 state, a tokenized dataset, a tokenizer, documents and example records, a warmed interpreter),
 freezes it (gc.freeze, as a zygote), reports TEMPLATE_READY on the control port (/dev/ttyS1) and
 blocks there: the quiescent point the recorder snapshots. Each guest restored from the snapshot
-receives one line ``TASK <name> <seed>``, runs that trajectory, reports ``LLM_WAIT`` and blocks
-again (waiting for the LLM's answer, which never comes): the recorder saves its RAM then.
+receives one line ``TASK <name> <seed> [inproc|fork]``, runs that trajectory, reports
+``LLM_WAIT`` and blocks again (waiting for the LLM's answer, which never comes): the recorder saves
+its RAM then. ``inproc`` (default) runs the task in the agent process; ``fork`` runs it as a tool
+call does in most agent sandboxes: in a child process (forked from the warmed agent, so the child
+starts with the template's heap), which returns a short result over a pipe and exits before the
+LLM wait.
 
 Kernel command line: azagent.size=<mlsandbox size> azagent.seed=<n>. Messages on the control port
 are single lines; logs go to the console.
@@ -55,6 +59,27 @@ class Port:
         return line.decode(errors="replace").strip()
 
 
+def tool_call(mlsandbox: object, st: object, task: str, seed: int) -> None:
+    """Run the task in a forked child (a tool call); it reports a one-line result and exits."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.close(r)
+            mlsandbox.run_task(st, task, seed)  # type: ignore[attr-defined]
+            os.write(w, f"ok {task}\n".encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(w)
+    with os.fdopen(r) as f:
+        result = f.read().strip()
+    _, status = os.waitpid(pid, 0)
+    if status != 0 or not result.startswith("ok"):
+        raise RuntimeError(f"tool call {task} failed (status {status})")
+
+
 def main() -> None:
     args = cmdline()
     size = args.get("size", "default")
@@ -76,10 +101,14 @@ def main() -> None:
         parts = line.split()
         if not parts:
             continue
-        if parts[0] == "TASK" and len(parts) == 3 and parts[1] in mlsandbox.TASK_FNS:
+        if parts[0] == "TASK" and len(parts) in (3, 4) and parts[1] in mlsandbox.TASK_FNS:
+            mode = parts[3] if len(parts) == 4 else "inproc"
             t1 = time.monotonic()
             try:
-                mlsandbox.run_task(st, parts[1], int(parts[2]))
+                if mode == "fork":
+                    tool_call(mlsandbox, st, parts[1], int(parts[2]))
+                else:
+                    mlsandbox.run_task(st, parts[1], int(parts[2]))
             except Exception as exc:  # report, keep the guest alive for the recorder
                 port.send(f"ERROR {type(exc).__name__}: {exc}")
                 continue

@@ -263,7 +263,7 @@ def record_template(out: Path, img: image.Image, mem: int, size: str, seed: int,
 
 
 def restore_guest(out: Path, img: image.Image, mem: int, append: str, i: int,
-                  timeout: float) -> GuestResult:
+                  timeout: float, task_mode: str = "inproc") -> GuestResult:
     task, seed = TASKS[i % len(TASKS)], 1000 + i
     res = GuestResult(f"vm{i}", task, seed)
     ram = out / f"{res.name}.ram"
@@ -288,7 +288,7 @@ def restore_guest(out: Path, img: image.Image, mem: int, append: str, i: int,
         port.send("PING")
         port.expect("PONG", 60)
         t1 = time.monotonic()
-        port.send(f"TASK {task} {seed}")
+        port.send(f"TASK {task} {seed} {task_mode}")
         done = port.expect("LLM_WAIT", timeout)
         res.task_s = time.monotonic() - t1
         res.agent_task_s = float(done.split()[2])
@@ -379,6 +379,9 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=900, help="per boot / per task, seconds")
     ap.add_argument("--out", type=Path, default=TOP / "vm-tests" / "out" / "microvm")
     ap.add_argument("--keep-ram", action="store_true", help="keep the guests' RAM files")
+    ap.add_argument("--task-mode", choices=("inproc", "fork"), default="inproc",
+                    help="run each task in the agent process, or in a forked child that exits "
+                         "before the LLM wait (a tool call)")
     ap.add_argument("--reuse-template", action="store_true",
                     help="reuse DIR/template.ram + template.vmstate from an earlier run")
     a = ap.parse_args()
@@ -407,8 +410,8 @@ def main() -> int:
     lock = threading.Lock()
     results: list[GuestResult] = []
     with ThreadPoolExecutor(max_workers=a.parallel) as ex:
-        futs = [ex.submit(restore_guest, out, img, a.mem, tinfo["append"], i, a.timeout)
-                for i in range(a.n)]
+        futs = [ex.submit(restore_guest, out, img, a.mem, tinfo["append"], i, a.timeout,
+                          a.task_mode) for i in range(a.n)]
         for f in futs:
             r = f.result()
             with lock:
@@ -416,6 +419,7 @@ def main() -> int:
     t_guests = time.monotonic() - t0 - t_img - t_tmpl
     meta = {"style": "microvm-snapshot", "recorder": "vm-tests/microvm/record.py",
             "n": a.n, "mem_mib": a.mem, "size": a.size, "seed": a.seed,
+            "task_mode": a.task_mode,
             "tasks": [r.task for r in results], "kernel": img.kernel,
             "template_id": TEMPLATE_ID, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ",
                                                                 time.gmtime())}
