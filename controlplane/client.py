@@ -112,8 +112,11 @@ class DaemonClient:
                     f"no reply from the daemon within {self.timeout}s"
                 ) from None
             except (BrokenPipeError, ConnectionResetError):
+                # the daemon may have refused us (one error line, then close) before we wrote
+                reply = self._pending_reply()
                 self.close()
-                raise errors.DaemonNotRunning("the daemon closed the connection") from None
+                if reply is None:
+                    raise errors.DaemonNotRunning("the daemon closed the connection") from None
             except ValueError as e:
                 self.close()
                 raise errors.ProtocolError(f"bad reply from the daemon: {e}") from None
@@ -122,6 +125,13 @@ class DaemonClient:
                 self.close()
             self._raise(reply.get("error", {}))
         return reply.get("result")
+
+    def _pending_reply(self) -> dict[str, Any] | None:
+        try:
+            raw = self._rfile.readline() if self._rfile is not None else b""
+            return json.loads(raw) if raw else None
+        except (OSError, ValueError):
+            return None
 
     # -- operations -----------------------------------------------------------------------------
 

@@ -36,8 +36,8 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from controlplane import errors, metrics, restore
+from controlplane.abi import Phase, validate_group
 from controlplane.cgroup import CGROUP_ROOT, PROC_ROOT, normalize
-from controlplane.netlink import AzswapNetlink, EventListener, Phase, validate_group
 from controlplane.phase import PhaseConfig, PhaseModel
 from controlplane.registry import RUN_DIR, ModuleBackend, Registry, Sandbox, state_path
 from controlplane.restore import NoopPrefetcher, Prefetcher, load_prefetcher
@@ -156,7 +156,7 @@ class Daemon:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.config = c = config or DaemonConfig()
-        factory = module_factory or (lambda: AzswapNetlink(c.dev))
+        factory = module_factory or (lambda: _netlink().AzswapNetlink(c.dev))
         self.module = PerThread(factory)
         self.device = Device(c.dev, c.sys_block)
         self.clock = clock
@@ -414,6 +414,7 @@ class Daemon:
         if uid not in self.config.allowed_uids:
             conn.send(_error(None, "permission_denied", "the azswap daemon serves root only"))
             log.warning("refused client pid %d uid %d", pid, uid)
+            _close_after_reply(sock)
             return
         with self._conns_lock:
             self._conns.add(conn)
@@ -424,6 +425,7 @@ class Daemon:
                     break
                 if len(line) > MAX_LINE:
                     conn.send(_error(None, "too_large", f"request longer than {MAX_LINE} bytes"))
+                    _close_after_reply(sock)
                     break  # documented: oversized requests close the connection
                 if not line.strip():
                     continue
@@ -488,7 +490,7 @@ class Daemon:
 
     def _follow_events(self) -> None:
         try:
-            listener = EventListener()
+            listener = _netlink().EventListener()
         except errors.AzswapError as e:
             log.warning("module events unavailable: %s", e)
             return
@@ -549,6 +551,26 @@ class Daemon:
                 pass
         finally:
             self.stop()
+
+
+def _close_after_reply(sock: socket.socket, limit: int = 16 * MAX_LINE) -> None:
+    """End our side, then read what the client still sends (bounded, 1 s): closing a Unix socket
+    with unread data resets it, and the client would lose the error reply we just sent."""
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_WR)
+        sock.settimeout(1.0)
+        got = 0
+        while got < limit:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            got += len(chunk)
+
+
+def _netlink() -> Any:
+    from controlplane import netlink  # pyroute2 is imported only when the module is used
+
+    return netlink
 
 
 def _error(rid: Any, code: str, message: str) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from controlplane import errors
-from controlplane.netlink import KINDS, OwnerStats
+from controlplane.abi import KINDS, OwnerStats
 from controlplane.registry import ModuleBackend, Registry
 from controlplane.sysfs import Device
 

@@ -18,204 +18,106 @@ client (they are cheap: one socket and one family lookup).
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+import os
 import select
+import sys
 import threading
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
-from enum import IntEnum
 from typing import Any
 
-from pyroute2.netlink import NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, genlmsg, nla
-from pyroute2.netlink.exceptions import NetlinkError
-from pyroute2.netlink.generic import GenericNetlinkSocket
 
-from controlplane import errors
+def _lean_pyroute2() -> None:
+    """Import pyroute2's netlink core without its package __init__ (which imports IPRoute, NDB,
+    IPDB...: ~160 modules, 0.5 s here and over a minute in a TCG guest on 9p).  The first access
+    to a top-level name (``pyroute2.IPRoute``) still runs the real __init__ (PEP 562), so other
+    users of pyroute2 in the same process see the whole package."""
+    if "pyroute2" in sys.modules:
+        return
+    spec = importlib.util.find_spec("pyroute2")
+    if spec is None or spec.loader is None:
+        return
+    mod = importlib.util.module_from_spec(spec)
+    loader = spec.loader
 
-FAMILY = "azswap"
-VERSION = 1
-MCGRP_EVENTS = "events"
-PAGE_SIZE = 4096
-# AZSWAP_A_PAGES carries 1..15 whole pages (kmod/uapi/azswap_nl.h AZSWAP_LOAD_MAX_PAGES: an
-# attribute length is 16 bits, so 16 pages do not fit; docs/netlink.md still says 16).
-MAX_LOAD_PAGES = 15
+    def __getattr__(name: str) -> Any:
+        if not name.startswith("__") and importlib.util.find_spec(f"pyroute2.{name}"):
+            return importlib.import_module(f"pyroute2.{name}")  # a submodule: just that
+        del mod.__dict__["__getattr__"]
+        loader.exec_module(mod)
+        return getattr(mod, name)
 
-
-class Cmd(IntEnum):
-    GET_INFO = 1
-    SANDBOX_ADD = 2
-    SANDBOX_DEL = 3
-    TEMPLATE_ADD = 4
-    TEMPLATE_DEL = 5
-    TEMPLATE_LOAD = 6
-    STATS_GET = 7
-    POLICY_GET = 8
-    POLICY_SET = 9
-    PHASE_SET = 10
+    mod.__dict__["__getattr__"] = __getattr__
+    sys.modules["pyroute2"] = mod
 
 
-class Phase(IntEnum):
-    """AZSWAP_A_PHASE values; the names are the ones orchestrators and azctl use."""
+_lean_pyroute2()
 
-    UNKNOWN = 0
-    TOOL = 1
-    LLM_WAIT = 2
-    IDLE = 3
+from pyroute2.netlink import NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, genlmsg, nla  # noqa: E402
+from pyroute2.netlink.exceptions import NetlinkError  # noqa: E402
+from pyroute2.netlink.generic import GenericNetlinkSocket  # noqa: E402
 
-    @property
-    def label(self) -> str:
-        return self.name.lower().replace("_", "-")
-
-    @classmethod
-    def parse(cls, text: str | int) -> Phase:
-        if isinstance(text, int):
-            try:
-                return cls(text)
-            except ValueError:
-                raise errors.InvalidValue(f"phase: {text} is not 0..3") from None
-        key = text.strip().lower().replace("-", "_").upper()
-        if key not in cls.__members__:
-            raise errors.InvalidValue(
-                f"phase: {text!r} is not one of tool, llm-wait, idle, unknown"
-            )
-        return cls[key]
-
-
-class Codec(IntEnum):
-    LZ4 = 0
-    ZSTD = 1
-
-
-# Attribute table of docs/netlink.md: (id, name, pyroute2 type).  The same table parses the flat
-# owner attributes of a STATS reply and the nested AZSWAP_A_OWNER form.
-_ATTRS: tuple[tuple[int, str, str], ...] = (
-    (0, "AZSWAP_A_UNSPEC", "none"),
-    (1, "AZSWAP_A_DEV", "uint32"),
-    (2, "AZSWAP_A_CGROUP_ID", "uint64"),
-    (3, "AZSWAP_A_CGROUP_PATH", "asciiz"),
-    (4, "AZSWAP_A_GROUP", "uint32"),
-    (5, "AZSWAP_A_IS_TEMPLATE", "uint8"),
-    (6, "AZSWAP_A_INDEX", "uint64"),
-    (7, "AZSWAP_A_PAGES", "cdata"),
-    (8, "AZSWAP_A_PHASE", "uint8"),
-    (9, "AZSWAP_A_VERSION", "uint32"),
-    (10, "AZSWAP_A_NR_DEVICES", "uint32"),
-    (11, "AZSWAP_A_OWNER", "owner"),
-    (12, "AZSWAP_A_POLICY_CODEC", "uint32"),
-    (13, "AZSWAP_A_POLICY_LEVEL", "uint32"),
-    (14, "AZSWAP_A_POLICY_DEDUP", "uint8"),
-    (15, "AZSWAP_A_POLICY_TDELTA", "uint8"),
-    (16, "AZSWAP_A_POLICY_XDELTA", "uint8"),
-    (17, "AZSWAP_A_POLICY_SIM_EFFORT", "uint32"),
-    (18, "AZSWAP_A_POLICY_DELTA_MAX_PCT", "uint32"),
-    (20, "AZSWAP_A_ST_PAGES", "uint64"),
-    (21, "AZSWAP_A_ST_ORIG_BYTES", "uint64"),
-    (22, "AZSWAP_A_ST_EXCLUSIVE_BYTES", "uint64"),
-    (23, "AZSWAP_A_ST_SHARED_BYTES", "uint64"),
-    (24, "AZSWAP_A_ST_SAME", "uint64"),
-    (25, "AZSWAP_A_ST_DUP", "uint64"),
-    (26, "AZSWAP_A_ST_TDELTA", "uint64"),
-    (27, "AZSWAP_A_ST_XDELTA", "uint64"),
-    (28, "AZSWAP_A_ST_PLAIN", "uint64"),
-    (29, "AZSWAP_A_ST_RAW", "uint64"),
-    (30, "AZSWAP_A_ST_PHASE", "uint8"),
+from controlplane import errors  # noqa: E402
+from controlplane.abi import (  # noqa: E402
+    ATTR_IDS,
+    ATTRS,
+    FAMILY,
+    KIND_ATTRS,
+    KINDS,
+    MAX_LOAD_PAGES,
+    MCGRP_EVENTS,
+    PAGE_SIZE,
+    POLICY_FIELDS,
+    VERSION,
+    Cmd,
+    Codec,
+    Event,
+    Info,
+    OwnerStats,
+    Phase,
+    Policy,
+    validate_group,
 )
-ATTR_IDS: dict[str, int] = {name: i for i, name, _ in _ATTRS}
 
-KINDS = ("same", "dup", "tdelta", "xdelta", "plain", "raw")
-_KIND_ATTRS = tuple(f"AZSWAP_A_ST_{k.upper()}" for k in KINDS)
-
-POLICY_FIELDS: dict[str, str] = {
-    "codec": "AZSWAP_A_POLICY_CODEC",
-    "level": "AZSWAP_A_POLICY_LEVEL",
-    "dedup": "AZSWAP_A_POLICY_DEDUP",
-    "tdelta": "AZSWAP_A_POLICY_TDELTA",
-    "xdelta": "AZSWAP_A_POLICY_XDELTA",
-    "sim_effort": "AZSWAP_A_POLICY_SIM_EFFORT",
-    "delta_max_pct": "AZSWAP_A_POLICY_DELTA_MAX_PCT",
-}
+__all__ = [
+    "ATTRS",
+    "ATTR_IDS",
+    "FAMILY",
+    "KINDS",
+    "MAX_LOAD_PAGES",
+    "MCGRP_EVENTS",
+    "PAGE_SIZE",
+    "POLICY_FIELDS",
+    "VERSION",
+    "AzswapMsg",
+    "AzswapNetlink",
+    "Cmd",
+    "Codec",
+    "Event",
+    "EventListener",
+    "Info",
+    "OwnerStats",
+    "Phase",
+    "Policy",
+    "build",
+    "parse_event",
+    "parse_owner",
+    "validate_group",
+]
 
 
 class AzswapMsg(genlmsg):
     """genlmsg with the azswap attribute table."""
 
-    nla_map = _ATTRS
+    nla_map = ATTRS
 
     class owner(nla):
-        nla_map = _ATTRS
+        nla_map = ATTRS
 
 
 # pyroute2 resolves the nested type through the class attribute of the *outer* message only.
 AzswapMsg.owner.owner = AzswapMsg.owner  # type: ignore[attr-defined]
-
-
-@dataclass(frozen=True)
-class Info:
-    version: int
-    nr_devices: int
-
-
-@dataclass
-class Policy:
-    codec: int = Codec.LZ4
-    level: int = 3
-    dedup: int = 1
-    tdelta: int = 1
-    xdelta: int = 1
-    sim_effort: int = 4
-    delta_max_pct: int = 80
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["codec"] = Codec(self.codec).name.lower() if self.codec in (0, 1) else self.codec
-        return d
-
-
-@dataclass
-class OwnerStats:
-    """One owner (sandbox or template) as the module reports it."""
-
-    cgroup_id: int
-    group: int = 0
-    is_template: bool = False
-    phase: Phase = Phase.UNKNOWN
-    pages: int = 0
-    orig_bytes: int = 0
-    exclusive_bytes: int = 0
-    shared_bytes: int = 0
-    kinds: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
-
-    @property
-    def stored_bytes(self) -> int:
-        return self.exclusive_bytes + self.shared_bytes
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["phase"] = self.phase.label
-        d["stored_bytes"] = self.stored_bytes
-        return d
-
-
-@dataclass(frozen=True)
-class Event:
-    """A notification from the ``events`` multicast group."""
-
-    cmd: Cmd
-    dev: int
-    cgroup_id: int
-    group: int | None = None
-    phase: Phase | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {
-            "event": self.cmd.name.lower(),
-            "dev": self.dev,
-            "cgroup_id": self.cgroup_id,
-        }
-        if self.group is not None:
-            d["group"] = self.group
-        if self.phase is not None:
-            d["phase"] = self.phase.label
-        return d
 
 
 def _attrs_of(m: nla | genlmsg) -> dict[str, Any]:
@@ -240,7 +142,7 @@ def parse_owner(msg: nla | genlmsg) -> OwnerStats:
         orig_bytes=a.get("AZSWAP_A_ST_ORIG_BYTES", 0),
         exclusive_bytes=a.get("AZSWAP_A_ST_EXCLUSIVE_BYTES", 0),
         shared_bytes=a.get("AZSWAP_A_ST_SHARED_BYTES", 0),
-        kinds={k: a.get(attr, 0) for k, attr in zip(KINDS, _KIND_ATTRS, strict=True)},
+        kinds={k: a.get(attr, 0) for k, attr in zip(KINDS, KIND_ATTRS, strict=True)},
     )
 
 
@@ -269,12 +171,6 @@ def build(cmd: Cmd, attrs: list[tuple[str, Any]]) -> AzswapMsg:
     msg["version"] = VERSION
     msg["attrs"] = attrs
     return msg
-
-
-def validate_group(group: int) -> int:
-    if not 1 <= int(group) <= 2**31 - 1:
-        raise errors.InvalidValue(f"trust group {group}: must be 1..2147483647")
-    return int(group)
 
 
 class AzswapNetlink:
@@ -440,8 +336,6 @@ class AzswapNetlink:
 
 
 def _strerror(code: int) -> str:
-    import os
-
     return os.strerror(code)
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
-from controlplane.netlink import Phase
+from controlplane.abi import Phase
 
 
 @dataclass

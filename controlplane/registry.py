@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from controlplane import errors
+from controlplane.abi import Cmd, Event, Info, OwnerStats, Phase, Policy
 from controlplane.cgroup import CGROUP_ROOT, Cgroup, find_by_id, normalize
-from controlplane.netlink import Cmd, Event, Info, OwnerStats, Phase, Policy
 
 log = logging.getLogger("azswap.registry")
 

@@ -43,8 +43,8 @@ from pathlib import Path
 from typing import Any
 
 from controlplane import errors
+from controlplane.abi import Codec, Phase
 from controlplane.cgroup import PROC_ROOT, Cgroup, HostMemory, host_memory
-from controlplane.netlink import Codec, Phase
 from controlplane.phase import PhaseModel, PhaseView
 
 log = logging.getLogger("azswap.scheduler")

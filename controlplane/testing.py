@@ -14,8 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from controlplane import errors
-from controlplane.cgroup import CGROUP_ROOT, Cgroup
-from controlplane.netlink import (
+from controlplane.abi import (
     KINDS,
     MAX_LOAD_PAGES,
     PAGE_SIZE,
@@ -26,6 +25,7 @@ from controlplane.netlink import (
     Phase,
     Policy,
 )
+from controlplane.cgroup import CGROUP_ROOT, Cgroup
 
 _RANGES = {
     "codec": (0, 1),

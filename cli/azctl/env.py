@@ -15,7 +15,6 @@ from typing import Any
 from controlplane import errors, metrics
 from controlplane.cgroup import CGROUP_ROOT
 from controlplane.client import DEFAULT_SOCKET, DaemonClient
-from controlplane.netlink import AzswapNetlink
 from controlplane.registry import RUN_DIR, ModuleBackend, Registry, state_path
 from controlplane.sysfs import SYS_BLOCK, Device
 
@@ -34,8 +33,12 @@ class Env:
 
     def module(self) -> ModuleBackend:
         if self._module is None:
-            factory = self.module_factory or AzswapNetlink
-            self._module = factory(self.dev)
+            if self.module_factory is None:
+                from controlplane.netlink import AzswapNetlink  # pyroute2: only when needed
+
+                self._module = AzswapNetlink(self.dev)
+            else:
+                self._module = self.module_factory(self.dev)
         return self._module
 
     def device(self) -> Device:

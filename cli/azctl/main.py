@@ -16,8 +16,8 @@ import click
 from azctl import render, snapshot
 from azctl.env import Env, need_root
 from controlplane import errors, metrics
+from controlplane.abi import MAX_LOAD_PAGES, POLICY_FIELDS, Codec
 from controlplane.client import DEFAULT_SOCKET
-from controlplane.netlink import MAX_LOAD_PAGES, POLICY_FIELDS, Codec
 from controlplane.registry import Registry, state_path
 
 EXIT_CODES_HELP = "\b\nExit codes:\n" + "\n".join(

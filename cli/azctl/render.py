@@ -8,7 +8,7 @@ from typing import Any
 from rich.console import Console, Group
 from rich.table import Table
 
-from controlplane.netlink import KINDS
+from controlplane.abi import KINDS
 
 
 def console(stderr: bool = False) -> Console:

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from controlplane import errors
-from controlplane.netlink import MAX_LOAD_PAGES, PAGE_SIZE
+from controlplane.abi import MAX_LOAD_PAGES, PAGE_SIZE
 
 ZERO_PAGE = bytes(PAGE_SIZE)
 

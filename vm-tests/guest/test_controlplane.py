@@ -64,15 +64,18 @@ class DaemonProc:
         )
         from controlplane.client import DaemonClient
 
-        deadline = time.monotonic() + 60
+        # generous: a cold Python start over 9p under TCG takes tens of seconds
+        t0 = time.monotonic()
+        deadline = t0 + 400
         while True:
             try:
-                DaemonClient(SOCK, timeout=5).ping()
+                DaemonClient(SOCK, timeout=30).ping()
                 break
             except Exception:
                 if self.p.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(f"daemon did not start:\n{self.log_tail()}") from None
                 time.sleep(0.1)
+        log(f"daemon up after {time.monotonic() - t0:.1f}s")
 
     def log_tail(self, n: int = 40) -> str:
         self.err.flush()
