@@ -10,9 +10,12 @@
 # PREFIX (/usr/local) and DESTDIR pass through to packaging/install.sh; AZSWAP_SIGN_KEY and
 # AZSWAP_SIGN_CERT sign the installed module (docs/install.md, Secure Boot).
 
+# Including this file never changes the default goal (plain `make` does not install).
+az_saved_goal := $(.DEFAULT_GOAL)
+
 .PHONY: install install-module install-files uninstall dkms-install dkms-uninstall
 
-AZ_INSTALL := KO=$(TOP)/kmod/azswap.ko KDIR=$(KDIR) AZCTL=$(VENV)/bin/azctl \
+AZ_INSTALL = KO=$(TOP)/kmod/azswap.ko KDIR=$(KDIR) AZCTL=$(VENV)/bin/azctl \
 	$(TOP)/packaging/install.sh
 
 install: install-module install-files
@@ -32,3 +35,5 @@ dkms-install:
 
 dkms-uninstall:
 	$(TOP)/packaging/dkms-install.sh --uninstall
+
+.DEFAULT_GOAL := $(az_saved_goal)

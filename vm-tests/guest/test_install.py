@@ -211,7 +211,7 @@ def test_swap_setup_start_stop(installed: None, tmp_path: Path) -> None:
     try:
         sh(SETUP, "start", env=env)
         sys_ = Path("/sys/block/azswap0")
-        assert swaps()["/dev/azswap0"][3] == "77"
+        assert swaps()["/dev/azswap0"][4] == "77"  # Filename Type Size Used Priority
         assert int((sys_ / "disksize").read_text()) == 64 << 20
         assert (sys_ / "comp_algorithm").read_text().strip().startswith("zstd")
         assert int((sys_ / "mem_limit").read_text()) == 32 << 20
@@ -260,6 +260,12 @@ def test_systemd_units_verify(installed: None) -> None:
 
 
 def test_dkms_build_install(clean: None) -> None:
+    if not os.environ.get("AZSWAP_TEST_DKMS"):
+        pytest.skip(
+            "DKMS compiles the module inside the guest: 10+ minutes under TCG on a loaded "
+            "machine; `vm-tests/run -- env AZSWAP_TEST_DKMS=1 .venv/bin/pytest ...` runs it "
+            "(packaging/dkms-install.sh --tree checks the DKMS build on the host in ~1 minute)"
+        )
     if not shutil.which("dkms"):
         pytest.skip("dkms not installed on the host (Debian: dkms)")
     if not Path(f"/lib/modules/{REL}/build/Makefile").exists():
