@@ -339,7 +339,7 @@ def parse_trace(buf: bytes, *, owners: set[int] | None = None, name: str = "trac
                 sv.add(v)
                 idx.append(i)
                 va.append(v)
-            data = bytes(body[count * ENTRY.size:]) if owners is None or oid in owners else b""
+            data = bytes(body[count * ENTRY.size :]) if owners is None or oid in owners else b""
             own[oid].runs.append(PageRun(idx, va, data))
             order.append((oid, len(own[oid].runs) - 1))
             nr_pages += count
