@@ -216,13 +216,17 @@ static blk_status_t azswap_bio_rw(struct azswap_dev *dev, struct bio *bio)
 	u64 slot = bio->bi_iter.bi_sector >> (PAGE_SHIFT - SECTOR_SHIFT);
 	struct page *bounce = NULL;
 	struct bvec_iter iter;
-	struct bio_vec bv;
+	struct bio_vec bvec, bv;
 	unsigned int pos = 0;	/* bytes of the current block done */
 	struct az_page_info pi;
 	void *mem;
 	int ret = 0;
 
-	bio_for_each_segment(bv, bio, iter) {
+	bio_for_each_segment(bvec, bio, iter) {
+		/*
+		 * The iterator advances by bvec.bv_len: consume a copy.
+		 */
+		bv = bvec;
 		while (bv.bv_len) {
 			unsigned int n = min_t(unsigned int, bv.bv_len,
 					       PAGE_SIZE - pos);

@@ -1,0 +1,239 @@
+"""The generic netlink family "azswap" against docs/netlink.md: every command, its errors and
+extended acks, strict validation, admin permission, events."""
+
+from __future__ import annotations
+
+import errno
+import os
+
+import azswap_guest as ag
+import pytest
+from aznl import Client, NlError, WrongTypes
+
+
+@pytest.fixture
+def nl(dev0):
+    dev0.set("disksize", "64M")
+    c = Client()
+    yield c
+    c.close()
+
+
+def err(fn, *a, **kw) -> NlError:
+    with pytest.raises(NlError) as ei:
+        fn(*a, **kw)
+    return ei.value
+
+
+def test_get_info_and_uninitialised_device(module) -> None:
+    module(num_devices=2)
+    c = Client()
+    try:
+        (info,) = c.request("GET_INFO")
+        assert info["VERSION"] == 1 and info["NR_DEVICES"] == 2
+        cg = ag.Cgroup("nl-uninit")
+        e = err(c.request, "SANDBOX_ADD", [("CGROUP_PATH", cg.rel), ("GROUP", 1)])
+        assert e.code == errno.ENODEV and "disksize" in (e.msg or ""), e.msg
+        e = err(c.request, "SANDBOX_ADD", [("DEV", 2), ("CGROUP_PATH", cg.rel), ("GROUP", 1)])
+        assert e.code == errno.ENODEV and "no such azswap device" in (e.msg or "")
+        # Policy can be set before disksize and sticks.
+        c.request("POLICY_SET", [("DEV", 1), ("POLICY_DEDUP", 0)])
+        (p,) = c.request("POLICY_GET", [("DEV", 1)])
+        assert p["POLICY_DEDUP"] == 0
+        ag.Dev(1).set("disksize", "8M")
+        (p,) = c.request("POLICY_GET", [("DEV", 1)])
+        assert p["POLICY_DEDUP"] == 0 and ag.Dev(1).read("dedup") == "0"
+    finally:
+        c.close()
+
+
+def test_owners_and_errors(nl) -> None:
+    sb, tp = ag.Cgroup("nl-sb"), ag.Cgroup("nl-tp")
+    (r,) = nl.request("SANDBOX_ADD", [("CGROUP_PATH", sb.rel), ("GROUP", 7)])
+    assert r["CGROUP_ID"] == sb.id
+    (r,) = nl.request("TEMPLATE_ADD", [("CGROUP_ID", tp.id), ("GROUP", 7)])
+    assert r["CGROUP_ID"] == tp.id
+
+    cases = [
+        # (command, attrs, errno, words expected in the extack message)
+        ("SANDBOX_ADD", [("CGROUP_PATH", sb.rel), ("GROUP", 7)], errno.EEXIST, "already"),
+        ("TEMPLATE_ADD", [("CGROUP_ID", sb.id), ("GROUP", 7)], errno.EEXIST, "already"),
+        (
+            "SANDBOX_ADD",
+            [("CGROUP_PATH", "/no/such/cgroup"), ("GROUP", 1)],
+            errno.ENOENT,
+            "no such cgroup",
+        ),
+        ("SANDBOX_ADD", [("CGROUP_ID", 987654321), ("GROUP", 1)], errno.ENOENT, "no cgroup"),
+        ("SANDBOX_ADD", [("CGROUP_PATH", sb.rel), ("GROUP", 0)], errno.EINVAL, ""),
+        ("SANDBOX_ADD", [("CGROUP_PATH", sb.rel), ("GROUP", 1 << 31)], errno.EINVAL, ""),
+        ("SANDBOX_ADD", [("CGROUP_PATH", sb.rel)], errno.EINVAL, "Missing"),
+        ("SANDBOX_ADD", [("GROUP", 1)], errno.EINVAL, "exactly one"),
+        (
+            "SANDBOX_ADD",
+            [("CGROUP_PATH", sb.rel), ("CGROUP_ID", sb.id), ("GROUP", 1)],
+            errno.EINVAL,
+            "exactly one",
+        ),
+        ("SANDBOX_ADD", [("CGROUP_ID", 0), ("GROUP", 1)], errno.EINVAL, "0"),
+        (
+            "SANDBOX_ADD",
+            [("DEV", 9), ("CGROUP_PATH", sb.rel), ("GROUP", 1)],
+            errno.ENODEV,
+            "no such azswap device",
+        ),
+        ("SANDBOX_DEL", [("CGROUP_ID", tp.id)], errno.ENOENT, "no sandbox"),
+        ("TEMPLATE_DEL", [("CGROUP_ID", sb.id)], errno.ENOENT, "no template"),
+        ("SANDBOX_DEL", [], errno.EINVAL, "Missing"),
+        ("STATS_GET", [("CGROUP_ID", 424242)], errno.ENOENT, "no owner"),
+        ("PHASE_SET", [("CGROUP_ID", sb.id), ("PHASE", 4)], errno.EINVAL, ""),
+        ("PHASE_SET", [("CGROUP_ID", 424242), ("PHASE", 1)], errno.ENOENT, "no registered"),
+        ("PHASE_SET", [("CGROUP_ID", sb.id)], errno.EINVAL, "Missing"),
+        ("POLICY_SET", [("POLICY_SIM_EFFORT", 65)], errno.EINVAL, ""),
+        ("POLICY_SET", [("POLICY_LEVEL", 10)], errno.EINVAL, ""),
+        ("POLICY_SET", [("POLICY_DELTA_MAX_PCT", 0)], errno.EINVAL, ""),
+        ("POLICY_SET", [("POLICY_CODEC", 2)], errno.EINVAL, ""),
+        ("POLICY_SET", [("POLICY_DEDUP", 2), ("POLICY_XDELTA", 0)], errno.EINVAL, ""),
+        # Reply-only attributes are not accepted in requests.
+        ("POLICY_SET", [("VERSION", 1)], errno.EINVAL, ""),
+        (
+            "TEMPLATE_LOAD",
+            [("CGROUP_ID", tp.id), ("INDEX", 0), ("PAGES", b"x" * 100)],
+            errno.EINVAL,
+            "whole",
+        ),
+        ("TEMPLATE_LOAD", [("CGROUP_ID", tp.id), ("INDEX", 0), ("PAGES", b"")], errno.EINVAL, ""),
+        # 15 pages is the most an attribute can carry (its length is 16 bits).
+        (
+            "TEMPLATE_LOAD",
+            [("CGROUP_ID", tp.id), ("INDEX", 0), ("PAGES", bytes(15 * 4096 + 1))],
+            errno.EINVAL,
+            "",
+        ),
+        (
+            "TEMPLATE_LOAD",
+            [("CGROUP_ID", sb.id), ("INDEX", 0), ("PAGES", bytes(4096))],
+            errno.ENOENT,
+            "no template",
+        ),
+        ("TEMPLATE_LOAD", [("CGROUP_ID", tp.id), ("PAGES", bytes(4096))], errno.EINVAL, "Missing"),
+    ]
+    (pol0,) = nl.request("POLICY_GET")
+    owners0 = nl.request("STATS_GET", dump=True)
+    for cmd, attrs, code, words in cases:
+        e = err(nl.request, cmd, attrs)
+        assert e.code == code, (cmd, attrs, e.code, e.msg)
+        assert words in (e.msg or ""), (cmd, attrs, e.msg)
+    # Nothing was half-applied.
+    assert nl.request("POLICY_GET") == [pol0]
+    assert nl.request("STATS_GET", dump=True) == owners0
+
+    # Wrong attribute types and unknown attributes: strict validation.
+    for attrs in (
+        [("GROUP", 1), ("CGROUP_ID", sb.id)],
+        [("DEV", 0)],
+        [("UNKNOWN", 1)],
+        [("PHASE", 1), ("CGROUP_ID", sb.id)],
+    ):
+        e = err(
+            nl.request,
+            "PHASE_SET" if ("PHASE", 1) in attrs else "SANDBOX_ADD",
+            attrs,
+            cls=WrongTypes,
+        )
+        assert e.code == errno.EINVAL, (attrs, e.code, e.msg)
+        assert e.msg, f"no extended ack for {attrs}"
+
+    # Stats: the unregistered bucket (id 0), the sandbox, the template.
+    by_id = {o["CGROUP_ID"]: o for o in nl.request("STATS_GET", dump=True)}
+    assert {0, sb.id, tp.id} <= set(by_id)
+    assert by_id[sb.id]["GROUP"] == 7 and by_id[sb.id]["IS_TEMPLATE"] == 0
+    assert by_id[tp.id]["IS_TEMPLATE"] == 1
+    (one,) = nl.request("STATS_GET", [("CGROUP_ID", sb.id)])
+    assert one == by_id[sb.id]
+
+    # Phase hints show in the stats.
+    nl.request("PHASE_SET", [("CGROUP_ID", sb.id), ("PHASE", 2)])
+    (one,) = nl.request("STATS_GET", [("CGROUP_ID", sb.id)])
+    assert one["ST_PHASE"] == 2
+
+    # Snapshot-file template: a synthetic id, pages loaded as bases.
+    nl.request("TEMPLATE_ADD", [("CGROUP_ID", 1 << 40), ("GROUP", 7)])
+    pages = b"".join((f"template page {i} ".encode() * 300)[:4096] for i in range(15))
+    before = ag.Dev(0).obj()["template_pages"]
+    nl.request("TEMPLATE_LOAD", [("CGROUP_ID", 1 << 40), ("INDEX", 100), ("PAGES", pages)])
+    assert ag.Dev(0).obj()["template_pages"] == before + 15
+    (t,) = nl.request("STATS_GET", [("CGROUP_ID", 1 << 40)])
+    assert t["IS_TEMPLATE"] == 1
+
+    # Policy set/get round trip.
+    nl.request(
+        "POLICY_SET", [("POLICY_SIM_EFFORT", 8), ("POLICY_XDELTA", 0), ("POLICY_DELTA_MAX_PCT", 50)]
+    )
+    (p,) = nl.request("POLICY_GET")
+    assert (p["POLICY_SIM_EFFORT"], p["POLICY_XDELTA"], p["POLICY_DELTA_MAX_PCT"]) == (8, 0, 50)
+    assert ag.Dev(0).read("sim_effort") == "8"
+    # Codec change with stored objects (the template pages): EBUSY, unchanged.
+    e = err(nl.request, "POLICY_SET", [("POLICY_CODEC", 1), ("POLICY_LEVEL", 5)])
+    assert e.code == errno.EBUSY and "codec" in (e.msg or "")
+    assert nl.request("POLICY_GET")[0]["POLICY_CODEC"] == 0
+
+    # Removal.
+    nl.request("SANDBOX_DEL", [("CGROUP_ID", sb.id)])
+    assert err(nl.request, "SANDBOX_DEL", [("CGROUP_ID", sb.id)]).code == errno.ENOENT
+    nl.request("TEMPLATE_DEL", [("CGROUP_ID", tp.id)])
+    nl.request("TEMPLATE_DEL", [("CGROUP_ID", 1 << 40)])
+    # Re-adding works.
+    nl.request("SANDBOX_ADD", [("CGROUP_ID", sb.id), ("GROUP", 3)])
+
+
+def test_admin_permission(nl) -> None:
+    cg = ag.Cgroup("nl-perm")
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 99
+        try:
+            os.close(r)
+            os.setgid(65534)
+            os.setuid(65534)  # drops CAP_NET_ADMIN
+            c = Client()
+            res = []
+            (info,) = c.request("GET_INFO")
+            res.append(str(info["VERSION"]))
+            for cmd, attrs in [
+                ("SANDBOX_ADD", [("CGROUP_ID", cg.id), ("GROUP", 1)]),
+                ("POLICY_SET", [("POLICY_DEDUP", 0)]),
+                ("PHASE_SET", [("CGROUP_ID", cg.id), ("PHASE", 1)]),
+                ("TEMPLATE_LOAD", [("CGROUP_ID", 5), ("INDEX", 0), ("PAGES", bytes(4096))]),
+            ]:
+                try:
+                    c.request(cmd, attrs)
+                    res.append("ok")
+                except NlError as e:
+                    res.append(str(e.code))
+            c.request("POLICY_GET")
+            res.append("get-ok")
+            os.write(w, " ".join(res).encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(w)
+    out = os.read(r, 1000).decode().split()
+    os.waitpid(pid, 0)
+    assert out == ["1"] + [str(errno.EPERM)] * 4 + ["get-ok"], out
+
+
+def test_events(nl) -> None:
+    cg = ag.Cgroup("nl-ev")
+    listener = Client(groups=("events",))
+    try:
+        nl.request("SANDBOX_ADD", [("CGROUP_ID", cg.id), ("GROUP", 5)])
+        nl.request("PHASE_SET", [("CGROUP_ID", cg.id), ("PHASE", 3)])
+        nl.request("SANDBOX_DEL", [("CGROUP_ID", cg.id)])
+        ev = listener.events()
+    finally:
+        listener.close()
+    got = [(e["cmd"], e.get("CGROUP_ID"), e.get("GROUP"), e.get("PHASE")) for e in ev]
+    assert got == [(2, cg.id, 5, None), (10, cg.id, None, 3), (3, cg.id, 5, None)], got
+    assert all(e.get("DEV") == 0 for e in ev)
