@@ -7,12 +7,16 @@ VENV := $(TOP)/.venv
 PY := $(VENV)/bin/python
 PYTEST := $(VENV)/bin/pytest
 
-.PHONY: help setup setup-apt kmod install hostlib test test-host test-vm lint demo bench clean
+# The first target is the default: `make` alone prints help.
+.DEFAULT_GOAL := help
+
+.PHONY: help setup setup-apt kmod hostlib test test-host test-vm lint demo bench clean
 
 help:
 	@echo "make setup    install Debian packages + .venv (idempotent)"
 	@echo "make kmod     build kmod/azswap.ko against KDIR (default: the test kernel's headers)"
-	@echo "make install  install azswap.ko for modprobe (KDIR=/lib/modules/\$$(uname -r)/build on a host)"
+	@echo "make install  module + systemd units + config examples (KDIR=/lib/modules/\$$(uname -r)/build)"
+	@echo "make dkms-install  the same module through DKMS, rebuilt for every kernel"
 	@echo "make hostlib  build the store core as build/libazcore.so (+ ASan variant)"
 	@echo "make test     host tests + in-guest tests under QEMU, one summary"
 	@echo "make demo     sandbox fan-out in a QEMU guest: azswap vs zram/zswap"
@@ -26,10 +30,6 @@ setup-apt:
 
 kmod: setup-apt
 	$(MAKE) -C $(KDIR) M=$(TOP) modules
-
-install: kmod
-	$(MAKE) -C $(KDIR) M=$(TOP) modules_install
-	depmod -a $(KVER)
 
 hostlib: setup-apt
 	$(MAKE) -f $(TOP)/kmod/core/host.mk TOP=$(TOP)
@@ -53,6 +53,8 @@ demo: setup kmod hostlib
 
 bench: setup kmod hostlib
 	$(PY) -m controlplane.bench $(BENCH_ARGS)
+
+include $(TOP)/packaging/install.mk
 
 clean:
 	-$(MAKE) -C $(KDIR) M=$(TOP) clean
