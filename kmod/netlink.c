@@ -30,30 +30,75 @@
 
 static struct genl_family azswap_genl;
 
-static struct netlink_range_validation azswap_group_range = {
-	.min = 1,
-	.max = S32_MAX,
-};
-
+/*
+ * Types and lengths are checked by genetlink against this policy.  Value
+ * ranges are checked by azswap_nl_check_ranges() instead of NLA_POLICY_*
+ * ranges, which fail with -ERANGE: docs/netlink.md promises -EINVAL.
+ */
 static const struct nla_policy azswap_nl_policy[AZSWAP_A_MAX + 1] = {
 	[AZSWAP_A_DEV] = { .type = NLA_U32 },
 	[AZSWAP_A_CGROUP_ID] = { .type = NLA_U64 },
 	[AZSWAP_A_CGROUP_PATH] = { .type = NLA_NUL_STRING, .len = PATH_MAX - 1 },
-	[AZSWAP_A_GROUP] = NLA_POLICY_FULL_RANGE(NLA_U32, &azswap_group_range),
+	[AZSWAP_A_GROUP] = { .type = NLA_U32 },
 	[AZSWAP_A_INDEX] = { .type = NLA_U64 },
 	[AZSWAP_A_PAGES] = { .type = NLA_BINARY,
 			     .len = AZSWAP_LOAD_MAX_PAGES * AZSWAP_PAGE_SIZE },
-	[AZSWAP_A_PHASE] = NLA_POLICY_MAX(NLA_U8, AZSWAP_PHASE_MAX),
-	[AZSWAP_A_POLICY_CODEC] = NLA_POLICY_MAX(NLA_U32, AZ_CODEC_ZSTD),
-	[AZSWAP_A_POLICY_LEVEL] = NLA_POLICY_RANGE(NLA_U32, AZ_ZSTD_LEVEL_MIN,
-						   AZ_ZSTD_LEVEL_MAX),
-	[AZSWAP_A_POLICY_DEDUP] = NLA_POLICY_MAX(NLA_U8, 1),
-	[AZSWAP_A_POLICY_TDELTA] = NLA_POLICY_MAX(NLA_U8, 1),
-	[AZSWAP_A_POLICY_XDELTA] = NLA_POLICY_MAX(NLA_U8, 1),
-	[AZSWAP_A_POLICY_SIM_EFFORT] = NLA_POLICY_MAX(NLA_U32, 64),
-	[AZSWAP_A_POLICY_DELTA_MAX_PCT] = NLA_POLICY_RANGE(NLA_U32, 1, 100),
+	[AZSWAP_A_PHASE] = { .type = NLA_U8 },
+	[AZSWAP_A_POLICY_CODEC] = { .type = NLA_U32 },
+	[AZSWAP_A_POLICY_LEVEL] = { .type = NLA_U32 },
+	[AZSWAP_A_POLICY_DEDUP] = { .type = NLA_U8 },
+	[AZSWAP_A_POLICY_TDELTA] = { .type = NLA_U8 },
+	[AZSWAP_A_POLICY_XDELTA] = { .type = NLA_U8 },
+	[AZSWAP_A_POLICY_SIM_EFFORT] = { .type = NLA_U32 },
+	[AZSWAP_A_POLICY_DELTA_MAX_PCT] = { .type = NLA_U32 },
 	/* Reply-only attributes stay NLA_UNSPEC: rejected in requests. */
 };
+
+/* Allowed values of the attributes that have a range. */
+static const struct {
+	int attr;
+	u32 min, max;
+} azswap_nl_ranges[] = {
+	{ AZSWAP_A_GROUP, 1, S32_MAX },
+	{ AZSWAP_A_PHASE, 0, AZSWAP_PHASE_MAX },
+	{ AZSWAP_A_POLICY_CODEC, AZ_CODEC_LZ4, AZ_CODEC_ZSTD },
+	{ AZSWAP_A_POLICY_LEVEL, AZ_ZSTD_LEVEL_MIN, AZ_ZSTD_LEVEL_MAX },
+	{ AZSWAP_A_POLICY_DEDUP, 0, 1 },
+	{ AZSWAP_A_POLICY_TDELTA, 0, 1 },
+	{ AZSWAP_A_POLICY_XDELTA, 0, 1 },
+	{ AZSWAP_A_POLICY_SIM_EFFORT, 0, 64 },
+	{ AZSWAP_A_POLICY_DELTA_MAX_PCT, 1, 100 },
+};
+
+/*
+ * Runs before every handler (pre_doit) and at the start of the dump:
+ * every present attribute with a range is in it, or -EINVAL naming it.
+ */
+static int azswap_nl_check_ranges(struct nlattr **attrs,
+				  struct netlink_ext_ack *extack)
+{
+	unsigned int i;
+
+	for (i = 0; i < ARRAY_SIZE(azswap_nl_ranges); i++) {
+		struct nlattr *a = attrs[azswap_nl_ranges[i].attr];
+		u32 v;
+
+		if (!a)
+			continue;
+		v = nla_len(a) == sizeof(u8) ? nla_get_u8(a) : nla_get_u32(a);
+		if (v < azswap_nl_ranges[i].min || v > azswap_nl_ranges[i].max) {
+			NL_SET_ERR_MSG_ATTR(extack, a, "value out of range");
+			return -EINVAL;
+		}
+	}
+	return 0;
+}
+
+static int azswap_nl_pre_doit(const struct genl_ops *ops, struct sk_buff *skb,
+			      struct genl_info *info)
+{
+	return azswap_nl_check_ranges(info->attrs, info->extack);
+}
 
 /* ---- helpers ---------------------------------------------------------- */
 
@@ -457,6 +502,9 @@ static int azswap_nl_stats_dumpit(struct sk_buff *skb,
 	int i, n, ret = 0;
 	void *hdr;
 
+	ret = azswap_nl_check_ranges(gi->attrs, cb->extack);
+	if (ret)
+		return ret;
 	dev = azswap_nl_dev(gi->attrs, cb->extack);
 	if (!dev)
 		return -ENODEV;
@@ -680,6 +728,7 @@ static struct genl_family azswap_genl __ro_after_init = {
 	.maxattr = AZSWAP_A_MAX,
 	.policy = azswap_nl_policy,
 	.resv_start_op = 0,
+	.pre_doit = azswap_nl_pre_doit,
 	.module = THIS_MODULE,
 	.ops = azswap_nl_ops,
 	.n_ops = ARRAY_SIZE(azswap_nl_ops),

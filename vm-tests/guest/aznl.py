@@ -118,15 +118,25 @@ class Client:
             out.append({name: val for name, val in r["attrs"]})
         return out
 
-    def events(self, timeout: float = 2.0) -> list[dict[str, Any]]:
-        import select
+    def events(self, count: int, timeout: int = 10) -> list[dict[str, Any]]:
+        """Block until @count events arrived (pyroute2 buffers messages internally, so
+        select() on the socket is no guide); SIGALRM ends a wait that would hang."""
+        import signal
 
-        out = []
-        while select.select([self.sock], [], [], timeout)[0]:
-            for m in self.sock.get():
-                if m["header"]["type"] == self.sock.prid:
-                    d = {name: val for name, val in m["attrs"]}
-                    d["cmd"] = m["cmd"]
-                    out.append(d)
-            timeout = 0.2
+        def expire(*_: object) -> None:
+            raise TimeoutError(f"fewer than {count} events in {timeout}s")
+
+        out: list[dict[str, Any]] = []
+        old = signal.signal(signal.SIGALRM, expire)
+        signal.alarm(timeout)
+        try:
+            while len(out) < count:
+                for m in self.sock.get():
+                    if m["header"]["type"] == self.sock.prid:
+                        d = {name: val for name, val in m["attrs"]}
+                        d["cmd"] = m["cmd"]
+                        out.append(d)
+        finally:
+            signal.alarm(0)
+            signal.signal(signal.SIGALRM, old)
         return out

@@ -155,6 +155,18 @@ class Dev:
     def swapoff(self) -> None:
         sh("swapoff", self.path)
 
+    def assert_empty_after_swapoff(self) -> None:
+        """After swapoff only swap's header page (slot 0) is left; discarding the whole
+        device must then return the store to nothing: no pages, objects or pool memory."""
+        o = self.wait_drained()
+        assert o["pages"] == 1, f"{self.name}: {o} (only the swap header should be left)"
+        sh("blkdiscard", self.path)
+        o = self.wait_drained()
+        mm = self.mm()
+        assert o["pages"] == 0 and o["objects"] == 0 and o["bases"] == 0, (self.name, o)
+        assert o["deferred"] == 0 and o["template_pages"] == 0, (self.name, o)
+        assert mm["stored"] == 0 and mm["pool"] == 0 and mm["orig"] == 0, (self.name, mm)
+
     def wait_drained(self, timeout: float = 20) -> dict[str, int]:
         """Wait for the deferred frees to finish; returns obj_stat."""
         end = time.monotonic() + timeout

@@ -231,7 +231,7 @@ def test_events(nl) -> None:
         nl.request("SANDBOX_ADD", [("CGROUP_ID", cg.id), ("GROUP", 5)])
         nl.request("PHASE_SET", [("CGROUP_ID", cg.id), ("PHASE", 3)])
         nl.request("SANDBOX_DEL", [("CGROUP_ID", cg.id)])
-        ev = listener.events()
+        ev = listener.events(3)
     finally:
         listener.close()
     got = [(e["cmd"], e.get("CGROUP_ID"), e.get("GROUP"), e.get("PHASE")) for e in ev]
