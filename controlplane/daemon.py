@@ -284,7 +284,12 @@ class Daemon:
         state: dict[str, Any] = {}
         while True:
             state = self.scheduler.snapshot().get(sb.name, {})
-            if not timeout or state.get("done") or time.monotonic() >= deadline:
+            if not timeout or time.monotonic() >= deadline:
+                break
+            if self.scheduler.force_pending(sb.name):
+                time.sleep(0.05)  # not picked up yet: the state is the previous run's
+                continue
+            if state.get("done"):
                 break
             if state.get("stop_reason") and not state.get("forced"):
                 break

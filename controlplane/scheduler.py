@@ -221,6 +221,7 @@ class Scheduler:
         self._sleep = sleep if sleep is not None else self._wake.wait
         self._lock = threading.Lock()
         self.state: dict[str, CompressState] = {}
+        self._force_pending: set[str] = set()
         self.mode: str | None = None
         self.codec_locked = False
         self.last_report: TickReport | None = None
@@ -242,9 +243,14 @@ class Scheduler:
     def request_compress(self, name: str) -> None:
         """Compress ``name`` now, whatever its phase (``azctl compress``), until done."""
         with self._lock:
-            st = self.state.setdefault(name, CompressState())
-            st.forced, st.done = True, False
+            # applied by the next tick, after it re-arms on any phase change that came first
+            self._force_pending.add(name)
         self.wake()
+
+    def force_pending(self, name: str) -> bool:
+        """A compress request for ``name`` that no tick has picked up yet."""
+        with self._lock:
+            return name in self._force_pending
 
     def forget(self, name: str) -> None:
         with self._lock:
@@ -290,9 +296,10 @@ class Scheduler:
             for name, v in views.items():
                 st = self.state.setdefault(name, CompressState())
                 if st.generation != v.generation:
-                    forced = st.forced and v.phase != Phase.TOOL
-                    st.rearm(v)
-                    st.forced = forced
+                    st.rearm(v)  # a phase change ends a forced run too
+                if name in self._force_pending:
+                    self._force_pending.discard(name)
+                    st.forced, st.done = True, False
                 if self._eligible(v, st, pressure):
                     candidates.append(v)
         candidates.sort(key=lambda v: (v.since, v.name))

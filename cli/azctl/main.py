@@ -73,7 +73,9 @@ json_opt = click.option("--json", "as_json", is_flag=True, help="Machine-readabl
 @click.group(cls=AzGroup, epilog=ROOT_HELP_EPILOG, context_settings={"max_content_width": 100})
 @click.option(
     "--socket",
-    type=click.Path(path_type=Path),
+    # no readability check: a non-root user must get "permission denied" (exit 4) from the
+    # connection, not a usage error
+    type=click.Path(dir_okay=False, readable=False, path_type=Path),
     default=None,
     help=f"Daemon socket [default: {DEFAULT_SOCKET}; env AZSWAP_SOCKET].",
 )

@@ -305,3 +305,32 @@ def test_shell_completion_script() -> None:
         },
     )
     assert "sandbox" in p.stdout
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root + setpriv")
+def test_non_root_against_a_root_only_socket_is_exit_4(world: World, tmp_path: Path) -> None:
+    for p in (tmp_path, tmp_path.parent, tmp_path.parent.parent):
+        os.chmod(p, os.stat(p).st_mode | 0o011)
+    os.chmod(world.socket.parent, 0o711)  # reachable: the socket's 0600 is what refuses
+    try:
+        p = subprocess.run(
+            [
+                "setpriv",
+                "--reuid=nobody",
+                "--regid=nogroup",
+                "--clear-groups",
+                str(AZCTL),
+                "--socket",
+                str(world.socket),
+                "sandbox",
+                "ls",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd="/",
+        )
+    finally:
+        os.chmod(world.socket.parent, 0o700)
+    assert p.returncode == 4 and "permission denied" in p.stderr, p
+    assert p.stderr.count("\n") == 1

@@ -78,7 +78,8 @@ class DaemonProc:
         log(f"daemon up after {time.monotonic() - t0:.1f}s")
 
     def log_tail(self, n: int = 40) -> str:
-        self.err.flush()
+        if not self.err.closed:
+            self.err.flush()
         return "\n".join((RUN / "daemon.log").read_text().splitlines()[-n:])
 
     def stop(self) -> tuple[int, float]:
