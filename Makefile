@@ -28,7 +28,8 @@ setup:
 setup-apt:
 	@$(TOP)/scripts/setup.sh apt
 
-kmod: setup-apt
+# On a real host KDIR is given on the command line and nothing is installed for it.
+kmod: $(if $(filter command line,$(origin KDIR)),,setup-apt)
 	$(MAKE) -C $(KDIR) M=$(TOP) modules
 
 hostlib: setup-apt
