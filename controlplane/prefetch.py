@@ -21,6 +21,7 @@ since the hint: it is faulting past the prediction, and further reads would only
 
 MADV_WILLNEED reads each page into the swap cache (azswap decodes it then); the tool's first
 access is then a minor fault.  Accuracy per restore, settled when the next phase starts:
+    (settled at the next restore, or by settle(): events arrive asynchronously)
     used         prefetched pages the tool touched (minor fault: a major fault avoided)
     unused       prefetched pages the tool never touched in that phase
     read_twice   prefetched pages that still took a major fault (evicted again before use, or
@@ -378,11 +379,10 @@ class Prefetcher:
         return st
 
     def record_phase_change(self, sandbox: Any, phase: str) -> int:
-        """Tell the prefetcher a sandbox changed phase ("tool", "llm-wait", "idle", ...).
-        Settles the accuracy of the previous restore; returns the new phase sequence number."""
+        """Tell the prefetcher a sandbox changed phase ("tool", "llm-wait", "idle", ...);
+        returns the new phase sequence number."""
         with self._mu:
             st = self._state(sandbox)
-            self._settle(st)
             st.seq += 1
             if self.tracer is not None:
                 from ebpf.tracer import PHASE_CODES
@@ -440,6 +440,9 @@ class Prefetcher:
         recorded).  Never raises for "nothing learned yet"."""
         with self._mu:
             st = self._state(sandbox)
+            # the last restore's tool phase is over and its events have had a whole wait to
+            # arrive through the ring buffer: account it now
+            self._settle(st)
             if st.phase != "tool":
                 self.record_phase_change(st.name, "tool")
             seq = st.seq

@@ -165,8 +165,9 @@ def test_accuracy_used_unused_read_twice_missed() -> None:
     faults(p, range(0, 6), kind=EV_MINOR)  # used: faults avoided
     faults(p, [6], kind=EV_MAJOR)  # evicted again before use: read twice
     faults(p, [40, 41], kind=EV_MAJOR)  # not predicted: missed
-    p.record_phase_change("sb", "llm-wait")  # settles
-    a = p.accuracy("sb")
+    p.record_phase_change("sb", "llm-wait")
+    faults(p, [7], kind=EV_MINOR)  # a late event of the next phase does not count
+    a = p.settle("sb")
     assert a["prefetched"] == 10
     assert a["used"] == a["faults_avoided"] == 6
     assert a["read_twice"] == 1 and a["bytes_read_twice"] == P
@@ -203,3 +204,17 @@ def test_sandbox_found_by_cgroup_id(tmp_path) -> None:
     d.mkdir(parents=True)
     assert find_cgroup(os.stat(d).st_ino, root=tmp_path) == d
     assert find_cgroup(1, root=tmp_path) is None
+
+
+def test_events_arriving_after_the_phase_change_still_count() -> None:
+    p, _k = make()
+    cycle(p, range(4))
+    cycle(p, range(4))
+    p.record_phase_change("sb", "llm-wait")
+    p.restore("sb")
+    tool_seq = p.sandboxes["sb"].seq
+    p.record_phase_change("sb", "llm-wait")
+    # the ring buffer delivers the tool phase's faults late
+    p.feed(FaultEvent(0, CG, B + i * P, i, 10, PID, PID, tool_seq, EV_MINOR, 0) for i in range(4))
+    a = p.settle("sb")
+    assert a["used"] == 4 and a["unused"] == 0
