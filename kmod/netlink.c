@@ -102,6 +102,16 @@ static int azswap_nl_pre_doit(const struct genl_ops *ops, struct sk_buff *skb,
 
 /* ---- helpers ---------------------------------------------------------- */
 
+/* A required attribute is absent: -EINVAL, its type and a message. */
+static bool azswap_nl_missing(struct genl_info *info, int attr)
+{
+	if (info->attrs[attr])
+		return false;
+	NL_SET_ERR_ATTR_MISS(info->extack, NULL, attr);
+	NL_SET_ERR_MSG(info->extack, "Missing required attribute");
+	return true;
+}
+
 /* AZSWAP_A_DEV (default 0) -> device, or NULL with an extack. */
 static struct azswap_dev *azswap_nl_dev(struct nlattr **attrs,
 					struct netlink_ext_ack *extack)
@@ -245,7 +255,7 @@ static int azswap_nl_owner_add(struct sk_buff *skb, struct genl_info *info)
 	u64 id;
 	int ret;
 
-	if (GENL_REQ_ATTR_CHECK(info, AZSWAP_A_GROUP))
+	if (azswap_nl_missing(info, AZSWAP_A_GROUP))
 		return -EINVAL;
 	dev = azswap_nl_dev(info->attrs, info->extack);
 	if (!dev)
@@ -304,7 +314,7 @@ static int azswap_nl_owner_del(struct sk_buff *skb, struct genl_info *info)
 	u64 id;
 	int ret;
 
-	if (GENL_REQ_ATTR_CHECK(info, AZSWAP_A_CGROUP_ID))
+	if (azswap_nl_missing(info, AZSWAP_A_CGROUP_ID))
 		return -EINVAL;
 	dev = azswap_nl_dev(info->attrs, info->extack);
 	if (!dev)
@@ -359,9 +369,9 @@ static int azswap_nl_template_load(struct sk_buff *skb, struct genl_info *info)
 	void *buf;
 	int ret = 0;
 
-	if (GENL_REQ_ATTR_CHECK(info, AZSWAP_A_CGROUP_ID) ||
-	    GENL_REQ_ATTR_CHECK(info, AZSWAP_A_INDEX) ||
-	    GENL_REQ_ATTR_CHECK(info, AZSWAP_A_PAGES))
+	if (azswap_nl_missing(info, AZSWAP_A_CGROUP_ID) ||
+	    azswap_nl_missing(info, AZSWAP_A_INDEX) ||
+	    azswap_nl_missing(info, AZSWAP_A_PAGES))
 		return -EINVAL;
 	dev = azswap_nl_dev(info->attrs, info->extack);
 	if (!dev)
@@ -459,7 +469,7 @@ static int azswap_nl_stats_doit(struct sk_buff *skb, struct genl_info *info)
 	void *hdr;
 	int ret;
 
-	if (GENL_REQ_ATTR_CHECK(info, AZSWAP_A_CGROUP_ID))
+	if (azswap_nl_missing(info, AZSWAP_A_CGROUP_ID))
 		return -EINVAL;
 	dev = azswap_nl_dev(info->attrs, info->extack);
 	if (!dev)
@@ -627,8 +637,8 @@ static int azswap_nl_phase_set(struct sk_buff *skb, struct genl_info *info)
 	u8 phase;
 	int ret;
 
-	if (GENL_REQ_ATTR_CHECK(info, AZSWAP_A_CGROUP_ID) ||
-	    GENL_REQ_ATTR_CHECK(info, AZSWAP_A_PHASE))
+	if (azswap_nl_missing(info, AZSWAP_A_CGROUP_ID) ||
+	    azswap_nl_missing(info, AZSWAP_A_PHASE))
 		return -EINVAL;
 	dev = azswap_nl_dev(info->attrs, info->extack);
 	if (!dev)
