@@ -41,8 +41,8 @@ static const struct nla_policy azswap_nl_policy[AZSWAP_A_MAX + 1] = {
 	[AZSWAP_A_CGROUP_PATH] = { .type = NLA_NUL_STRING, .len = PATH_MAX - 1 },
 	[AZSWAP_A_GROUP] = { .type = NLA_U32 },
 	[AZSWAP_A_INDEX] = { .type = NLA_U64 },
-	[AZSWAP_A_PAGES] = { .type = NLA_BINARY,
-			     .len = AZSWAP_LOAD_MAX_PAGES * AZSWAP_PAGE_SIZE },
+	/* Length checked by the handler: a policy maximum would be ERANGE. */
+	[AZSWAP_A_PAGES] = { .type = NLA_BINARY },
 	[AZSWAP_A_PHASE] = { .type = NLA_U8 },
 	[AZSWAP_A_POLICY_CODEC] = { .type = NLA_U32 },
 	[AZSWAP_A_POLICY_LEVEL] = { .type = NLA_U32 },
@@ -376,7 +376,8 @@ static int azswap_nl_template_load(struct sk_buff *skb, struct genl_info *info)
 	dev = azswap_nl_dev(info->attrs, info->extack);
 	if (!dev)
 		return -ENODEV;
-	if (!nla_len(ap) || nla_len(ap) % AZSWAP_PAGE_SIZE) {
+	if (!nla_len(ap) || nla_len(ap) % AZSWAP_PAGE_SIZE ||
+	    nla_len(ap) > AZSWAP_LOAD_MAX_PAGES * AZSWAP_PAGE_SIZE) {
 		NL_SET_ERR_MSG_ATTR(info->extack, ap,
 				    "PAGES must be 1..15 whole 4096-byte pages");
 		return -EINVAL;
