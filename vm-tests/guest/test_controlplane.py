@@ -224,7 +224,10 @@ def test_controlplane_end_to_end(dev0: ag.Dev, azpages: Any, workers: list) -> N
             f"last run: {st2['last_result']!r}"
         )
         assert not st2["active"] and not st2["done"]
-        assert st2["last_result"] == "stopped:phase=tool"
+        # The hint lands either inside a run ("stopped:phase=tool") or between two runs of one
+        # wait (the last one ended at its per-tick budget, "budget", and none started since);
+        # either way nothing may be reclaimed after it, which the next two lines check.
+        assert st2["last_result"] in ("stopped:phase=tool", "budget"), st2
         assert later >= after_stop - 2 * MiB, "compression went on after the tool hint"
         assert later > 32 * MiB, "sb2 was compressed completely despite the tool hint"
         assert module_owner(cg2.id).phase.label == "tool"
