@@ -297,11 +297,13 @@ def test_controlplane_end_to_end(dev0: ag.Dev, azpages: Any, workers: list) -> N
         c = DaemonClient(SOCK)
         sbs = {s["name"]: s for s in c.list()["sandboxes"]}
         assert set(sbs) == {"sb1", "sb2"} and sbs["sb1"]["cgroup_id"] == cg1.id
-        assert sbs["sb1"]["phase"] == "tool"  # the module's last hint
+        # the phases come back from the module's last hints
+        assert sbs["sb1"]["phase"] == "llm-wait" and sbs["sb2"]["phase"] == "tool", sbs
         log("restart: registry recovered (names from the state file, ids/groups from the module)")
 
         # -- the same 256 MiB with the default CPU budget (0.25 of a CPU) -----------------------
-        ag.all_call([w1], "touch")  # fault everything back
+        c.phase("sb1", "tool")  # a tool phase: everything faults back
+        ag.all_call([w1], "touch")
         mem0 = cg1.current()
         events = DaemonClient(SOCK).subscribe(timeout=900)
         t0 = time.monotonic()
