@@ -92,7 +92,7 @@ def _run_guest(session: pytest.Session) -> GuestRun:
     cmd = [
         str(TOP / "vm-tests" / "run"), "--memory", memory, "--cpus", cpus, "--timeout", timeout,
         "--", "env", f"PYTHONPATH={TOP / 'vm-tests'}", sys.executable, "-m", "pytest",
-        "-p", "no:cacheprovider", "-p", "guest_report", "-q", "-rs", *nodeids,
+        "-p", "no:cacheprovider", "-p", "guest_report", "-v", "-rs", *nodeids,
     ]
     tw = session.config.get_terminal_writer()
     capman = session.config.pluginmanager.get_plugin("capturemanager")
