@@ -33,7 +33,7 @@ from rich.table import Table
 
 TOP = Path(__file__).resolve().parent.parent
 OUT = TOP / "vm-tests" / "out" / "demo"
-DEFAULT_SYSTEMS = "none,zram-lz4,zram-zstd,zswap-lz4,azswap-lz4,azswap-zstd"
+DEFAULT_SYSTEMS = "none,zram-lz4,zram-zstd,zswap-lz4,azswap-lz4"
 MiB = float(1 << 20)
 
 
@@ -156,7 +156,7 @@ def _phase_table(ph: dict[str, Any]) -> Table:
 
 def main(argv: list[str] | None = None) -> int:
     a = _parse(argv)
-    console = Console()
+    console = Console(width=max(120, Console().width))
     if os.geteuid() != 0:
         console.print("demo: needs root (QEMU guest set-up and apt)", style="red")
         return 1
