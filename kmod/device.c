@@ -97,6 +97,7 @@ static int azswap_store(struct azswap_dev *dev, u64 slot, const void *mem,
 {
 	struct azswap_pcpu *pc;
 	int ret, kind;
+	u32 bytes = 0;
 
 	pc = azswap_ctx_get();
 	ret = az_store_put(dev->store, azswap_ctx(pc), slot, mem, pi);
@@ -104,8 +105,8 @@ static int azswap_store(struct azswap_dev *dev, u64 slot, const void *mem,
 	if (!ret)
 		azswap_dev_update_max(dev);
 	if (trace_azswap_store_enabled()) {
-		kind = ret ? -1 : az_store_slot_kind(dev->store, slot);
-		trace_azswap_store(dev->id, pi->owner, slot, kind, 0, ret);
+		kind = ret ? -1 : az_store_slot_info(dev->store, slot, &bytes);
+		trace_azswap_store(dev->id, pi->owner, slot, kind, bytes, ret);
 	}
 	return ret;
 }

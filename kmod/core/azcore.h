@@ -173,6 +173,12 @@ int az_store_get(struct az_store *s, struct az_ctx *ctx, u64 slot, void *page);
 void az_store_free(struct az_store *s, u64 slot);
 /* Kind of @slot's page, or -ENOENT when empty. */
 int az_store_slot_kind(struct az_store *s, u64 slot);
+/*
+ * Kind of @slot's page as above; *@bytes (if not NULL) gets the pool bytes
+ * of the object the slot refers to (0 for SAME; a shared object counts
+ * whole).  Takes only the slot's bit lock.
+ */
+int az_store_slot_info(struct az_store *s, u64 slot, u32 *bytes);
 
 void az_store_get_stats(struct az_store *s, struct az_stats *st);
 u64 az_store_nr_slots(struct az_store *s);

@@ -748,15 +748,30 @@ void az_store_free(struct az_store *s, u64 slot)
 
 int az_store_slot_kind(struct az_store *s, u64 slot)
 {
+	return az_store_slot_info(s, slot, NULL);
+}
+
+int az_store_slot_info(struct az_store *s, u64 slot, u32 *bytes)
+{
 	unsigned long flags;
+	u32 size = 0;
 
 	if (slot >= s->nr_slots)
 		return -EINVAL;
 	az_slot_lock(s, slot);
 	flags = s->slots[slot].flags;
+	/* The slot holds a reference on its object: its size is stable here. */
+	if ((flags & AZ_SLOT_USED) && az_slot_kind(flags) != AZ_KIND_SAME) {
+		if (flags & AZ_SLOT_DIRECT)
+			size = az_slot_size(flags);
+		else
+			size = ((struct az_obj *)(unsigned long)s->slots[slot].val)->size;
+	}
 	az_slot_unlock(s, slot);
 	if (!(flags & AZ_SLOT_USED))
 		return -ENOENT;
+	if (bytes)
+		*bytes = size;
 	return az_slot_kind(flags);
 }
 

@@ -20,6 +20,17 @@ import azswap_guest as ag
 IN_GUEST = bool(os.environ.get("AZSWAP_IN_GUEST"))
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _module_isolation() -> Iterator[None]:
+    """Every test file leaves the guest as it found it: the swap device and the fault tracer
+    that test_ebpf.py / test_prefetch.py share (swapdev.session_swap) end with the file, so the
+    next file can load, reset and unload the module itself."""
+    yield
+    if IN_GUEST and "swapdev" in sys.modules:
+        sys.modules["swapdev"]._session_end()
+        sys.modules["swapdev"]._session.clear()
+
+
 @pytest.fixture(scope="session")
 def azpages():
     """The patterned-page library (azpages.c built into /tmp)."""
