@@ -51,6 +51,7 @@ from typing import Any
 import numpy as np
 
 from ..trace import PAGE_SIZE, ROLE_TEMPLATE, Vma, read_trace
+from . import record
 from .swapbench import (
     CG,
     Player,
@@ -231,29 +232,11 @@ class Vmm:
 
 # ------------------------------------------------------------------ cgroups
 def make_cgroups(names: list[str]) -> dict[str, Path]:
-    CGROOT.mkdir(exist_ok=True)
-    wfile(CGROOT / "cgroup.subtree_control", "+memory")
-    out = {}
-    for n in names:
-        p = CGROOT / n
-        p.mkdir(exist_ok=True)
-        out[n] = p
-    return out
+    return record.make_cgroups(CGROOT, names)
 
 
 def remove_cgroups() -> None:
-    if not CGROOT.exists():
-        return
-    for p in CGROOT.iterdir():
-        if p.is_dir():
-            for _ in range(100):
-                try:
-                    p.rmdir()
-                    break
-                except OSError:
-                    time.sleep(0.1)
-    with contextlib.suppress(OSError):
-        CGROOT.rmdir()
+    record.remove_cgroups(CGROOT)
 
 
 # ------------------------------------------------------------------ azswap template

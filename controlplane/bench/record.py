@@ -60,7 +60,7 @@ def remove_cgroups(root: Path) -> None:
         return
     for p in sorted(root.iterdir()):
         if p.is_dir():
-            for _ in range(50):
+            for _ in range(100):  # a cgroup empties a little after its last task exits
                 try:
                     p.rmdir()
                     break

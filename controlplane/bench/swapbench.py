@@ -47,6 +47,7 @@ from typing import Any
 import numpy as np
 
 from ..trace import PAGE_SIZE, ROLE_TEMPLATE, Owner, Trace, Vma, read_trace
+from . import record
 
 TOP = Path(__file__).resolve().parents[2]
 PLAYER_SRC = TOP / "vm-tests" / "workloads" / "player.c"
@@ -445,29 +446,11 @@ def cg_stat(cg: Path) -> dict[str, int]:
 
 
 def make_cgroups(names: list[str]) -> dict[str, Path]:
-    CGROOT.mkdir(exist_ok=True)
-    wfile(CGROOT / "cgroup.subtree_control", "+memory")
-    out = {}
-    for n in names:
-        p = CGROOT / n
-        p.mkdir(exist_ok=True)
-        out[n] = p
-    return out
+    return record.make_cgroups(CGROOT, names)
 
 
 def remove_cgroups() -> None:
-    if not CGROOT.exists():
-        return
-    for p in CGROOT.iterdir():
-        if p.is_dir():
-            for _ in range(100):
-                try:
-                    p.rmdir()
-                    break
-                except OSError:
-                    time.sleep(0.1)
-    with contextlib.suppress(OSError):
-        CGROOT.rmdir()
+    record.remove_cgroups(CGROOT)
 
 
 def reclaim(cg: Path) -> float:
