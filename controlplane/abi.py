@@ -100,6 +100,7 @@ ATTRS: tuple[tuple[int, str, str], ...] = (
     (28, "AZSWAP_A_ST_PLAIN", "uint64"),
     (29, "AZSWAP_A_ST_RAW", "uint64"),
     (30, "AZSWAP_A_ST_PHASE", "uint8"),
+    (31, "AZSWAP_A_ST_REGISTERED", "uint8"),
 )
 ATTR_IDS: dict[str, int] = {name: i for i, name, _ in ATTRS}
 
@@ -152,6 +153,7 @@ class OwnerStats:
     exclusive_bytes: int = 0
     shared_bytes: int = 0
     kinds: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
+    registered: bool = True  # False: removed, listed while it still owns stored bytes
 
     @property
     def stored_bytes(self) -> int:

@@ -143,6 +143,7 @@ def parse_owner(msg: nla | genlmsg) -> OwnerStats:
         exclusive_bytes=a.get("AZSWAP_A_ST_EXCLUSIVE_BYTES", 0),
         shared_bytes=a.get("AZSWAP_A_ST_SHARED_BYTES", 0),
         kinds={k: a.get(attr, 0) for k, attr in zip(KINDS, KIND_ATTRS, strict=True)},
+        registered=bool(a.get("AZSWAP_A_ST_REGISTERED", 1)),
     )
 
 

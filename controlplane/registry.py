@@ -9,9 +9,9 @@ cgroup id.  Owners the module has but the file does not get a name from their cg
 ``cg<ID>``); names in the file the module no longer has are dropped.
 
 The STATS dump also lists owners that were *removed* but still own stored bytes (the core keeps
-them, with ``registered = 0``, until their last page is freed) and the netlink reply does not say
-which ones those are.  So the registry remembers the ids it removed itself (``removed`` in the
-state file) and does not resurrect them on recovery.
+them until their last page is freed); the reply marks them with ``AZSWAP_A_ST_REGISTERED = 0``
+and recovery skips them.  The registry also remembers the ids it removed itself (``removed`` in
+the state file), for modules that predate that attribute.
 """
 
 from __future__ import annotations
@@ -285,8 +285,8 @@ class Registry:
             self.sandboxes.clear()
             self.templates.clear()
             listed = {o.cgroup_id for o in owners}
-            # removed by us but still holding pages: listed, not registered (see module doc)
-            self.removed = removed & listed
+            # removed but still holding pages: listed, not registered (see module doc)
+            self.removed = (removed & listed) | {o.cgroup_id for o in owners if not o.registered}
             for o in owners:
                 if o.cgroup_id in self.removed:
                     continue

@@ -136,11 +136,14 @@ class FakeModule:
     def stats(self, cgroup_id: int | None = None) -> list[OwnerStats]:
         with self._lock:
             if cgroup_id is None:
-                return [replace(o, kinds=dict(o.kinds)) for o in self.owners.values()]
+                return [self._snapshot(o) for o in self.owners.values()]
             o = self.owners.get(cgroup_id)
             if o is None:
                 raise _err(Cmd.STATS_GET, errno.ENOENT)
-            return [replace(o, kinds=dict(o.kinds))]
+            return [self._snapshot(o)]
+
+    def _snapshot(self, o: OwnerStats) -> OwnerStats:
+        return replace(o, kinds=dict(o.kinds), registered=o.cgroup_id not in self.unregistered)
 
     def policy_get(self) -> Policy:
         return replace(self.policy)
@@ -155,10 +158,7 @@ class FakeModule:
                 raise _err(
                     Cmd.POLICY_SET, errno.EINVAL, f"{POLICY_FIELDS[k]}: {v} not in {lo}..{hi}"
                 )
-        with self._lock:
-            stored = any(o.pages for o in self.owners.values())
-            if "codec" in fields and int(fields["codec"]) != self.policy.codec and stored:
-                raise _err(Cmd.POLICY_SET, errno.EBUSY, "codec change while pages are stored")
+        with self._lock:  # like the module: every knob, the codec too, changes live
             for k, v in fields.items():
                 setattr(self.policy, k, int(v))
 

@@ -452,7 +452,8 @@ static int azswap_nl_put_owner(struct sk_buff *msg, struct azswap_dev *dev,
 	    nla_put_u64_64bit(msg, AZSWAP_A_ST_SHARED_BYTES,
 			      os->shared_bytes, AZSWAP_A_UNSPEC) ||
 	    nla_put_u8(msg, AZSWAP_A_ST_PHASE,
-		       azswap_phase_of(dev, os->cgroup_id)))
+		       azswap_phase_of(dev, os->cgroup_id)) ||
+	    nla_put_u8(msg, AZSWAP_A_ST_REGISTERED, !!os->registered))
 		return -EMSGSIZE;
 	for (k = 0; k < AZ_NR_KINDS; k++)
 		if (nla_put_u64_64bit(msg, kind_attr[k], os->kind_pages[k],
@@ -618,11 +619,7 @@ static int azswap_nl_policy_set(struct sk_buff *skb, struct genl_info *info)
 		p.delta_max_pct = nla_get_u32(a[AZSWAP_A_POLICY_DELTA_MAX_PCT]);
 	ret = azswap_dev_set_policy(dev, &p);
 	up_write(&dev->init_lock);
-	if (ret == -EBUSY)
-		NL_SET_ERR_MSG_ATTR(info->extack, a[AZSWAP_A_POLICY_CODEC] ?:
-				    a[AZSWAP_A_POLICY_LEVEL],
-				    "cannot change the codec while pages are stored");
-	else if (ret)
+	if (ret)
 		NL_SET_ERR_MSG(info->extack, "invalid policy");
 	return ret;
 }

@@ -170,6 +170,14 @@ static DEVICE_ATTR_WO(reset);
 
 /* ---- policy ----------------------------------------------------------- */
 
+static bool azswap_store_in_use(struct az_store *store)
+{
+	struct az_stats st;
+
+	az_store_get_stats(store, &st);
+	return st.pages_stored || st.objects;
+}
+
 /* The same checks as az_store_set_policy, for a device not yet initialised. */
 static int azswap_policy_check(const struct az_policy *p)
 {
@@ -184,8 +192,8 @@ static int azswap_policy_check(const struct az_policy *p)
 }
 
 /*
- * Apply @p to @dev: to the store if initialised (-EBUSY for a codec change
- * with pages stored), else kept for disksize.  Caller holds init_lock for
+ * Apply @p to @dev: to the store if initialised (the codec may change
+ * live), else kept for disksize.  Caller holds init_lock for
  * writing.  Shared with netlink.c.
  */
 int azswap_dev_set_policy(struct azswap_dev *dev, const struct az_policy *p)
@@ -251,7 +259,17 @@ static ssize_t comp_algorithm_store(struct device *d,
 	p = dev->pol;
 	p.codec = codec;
 	p.level = level;
-	ret = azswap_dev_set_policy(dev, &p);
+	/*
+	 * zram's rule for this file: no algorithm change while pages are
+	 * stored.  The store could mix codecs (netlink POLICY_SET does, for
+	 * the control plane's fast/dense modes); sysfs keeps zram's ABI.
+	 */
+	if (dev->store && (codec != dev->pol.codec ||
+			   (codec == AZ_CODEC_ZSTD && level != dev->pol.level)) &&
+	    azswap_store_in_use(dev->store))
+		ret = -EBUSY;
+	else
+		ret = azswap_dev_set_policy(dev, &p);
 	up_write(&dev->init_lock);
 	return ret ? ret : len;
 }

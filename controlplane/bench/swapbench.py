@@ -2,14 +2,16 @@
 
     vm-tests/run --memory 3G -- .venv/bin/python -m controlplane.bench.swapbench \\
         [--trace T.aztrace ...] [--record fork,fresh-aslr,fresh-noaslr --n 8 --size default] \\
-        [--systems none,zram-lz4,zram-zstd,zswap-lz4,zswap-zstd,azswap-lz4,azswap-zstd]
+        [--systems none,zram-lz4,zram-zstd,zswap-lz4,zswap-zstd,azswap-lz4,azswap-zstd,azdev-lz4,azdev-zstd]
 
 For every trace (recorded beforehand with ``python -m controlplane.bench.record``, or here with
 --record) and every system, in this one guest:
 
  1. the system is set up as the only swap device (zram: /dev/zram0 with lz4/zstd; zswap: enabled
     with zsmalloc and lz4/zstd in front of a brd ramdisk swap device; azswap: /dev/azswap0 with the
-    template and the sandboxes registered in one trust group over netlink; none: no swap);
+    template and the sandboxes registered in one trust group over netlink; azdev: /dev/azswap0
+    with nothing registered, i.e. same-filled + per-page lz4/zstd only, the zram-parity setup;
+    none: no swap);
  2. the trace is played into live processes (vm-tests/workloads/player.c), each in its own memory
     cgroup under /sys/fs/cgroup/azbench: fork-style traces as a template process and children
     forked from it (a sandbox's pages are CoW copies and new pages, charged to its cgroup),
@@ -53,7 +55,17 @@ TOP = Path(__file__).resolve().parents[2]
 PLAYER_SRC = TOP / "vm-tests" / "workloads" / "player.c"
 CG = Path("/sys/fs/cgroup")
 CGROOT = CG / "azbench"
-SYSTEMS = ("none", "zram-lz4", "zram-zstd", "zswap-lz4", "zswap-zstd", "azswap-lz4", "azswap-zstd")
+SYSTEMS = (
+    "none",
+    "zram-lz4",
+    "zram-zstd",
+    "zswap-lz4",
+    "zswap-zstd",
+    "azswap-lz4",
+    "azswap-zstd",
+    "azdev-lz4",
+    "azdev-zstd",
+)
 GROUP = 1
 MULTS = (np.arange(1, 513, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)) | np.uint64(1)
 
@@ -260,11 +272,27 @@ class Azswap(System):
             ]
 
 
+class AzswapDevice(Azswap):
+    """azswap as a plain compressed swap device: nothing registered, so no page is shared.
+
+    Same-filled pages and per-page lz4/zstd only: the zram-parity configuration."""
+
+    def __init__(self, algo: str) -> None:
+        super().__init__(algo)
+        self.name = f"azdev-{algo}"
+
+    def register(self, cgroups: dict[str, Path], owners: list[Owner]) -> None:
+        pass
+
+    def owner_stats(self) -> list[dict[str, Any]]:
+        return []
+
+
 def make_system(name: str) -> System:
     if name == "none":
         return System()
     kind, algo = name.split("-", 1)
-    return {"zram": Zram, "zswap": Zswap, "azswap": Azswap}[kind](algo)
+    return {"zram": Zram, "zswap": Zswap, "azswap": Azswap, "azdev": AzswapDevice}[kind](algo)
 
 
 # ------------------------------------------------------------------ players
@@ -632,6 +660,48 @@ def table(results: list[dict[str, Any]], style: str) -> None:
             kinds,
         )
     Console(width=220).print(t)
+    parity(results, style)
+
+
+def parity(results: list[dict[str, Any]], style: str) -> None:
+    """azswap as a plain device against zram with the same codec (the device's parity target)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    by = {r["system"]: r for r in results if "error" not in r and r.get("ratio")}
+    rows = [
+        (a, by[f"azdev-{a}"], by[f"zram-{a}"])
+        for a in ("lz4", "zstd")
+        if f"azdev-{a}" in by and f"zram-{a}" in by
+    ]
+    if not rows:
+        return
+    t = Table(title=f"{style}: azswap device (nothing registered) / zram, same codec, same guest")
+    for h in (
+        "codec",
+        "reduction azdev",
+        "reduction zram",
+        "ratio",
+        "swap-out",
+        "swap-in",
+        "p99 load",
+    ):
+        t.add_column(h, justify="right")
+    for algo, az, zr in rows:
+
+        def rel(k: str, a: dict[str, Any] = az, z: dict[str, Any] = zr) -> str:
+            return f"{a[k] / z[k]:.2f}x" if z.get(k) else "-"
+
+        t.add_row(
+            algo,
+            f"{az['ratio']:.3f}",
+            f"{zr['ratio']:.3f}",
+            rel("ratio"),
+            rel("swapout_mbps"),
+            rel("swapin_mbps"),
+            rel("load_p99_us"),
+        )
+    Console(width=160).print(t)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -672,11 +742,11 @@ def main(argv: list[str] | None = None) -> int:
             path = str(out_dir / "traces" / f"{style}.aztrace")
             run_and_record(style, a.n, a.size, a.seed, path, cgroup_root=CG / "azrecord", log=log)
             traces.append(path)
-    if "azswap-lz4" in systems or "azswap-zstd" in systems:
+    if any(s.startswith("az") for s in systems):
         ko = TOP / "kmod" / "azswap.ko"
         if not ko.exists():
             log("kmod/azswap.ko not built: skipping azswap")
-            systems = [s for s in systems if not s.startswith("azswap")]
+            systems = [s for s in systems if not s.startswith("az")]
     report: dict[str, Any] = {
         "kernel": os.uname().release,
         "time": time.time(),

@@ -444,14 +444,12 @@ int az_store_set_policy(struct az_store *s, const struct az_policy *p)
 		return -EINVAL;
 	if (p->sim_effort > 64 || !p->delta_max_pct || p->delta_max_pct > 100)
 		return -EINVAL;
+	/*
+	 * The codec may change while pages are stored: every object names
+	 * its own encoding (az_internal.h), and each put snapshots the
+	 * policy once, so old and new objects decode side by side.
+	 */
 	az_spin_lock(&s->reg_lock);
-	if ((p->codec != s->pol.codec ||
-	     (p->codec == AZ_CODEC_ZSTD && p->level != s->pol.level)) &&
-	    (az_atomic64_read(&s->pages_stored) ||
-	     az_atomic64_read(&s->objects))) {
-		az_spin_unlock(&s->reg_lock);
-		return -EBUSY;
-	}
 	AZ_WRITE_ONCE(s->pol.codec, p->codec);
 	AZ_WRITE_ONCE(s->pol.level, p->codec == AZ_CODEC_LZ4 && !p->level ?
 		      3 : p->level);

@@ -65,6 +65,7 @@ enum azswap_attr {
 	AZSWAP_A_ST_PLAIN = 28,			/* u64 */
 	AZSWAP_A_ST_RAW = 29,			/* u64 */
 	AZSWAP_A_ST_PHASE = 30,			/* u8 */
+	AZSWAP_A_ST_REGISTERED = 31,		/* u8, 0 = removed, still owns bytes */
 
 	__AZSWAP_A_MAX,
 	AZSWAP_A_MAX = __AZSWAP_A_MAX - 1

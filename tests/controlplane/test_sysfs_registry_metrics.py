@@ -140,8 +140,11 @@ def test_restart_recovers_names_from_module_and_state_file(world) -> None:
     fm.store(reg.sandbox("b").cgroup_id, 5)
     reg.remove_sandbox("b")  # still owns pages: the module keeps listing it
     assert len(fm.stats()) == 3
+    assert [o.registered for o in fm.stats()] == [True, True, False]
     new = Registry(fm, state, cg)
     assert new.recover() == (1, 1)
+    state.unlink()  # the module's REGISTERED flag alone keeps "b" out
+    assert Registry(fm, state, cg).recover() == (1, 1)
     assert new.sandbox("a").template == "base" and new.sandbox("a").cgroup_path == "/sb/a"
 
 

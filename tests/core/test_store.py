@@ -198,15 +198,18 @@ def test_policy_validation(store):
             store.set_policy(**b)
         assert e.value.errno == errno.EINVAL
         assert store.policy() == before
-    store.put(0, pages.make("text", 0))
-    with pytest.raises(CoreError) as e:
-        store.set_policy(codec=1, level=3)
-    assert e.value.errno == errno.EBUSY
-    store.set_policy(sim_effort=8, dedup=0)  # non-codec knobs may change live
-    store.free(0)
-    store.drain()
-    store.set_policy(codec=1, level=5)
+    # Every knob changes live, the codec too: objects keep their own encoding.
+    lz4_page, zstd_page = pages.make("text", 0), pages.make("text", 1)
+    store.set_policy(codec=0)
+    store.put(0, lz4_page)
+    store.set_policy(codec=1, level=5, sim_effort=8, dedup=0)
     assert store.policy()["level"] == 5
+    store.put(1, zstd_page)
+    store.set_policy(codec=0)
+    assert store.get(0) == lz4_page and store.get(1) == zstd_page
+    store.free(0)
+    store.free(1)
+    store.drain()
 
 
 @pytest.mark.parametrize("pol", CODECS[:2])

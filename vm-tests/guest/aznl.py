@@ -55,6 +55,7 @@ ATTRS = (
     (28, "ST_PLAIN", "uint64"),
     (29, "ST_RAW", "uint64"),
     (30, "ST_PHASE", "uint8"),
+    (31, "ST_REGISTERED", "uint8"),
 )
 KINDS = ("same", "dup", "tdelta", "xdelta", "plain", "raw")
 
