@@ -75,6 +75,9 @@ class Stats(ctypes.Structure):
         ("template_pages", u64),
         ("cross_group", u64),
         ("deferred", u64),
+        ("base_cache_pages", u64),
+        ("base_cache_hits", u64),
+        ("base_cache_misses", u64),
     ]
 
 
@@ -139,6 +142,8 @@ def load_lib(path: str | os.PathLike[str] | None = None) -> ctypes.CDLL:
         "az_store_create": (vp, [u64, cp]),
         "az_store_destroy": (None, [vp]),
         "az_store_set_mem_limit": (None, [vp, u64]),
+        "az_store_set_base_cache": (ctypes.c_int, [vp, u32]),
+        "az_store_get_base_cache": (u32, [vp]),
         "az_store_set_policy": (ctypes.c_int, [vp, ctypes.POINTER(Policy)]),
         "az_store_get_policy": (None, [vp, ctypes.POINTER(Policy)]),
         "az_store_put": (ctypes.c_int, [vp, vp, u64, cp, ctypes.POINTER(PageInfo)]),
@@ -307,6 +312,13 @@ class Store:
     # -- configuration -----------------------------------------------------
     def set_mem_limit(self, nbytes: int) -> None:
         self.lib.az_store_set_mem_limit(self._s, nbytes)
+
+    def set_base_cache(self, pages: int) -> None:
+        """Decoded-base cache size in pages (0 = off); CoreError on a bad size."""
+        _check(self.lib.az_store_set_base_cache(self._s, pages), "set_base_cache")
+
+    def base_cache(self) -> int:
+        return int(self.lib.az_store_get_base_cache(self._s))
 
     def policy(self) -> dict[str, int]:
         p = Policy()

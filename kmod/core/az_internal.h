@@ -4,6 +4,7 @@
  *
  * Lock order (outer to inner), see docs/store.md:
  *   slot bit lock  ->  s->idx_lock
+ *   slot bit lock  ->  s->bc_lock (innermost; covers one page copy)
  *   s->reg_lock is never held together with another core lock.
  * The pool mapping (zs_map_object) is innermost: nothing is locked and no
  * other object is mapped while a mapping is held.
@@ -60,6 +61,7 @@ enum {
 	AZ_OBJ_BASE,		/* referenced by a delta; counted in bases */
 	AZ_OBJ_INDEXED,		/* linked in the dedup/similarity indexes */
 	AZ_OBJ_TEMPLATE,	/* charged to a template owner */
+	AZ_OBJ_CACHED,		/* may have a decoded copy in the base cache */
 };
 
 /*
@@ -220,6 +222,11 @@ struct az_store {
 	az_atomic64_t frees;
 	az_atomic64_t cross_group;
 	az_atomic64_t deferred;	/* must stay 0: sharing across groups */
+
+	az_spinlock_t bc_lock;		/* @bc and its contents (bcache.c) */
+	struct az_bcache_mem *bc;	/* decoded-base cache, NULL = off */
+	az_atomic64_t bc_hits;
+	az_atomic64_t bc_misses;
 };
 
 struct az_ctx {
@@ -258,6 +265,18 @@ void az_obj_put(struct az_store *s, struct az_obj *o);
 void az_obj_mark_shared(struct az_store *s, struct az_obj *o);
 void az_obj_mark_base(struct az_store *s, struct az_obj *o);
 bool az_page_same(const void *page, u64 *word);
+
+/* ---- bcache.c --------------------------------------------------------- */
+
+#define AZ_BC_WAYS		4
+#define AZ_BC_DEFAULT_PAGES	256
+
+/* Decode base @b into @dst (cached copy if any); caller holds a reference. */
+int az_base_read(struct az_store *s, struct az_ctx *ctx, struct az_obj *b,
+		 void *dst, bool verify);
+/* @o is being destroyed: drop its cached copy.  Atomic context safe. */
+void az_bcache_forget(struct az_store *s, struct az_obj *o);
+void az_bcache_destroy(struct az_store *s);
 
 /* ---- registry.c ------------------------------------------------------- */
 

@@ -106,6 +106,9 @@ struct az_stats {
 	u64 template_pages;	/* template index entries (bases by index) */
 	u64 cross_group;	/* sharing across trust groups: always 0 */
 	u64 deferred;		/* objects waiting for the deferred free */
+	u64 base_cache_pages;	/* decoded-base cache size (pages) */
+	u64 base_cache_hits;	/* monotonic: base reads served by the cache */
+	u64 base_cache_misses;	/* monotonic: base reads that decoded */
 };
 
 /*
@@ -152,7 +155,7 @@ void az_store_destroy(struct az_store *s);
 
 /* 0 = unlimited.  Counted against pool_bytes. */
 void az_store_set_mem_limit(struct az_store *s, u64 bytes);
-/* -EINVAL on a bad field; -EBUSY when changing the codec with pages stored. */
+/* -EINVAL on a bad field.  Every field, the codec too, may change live. */
 int az_store_set_policy(struct az_store *s, const struct az_policy *p);
 void az_store_get_policy(struct az_store *s, struct az_policy *p);
 
@@ -179,6 +182,15 @@ int az_store_slot_kind(struct az_store *s, u64 slot);
  * whole).  Takes only the slot's bit lock.
  */
 int az_store_slot_info(struct az_store *s, u64 slot, u32 *bytes);
+
+/*
+ * Decoded-base cache size in pages (bcache.c): rounded down to a power of
+ * two of 4-page sets, 0 = off, default 256 (1 MiB).  May sleep.  -EINVAL
+ * above AZ_BC_MAX_PAGES, -ENOMEM (old cache kept) when allocation fails.
+ */
+#define AZ_BC_MAX_PAGES		65536
+int az_store_set_base_cache(struct az_store *s, u32 pages);
+u32 az_store_get_base_cache(struct az_store *s);
 
 void az_store_get_stats(struct az_store *s, struct az_stats *st);
 u64 az_store_nr_slots(struct az_store *s);

@@ -130,6 +130,7 @@ static void az_obj_destroy(struct az_store *s, struct az_obj *o)
 		az_atomic64_sub(o->size, &s->template_bytes);
 	if (az_test_bit(AZ_OBJ_BASE, &o->flags))
 		az_atomic64_dec(&s->bases);
+	az_bcache_forget(s, o);
 	az_atomic64_sub(o->size, &s->stored_bytes);
 	az_atomic64_dec(&s->objects);
 	az_pool_free(s->pool, o->handle);
@@ -221,14 +222,10 @@ int az_obj_read(struct az_store *s, struct az_ctx *ctx, struct az_obj *o,
 
 	if (o->base) {
 		/* Depth 1: a base never has a base of its own. */
-		if (AZ_WARN_ON(o->base->base))
-			return -EIO;
-		err = az_obj_decode(s, ctx, o->base, NULL, ctx->xbuf);
+		err = az_base_read(s, ctx, o->base, ctx->xbuf,
+				   AZ_READ_ONCE(s->pol.verify));
 		if (err)
 			return err;
-		if (AZ_READ_ONCE(s->pol.verify) &&
-		    az_xxh64(ctx->xbuf, AZ_PAGE_SIZE, 0) != o->base->hash)
-			return -EIO;
 		return az_obj_decode(s, ctx, o, ctx->xbuf, page);
 	}
 	return az_obj_decode(s, ctx, o, NULL, page);
@@ -352,6 +349,7 @@ struct az_store *az_store_create(u64 nr_slots, const char *name)
 		goto fail_pool;
 	az_spin_init(&s->reg_lock);
 	az_spin_init(&s->idx_lock);
+	az_spin_init(&s->bc_lock);
 	az_owners_init(s);
 	az_defer_init(&s->defer, az_store_run_deferred, s);
 	s->pol.codec = AZ_CODEC_LZ4;
@@ -362,6 +360,9 @@ struct az_store *az_store_create(u64 nr_slots, const char *name)
 	s->pol.sim_effort = 4;
 	s->pol.delta_max_pct = 80;
 	s->pol.verify = 1;
+	/* The cache is an optimisation: without memory for it, run without. */
+	if (az_store_set_base_cache(s, AZ_BC_DEFAULT_PAGES))
+		az_warn("no memory for the base cache, running without\n");
 	return s;
 
 fail_pool:
@@ -396,7 +397,9 @@ void az_store_destroy(struct az_store *s)
 	az_defer_destroy(&s->defer);
 	AZ_WARN_ON(az_atomic64_read(&s->objects));
 	az_index_destroy(s);
+	az_bcache_destroy(s);
 	az_pool_destroy(s->pool);
+	az_spin_destroy(&s->bc_lock);
 	az_spin_destroy(&s->idx_lock);
 	az_spin_destroy(&s->reg_lock);
 	az_vfree(s->owners);
@@ -491,8 +494,7 @@ static void az_try_delta(struct az_store *s, struct az_ctx *ctx,
 
 	if (c->size < limit)
 		limit = c->size;
-	if (az_obj_read(s, ctx, b, ctx->pbuf) ||
-	    (pol->verify && az_xxh64(ctx->pbuf, AZ_PAGE_SIZE, 0) != b->hash))
+	if (az_base_read(s, ctx, b, ctx->pbuf, pol->verify))
 		goto drop;
 	n = az_encode_delta(ctx, pol, page, ctx->pbuf, *spare, limit, &enc);
 	if (!n)
@@ -844,6 +846,10 @@ void az_store_get_stats(struct az_store *s, struct az_stats *st)
 			 AZ_MAX_OWNERS * sizeof(struct az_owner) +
 			 (st->objects - az_atomic64_read(&s->direct)) *
 			 sizeof(struct az_obj) + st->index_bytes;
+	st->base_cache_pages = az_store_get_base_cache(s);
+	st->base_cache_hits = az_atomic64_read(&s->bc_hits);
+	st->base_cache_misses = az_atomic64_read(&s->bc_misses);
+	st->meta_bytes += st->base_cache_pages * (AZ_PAGE_SIZE + sizeof(void *) + 1);
 	st->template_bytes = az_atomic64_read(&s->template_bytes);
 	for (k = 0; k < AZ_NR_KINDS; k++)
 		st->kind_pages[k] = az_atomic64_read(&s->kind_pages[k]);

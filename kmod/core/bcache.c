@@ -1,0 +1,231 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * Decoded-base cache: decoded copies of hot delta bases.
+ *
+ * Bases (template pages, pages other deltas refer to) are stored
+ * compressed.  Loading a delta, or encoding a new page against a base,
+ * needs the base decoded; a base shared by many sandboxes' deltas would be
+ * decoded again for each of them.  This cache keeps the most recently
+ * used decoded bases, so such a use costs one 4 KiB copy.
+ *
+ * Shape: set-associative (AZ_BC_WAYS ways per set, the set chosen by the
+ * object's address), CLOCK replacement inside a set.  Size in pages is a
+ * store setting (az_store_set_base_cache, sysfs `base_cache`), 0 = off.
+ *
+ * Lifetime: entries hold no reference.  An object is marked AZ_OBJ_CACHED
+ * when it is inserted and az_obj_destroy() calls az_bcache_forget() for it
+ * before its memory is freed, so a dead object's address never matches.
+ * Inserting needs a live object: callers hold a reference (or the lock of
+ * a slot whose object holds one).  Only copies whose xxh64 matched the
+ * object's recorded hash are inserted, so a hit needs no verification.
+ *
+ * Locking: s->bc_lock covers the tags, the CLOCK bits and the pages.  It
+ * is the innermost lock of the core (taken under a slot lock, never while
+ * a pool object is mapped) and covers at most one page copy.  Resizing
+ * allocates outside the lock and swaps the arrays under it.
+ */
+#include "az_internal.h"
+
+struct az_bcache_mem {
+	u32 nr_sets;
+	struct az_obj **tags;	/* nr_sets * AZ_BC_WAYS */
+	u8 *used;		/* CLOCK "recently used" bit per entry */
+	u8 *pages;		/* nr_sets * AZ_BC_WAYS pages */
+};
+
+static u32 az_bc_set(const struct az_bcache_mem *m, const struct az_obj *o)
+{
+	u64 h = (u64)(unsigned long)o;
+
+	h ^= h >> 29;
+	h *= 0xbf58476d1ce4e5b9ULL;
+	h ^= h >> 32;
+	return (u32)h & (m->nr_sets - 1);
+}
+
+static struct az_bcache_mem *az_bc_alloc(u32 nr_sets)
+{
+	struct az_bcache_mem *m = az_valloc(sizeof(*m));
+	u64 n = (u64)nr_sets * AZ_BC_WAYS;
+
+	if (!m)
+		return NULL;
+	m->nr_sets = nr_sets;
+	m->tags = az_valloc(n * sizeof(*m->tags));
+	m->used = az_valloc(n);
+	m->pages = az_valloc(n * AZ_PAGE_SIZE);
+	if (!m->tags || !m->used || !m->pages) {
+		az_vfree(m->pages);
+		az_vfree(m->used);
+		az_vfree(m->tags);
+		az_vfree(m);
+		return NULL;
+	}
+	return m;	/* az_valloc zeroes: every tag NULL */
+}
+
+static void az_bc_free(struct az_bcache_mem *m)
+{
+	if (!m)
+		return;
+	az_vfree(m->pages);
+	az_vfree(m->used);
+	az_vfree(m->tags);
+	az_vfree(m);
+}
+
+/*
+ * Resize to @pages decoded pages (rounded down to a power of two of
+ * AZ_BC_WAYS-page sets; 0 turns the cache off).  May sleep.  Returns
+ * -EINVAL above AZ_BC_MAX_PAGES, -ENOMEM when allocation fails (the old
+ * cache is kept).
+ */
+int az_store_set_base_cache(struct az_store *s, u32 pages)
+{
+	struct az_bcache_mem *m = NULL, *old;
+	u32 sets = pages / AZ_BC_WAYS;
+
+	if (pages > AZ_BC_MAX_PAGES)
+		return -EINVAL;
+	while (sets & (sets - 1))
+		sets &= sets - 1;	/* round down to a power of two */
+	if (sets) {
+		m = az_bc_alloc(sets);
+		if (!m)
+			return -ENOMEM;
+	}
+	az_spin_lock(&s->bc_lock);
+	old = s->bc;
+	s->bc = m;
+	az_spin_unlock(&s->bc_lock);
+	/* Objects still marked AZ_OBJ_CACHED only cost a miss in forget. */
+	az_bc_free(old);
+	return 0;
+}
+
+u32 az_store_get_base_cache(struct az_store *s)
+{
+	u32 n;
+
+	az_spin_lock(&s->bc_lock);
+	n = s->bc ? s->bc->nr_sets * AZ_BC_WAYS : 0;
+	az_spin_unlock(&s->bc_lock);
+	return n;
+}
+
+void az_bcache_destroy(struct az_store *s)
+{
+	az_bc_free(s->bc);
+	s->bc = NULL;
+}
+
+/* Copy @o's decoded page into @dst if cached; true on a hit. */
+static bool az_bcache_lookup(struct az_store *s, struct az_obj *o, void *dst)
+{
+	struct az_bcache_mem *m;
+	bool hit = false;
+	u32 i, e;
+
+	if (!az_test_bit(AZ_OBJ_CACHED, &o->flags))
+		return false;
+	az_spin_lock(&s->bc_lock);
+	m = s->bc;
+	if (m) {
+		e = az_bc_set(m, o) * AZ_BC_WAYS;
+		for (i = e; i < e + AZ_BC_WAYS; i++) {
+			if (m->tags[i] != o)
+				continue;
+			memcpy(dst, m->pages + (u64)i * AZ_PAGE_SIZE,
+			       AZ_PAGE_SIZE);
+			m->used[i] = 1;
+			hit = true;
+			break;
+		}
+	}
+	az_spin_unlock(&s->bc_lock);
+	return hit;
+}
+
+static void az_bcache_insert(struct az_store *s, struct az_obj *o,
+			     const void *page)
+{
+	struct az_bcache_mem *m;
+	u32 i, e, victim;
+
+	az_spin_lock(&s->bc_lock);
+	m = s->bc;
+	if (!m)
+		goto out;
+	e = az_bc_set(m, o) * AZ_BC_WAYS;
+	victim = e + AZ_BC_WAYS;
+	for (i = e; i < e + AZ_BC_WAYS; i++) {
+		if (m->tags[i] == o)
+			goto out;	/* a racing reader inserted it */
+		if (!m->tags[i] && victim == e + AZ_BC_WAYS)
+			victim = i;
+	}
+	/* CLOCK: the first entry not used since the hand last passed it. */
+	for (i = 0; victim == e + AZ_BC_WAYS; i = (i + 1) % AZ_BC_WAYS) {
+		if (!m->used[e + i])
+			victim = e + i;
+		else
+			m->used[e + i] = 0;
+	}
+	m->tags[victim] = o;
+	m->used[victim] = 1;
+	memcpy(m->pages + (u64)victim * AZ_PAGE_SIZE, page, AZ_PAGE_SIZE);
+	az_set_bit(AZ_OBJ_CACHED, &o->flags);
+out:
+	az_spin_unlock(&s->bc_lock);
+}
+
+/* @o is being destroyed: drop its entry.  Atomic context safe. */
+void az_bcache_forget(struct az_store *s, struct az_obj *o)
+{
+	struct az_bcache_mem *m;
+	u32 i, e;
+
+	if (!az_test_bit(AZ_OBJ_CACHED, &o->flags))
+		return;
+	az_spin_lock(&s->bc_lock);
+	m = s->bc;
+	if (m) {
+		e = az_bc_set(m, o) * AZ_BC_WAYS;
+		for (i = e; i < e + AZ_BC_WAYS; i++) {
+			if (m->tags[i] == o) {
+				m->tags[i] = NULL;
+				m->used[i] = 0;
+			}
+		}
+	}
+	az_spin_unlock(&s->bc_lock);
+}
+
+/*
+ * Decode base @b (never itself a delta) into @dst, from the cache when it
+ * is there.  A decoded copy whose hash does not match @b's is -EIO (with
+ * verify on) and is never cached.  Caller holds a reference to @b.
+ */
+int az_base_read(struct az_store *s, struct az_ctx *ctx, struct az_obj *b,
+		 void *dst, bool verify)
+{
+	bool ok;
+	int err;
+
+	if (AZ_WARN_ON(b->base))
+		return -EIO;
+	if (az_bcache_lookup(s, b, dst)) {
+		az_atomic64_inc(&s->bc_hits);
+		return 0;
+	}
+	az_atomic64_inc(&s->bc_misses);
+	err = az_obj_read(s, ctx, b, dst);
+	if (err)
+		return err;
+	ok = az_xxh64(dst, AZ_PAGE_SIZE, 0) == b->hash;
+	if (!ok)
+		return verify ? -EIO : 0;
+	if (AZ_READ_ONCE(s->bc))
+		az_bcache_insert(s, b, dst);
+	return 0;
+}

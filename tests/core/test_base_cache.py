@@ -1,0 +1,134 @@
+"""Decoded-base cache (kmod/core/bcache.c): hits, eviction, invalidation, resizing, errors."""
+
+from __future__ import annotations
+
+import errno
+import random
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from controlplane.corelib import CoreError, Store
+
+from . import pages
+from .test_redundancy import A, B, T1, check_accounting, empty_everything, setup_groups
+
+NB = 16  # template bases
+
+
+def fan_out(s: Store, rng: random.Random, sandboxes: int = 2) -> dict[int, bytes]:
+    """Template bases 0..NB-1 and, per sandbox, a near-copy of each: deltas against the bases."""
+    want: dict[int, bytes] = {}
+    base = [pages.make("heap", 500 + i) for i in range(NB)]
+    for i, b in enumerate(base):
+        s.template_load(T1, i, b)
+    for k in range(sandboxes):
+        for i, b in enumerate(base):
+            p = pages.mutate(b, rng, 3)
+            slot = 100 * (k + 1) + i
+            s.put(slot, p, owner=(A, B)[k % 2], index=i)
+            want[slot] = p
+    return want
+
+
+def test_default_size_and_hits_on_shared_bases(make_store) -> None:
+    s = make_store(1024)
+    setup_groups(s)
+    assert s.base_cache() == 256 and s.stats()["base_cache_pages"] == 256
+    want = fan_out(s, random.Random(1))
+    assert {s.kind(i) for i in want} == {"tdelta"}
+    st0 = s.stats()
+    # Encoding sandbox 2 against the bases sandbox 1 already used: served by the cache.
+    assert st0["base_cache_hits"] >= NB
+    for slot, p in want.items():
+        assert s.get(slot) == p
+    st1 = s.stats()
+    assert st1["base_cache_hits"] - st0["base_cache_hits"] == len(want)  # every base is cached
+    assert st1["base_cache_misses"] == st0["base_cache_misses"]
+    check_accounting(s)
+    empty_everything(s, want)
+
+
+def test_off_and_tiny_caches_give_the_same_pages(make_store) -> None:
+    rng = random.Random(2)
+    for size, expect in ((0, 0), (4, 4), (7, 4), (9, 8)):
+        s = make_store(1024)
+        setup_groups(s)
+        s.set_base_cache(size)
+        assert s.base_cache() == expect
+        want = fan_out(s, rng)
+        for slot, p in want.items():
+            assert s.get(slot) == p
+        if size == 0:
+            assert s.stats()["base_cache_hits"] == 0
+        empty_everything(s, want)
+
+
+def test_freed_bases_never_served_from_the_cache(make_store) -> None:
+    """Bases die and their memory is reused: a stale cached copy must never be returned."""
+    s = make_store(4096)
+    setup_groups(s)
+    rng = random.Random(3)
+    for rnd in range(6):
+        want = fan_out(s, rng)
+        for slot, p in want.items():
+            assert s.get(slot) == p, (rnd, slot)
+        empty_everything(s, want)  # every base freed (objects == 0)
+        s.add_template(T1, 1)  # removed by empty_everything: register again
+
+
+def test_resize_while_in_use(make_store) -> None:
+    s = make_store(1024)
+    setup_groups(s)
+    want = fan_out(s, random.Random(4))
+    for size in (1024, 0, 16, 256):
+        s.set_base_cache(size)
+        for slot, p in want.items():
+            assert s.get(slot) == p
+    empty_everything(s, want)
+
+
+def test_bad_size_is_refused_and_keeps_the_cache(store: Store) -> None:
+    with pytest.raises(CoreError) as e:
+        store.set_base_cache(65537)
+    assert e.value.errno == errno.EINVAL
+    assert store.base_cache() == 256
+    store.set_base_cache(65536)
+    assert store.base_cache() == 65536
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=st.lists(st.tuples(st.integers(0, 3), st.integers(0, 23), st.integers(0, 7)), max_size=120))
+def test_random_interleavings_with_a_two_set_cache(make_store, ops) -> None:
+    """Stores, frees, loads and template churn through an 8-page cache; every read is checked."""
+    s = make_store(256)
+    setup_groups(s)
+    s.set_base_cache(8)
+    rng = random.Random(5)
+    base = [pages.make("heap", 700 + i) for i in range(8)]
+    for i, b in enumerate(base):
+        s.template_load(T1, i, b)
+    have: dict[int, bytes] = {}
+    for op, slot, idx in ops:
+        if op == 0:
+            p = pages.mutate(base[idx], rng, 2)
+            s.put(slot, p, owner=A if slot % 2 else B, index=idx)
+            have[slot] = p
+        elif op == 1 and slot in have:
+            s.free(slot)
+            del have[slot]
+        elif op == 2:
+            for k, p in have.items():
+                assert s.get(k) == p
+        else:
+            s.del_template(T1)  # bases live on while deltas use them
+            s.drain()
+            s.add_template(T1, 1)
+            base[idx] = pages.make("heap", rng.randrange(1 << 30))
+            for i, b in enumerate(base):
+                s.template_load(T1, i, b)
+    for k, p in have.items():
+        assert s.get(k) == p
+    check_accounting(s)
+    empty_everything(s, list(have))
