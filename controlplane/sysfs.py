@@ -50,7 +50,17 @@ STAT_FILES: dict[str, tuple[str, ...]] = {
     ),
     # pages stored now per representation
     "kind_stat": ("same", "dup", "tdelta", "xdelta", "plain", "raw"),
-    "obj_stat": ("pages_stored", "objects", "bases", "template_pages", "deferred", "cross_group"),
+    "obj_stat": (
+        "pages_stored",
+        "objects",
+        "bases",
+        "template_pages",
+        "deferred",
+        "cross_group",
+        "base_cache_pages",
+        "base_cache_hits",
+        "base_cache_misses",
+    ),
 }
 
 _SIZE_RE = re.compile(r"^\s*(\d+)\s*([kKmMgGtT]?)[iI]?[bB]?\s*$")

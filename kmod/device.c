@@ -371,6 +371,8 @@ int azswap_dev_init_store(struct azswap_dev *dev, u64 disksize)
 	if (!s)
 		return -ENOMEM;
 	ret = az_store_set_policy(s, &dev->pol);
+	if (!ret)
+		ret = az_store_set_base_cache(s, dev->base_cache);
 	if (ret) {
 		az_store_destroy(s);
 		return ret;
@@ -443,6 +445,7 @@ int azswap_dev_add(struct azswap_dev *dev, int id)
 		.codec = AZ_CODEC_LZ4, .level = 3, .dedup = 1, .tdelta = 1,
 		.xdelta = 1, .sim_effort = 4, .delta_max_pct = 80, .verify = 1,
 	};
+	dev->base_cache = 256;
 
 	disk = blk_alloc_disk(NUMA_NO_NODE);
 	if (!disk)

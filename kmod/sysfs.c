@@ -373,6 +373,38 @@ static ssize_t mem_used_max_store(struct device *d,
 }
 static DEVICE_ATTR_RW(mem_used_max);
 
+static ssize_t base_cache_show(struct device *d, struct device_attribute *attr,
+			       char *buf)
+{
+	struct azswap_dev *dev = dev_to_az(d);
+	u32 v;
+
+	down_read(&dev->init_lock);
+	v = dev->store ? az_store_get_base_cache(dev->store) : dev->base_cache;
+	up_read(&dev->init_lock);
+	return sysfs_emit(buf, "%u\n", v);
+}
+
+/* Pages of decoded bases kept (bcache.c); resizes live, may allocate. */
+static ssize_t base_cache_store(struct device *d, struct device_attribute *attr,
+				const char *buf, size_t len)
+{
+	struct azswap_dev *dev = dev_to_az(d);
+	unsigned int v;
+	int ret = 0;
+
+	if (azswap_parse_uint(buf, AZ_BC_MAX_PAGES, &v))
+		return -EINVAL;
+	down_write(&dev->init_lock);
+	if (dev->store)
+		ret = az_store_set_base_cache(dev->store, v);
+	if (!ret)
+		dev->base_cache = v;
+	up_write(&dev->init_lock);
+	return ret ? ret : len;
+}
+static DEVICE_ATTR_RW(base_cache);
+
 /* ---- statistics (columns: docs/sysfs-abi.md) -------------------------- */
 
 static void azswap_stats(struct azswap_dev *dev, struct az_stats *st)
@@ -452,9 +484,12 @@ static ssize_t obj_stat_show(struct device *d, struct device_attribute *attr,
 	down_read(&dev->init_lock);
 	azswap_stats(dev, &st);
 	up_read(&dev->init_lock);
-	return sysfs_emit(buf, "%8llu %8llu %8llu %8llu %8llu %8llu\n",
+	return sysfs_emit(buf,
+			  "%8llu %8llu %8llu %8llu %8llu %8llu %8llu %8llu %8llu\n",
 			  st.pages_stored, st.objects, st.bases,
-			  st.template_pages, st.deferred, st.cross_group);
+			  st.template_pages, st.deferred, st.cross_group,
+			  st.base_cache_pages, st.base_cache_hits,
+			  st.base_cache_misses);
 }
 static DEVICE_ATTR_RO(obj_stat);
 
@@ -465,6 +500,7 @@ static struct attribute *azswap_disk_attrs[] = {
 	&dev_attr_comp_algorithm.attr,
 	&dev_attr_mem_limit.attr,
 	&dev_attr_mem_used_max.attr,
+	&dev_attr_base_cache.attr,
 	&dev_attr_dedup.attr,
 	&dev_attr_tdelta.attr,
 	&dev_attr_xdelta.attr,

@@ -2,7 +2,8 @@
 
     vm-tests/run --memory 3G -- .venv/bin/python -m controlplane.bench.swapbench \\
         [--trace T.aztrace ...] [--record fork,fresh-aslr,fresh-noaslr --n 8 --size default] \\
-        [--systems none,zram-lz4,zram-zstd,zswap-lz4,zswap-zstd,azswap-lz4,azswap-zstd,azdev-lz4,azdev-zstd]
+        [--systems none,zram-lz4,zram-zstd,zswap-lz4,zswap-zstd,azswap-lz4,azswap-zstd,
+                   azdev-lz4,azdev-zstd]
 
 For every trace (recorded beforehand with ``python -m controlplane.bench.record``, or here with
 --record) and every system, in this one guest:

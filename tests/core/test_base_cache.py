@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from controlplane.corelib import CoreError, Store
 
 from . import pages
-from .test_redundancy import A, B, T1, check_accounting, empty_everything, setup_groups
+from .test_redundancy import T1, A, B, check_accounting, empty_everything, setup_groups
 
 NB = 16  # template bases
 
@@ -98,8 +98,13 @@ def test_bad_size_is_refused_and_keeps_the_cache(store: Store) -> None:
     assert store.base_cache() == 65536
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(ops=st.lists(st.tuples(st.integers(0, 3), st.integers(0, 23), st.integers(0, 7)), max_size=120))
+OPS = st.lists(st.tuples(st.integers(0, 3), st.integers(0, 23), st.integers(0, 7)), max_size=120)
+
+
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(ops=OPS)
 def test_random_interleavings_with_a_two_set_cache(make_store, ops) -> None:
     """Stores, frees, loads and template churn through an 8-page cache; every read is checked."""
     s = make_store(256)

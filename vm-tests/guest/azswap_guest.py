@@ -142,7 +142,17 @@ class Dev:
         return dict(zip(names, self.cols("kind_stat"), strict=False))
 
     def obj(self) -> dict[str, int]:
-        names = ("pages", "objects", "bases", "template_pages", "deferred", "cross_group")
+        names = (
+            "pages",
+            "objects",
+            "bases",
+            "template_pages",
+            "deferred",
+            "cross_group",
+            "base_cache_pages",
+            "base_cache_hits",
+            "base_cache_misses",
+        )
         return dict(zip(names, self.cols("obj_stat"), strict=False))
 
     def swapon(self, disksize: str = "256M", prio: int = 100, algo: str | None = None) -> None:

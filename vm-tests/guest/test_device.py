@@ -190,6 +190,7 @@ BAD: dict[str, list[bytes]] = {
     "verify": [b"", b"2", b"-1", b"true"],
     "sim_effort": [b"", b"65", b"-1", b"abc", b"4294967296", b"99999999999999999999"],
     "delta_max_pct": [b"", b"0", b"101", b"-1", b"abc", b"4294967297"],
+    "base_cache": [b"", b"65537", b"-1", b"abc", b"1M", b"4294967296", b"99999999999999999999"],
 }
 READ_ONLY = ["initstate", "mm_stat", "io_stat", "kind_stat", "obj_stat"]
 
@@ -232,6 +233,8 @@ def test_bad_input_every_attribute(dev0, initialised: bool) -> None:
         ("delta_max_pct", "100", "100"),
         ("verify", "1", "1"),
         ("mem_used_max", "0", d.read("mem_used_max")),
+        ("base_cache", "0", "0"),
+        ("base_cache", "256", "256"),
     ]:
         d.set(attr, good)
         assert d.read(attr) == shown, attr

@@ -37,6 +37,7 @@ def _check_sums(d: ag.Dev, nl: Client) -> list[dict]:
 
 def test_fanout_integrity(dev0, azpages, workers) -> None:
     d = dev0
+    d.set("base_cache", "4096")  # holds every template base: later sandboxes hit it
     d.swapon("256M", prio=100)
     nl = Client()
     try:
@@ -82,6 +83,9 @@ def test_fanout_integrity(dev0, azpages, workers) -> None:
         # The other trust group may only share with itself: its edited pages are near-
         # duplicates of group-1 pages, but it has no template, so no template delta.
         assert other["tdelta"] == 0
+        # Sandboxes 2 and 3 were encoded against bases sandbox 1 had decoded.
+        assert d.obj()["base_cache_pages"] == 4096
+        assert d.obj()["base_cache_hits"] > 0 and d.obj()["base_cache_misses"] > 0
 
         # Everything back in, every page checked, and again after a second round.
         ag.verify_all(workers)
