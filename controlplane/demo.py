@@ -81,7 +81,7 @@ def _guest(a: argparse.Namespace, trace: Path, console: Console) -> int:
     if not a.no_phase:
         steps.append(
             f"{py} -m controlplane.bench.phasebench --sandboxes {min(a.sandboxes, 4)} "
-            f"--seed {a.seed} --json {OUT / 'phasebench.json'}"
+            f"--modes a,b,c,cl --seed {a.seed} --json {OUT / 'phasebench.json'}"
         )
     for name in ("swapbench.json", "phasebench.json"):
         (OUT / name).unlink(missing_ok=True)
@@ -141,14 +141,19 @@ def _phase_table(ph: dict[str, Any]) -> Table:
     res = ph.get("results", {})
     base = res.get("a", {})
     for key, label in (("a", "(a) no compression"), ("b", "(b) aggressive, blind to phases"),
-                       ("c", "(c) phase-aware + prefetch")):
+                       ("c", "(c) phase-aware + prefetch on the tool hint"),
+                       ("cl", "(c) phase-aware + prefetch before the predicted end of the wait")):
         m = res.get(key)
         if not m:
             continue
         slow = m["tool_mean_s"] / base["tool_mean_s"] if base.get("tool_mean_s") else 0.0
         saved = base.get("footprint_mib", 0.0) - m["footprint_mib"]
+        keep = ""
+        if key.startswith("c") and "b" in res:
+            b_saved = base.get("footprint_mib", 0.0) - res["b"]["footprint_mib"]
+            keep = f" ({saved / b_saved:.0%} of (b)'s)" if b_saved > 0 else ""
         t.add_row(label, f"{m['tool_mean_s'] * 1e3:.1f}", f"{slow:.2f}x" if slow else "-",
-                  f"{m['footprint_mib']:.1f}", f"{saved:.1f} MiB" if base else "-",
+                  f"{m['footprint_mib']:.1f}", f"{saved:.1f} MiB{keep}" if base else "-",
                   f"{m['tool_majflt_mean']:.1f}",
                   "[green]yes" if m.get("bad_pages") == 0 else f"[red]{m.get('bad_pages')} bad")
     return t

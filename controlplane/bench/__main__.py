@@ -2,16 +2,21 @@
 
     python -m controlplane.bench [--out bench-report] [--n 8] [--size default] [--seed 1]
         [--styles fork,fresh-aslr,fresh-noaslr] [--systems ...] [--memory 3G] [--reuse-traces]
-        [--skip-vm] [--scale 1,2,4,8,16]
+        [--skip-vm] [--scale 1,2,4,8,16] [--microvm auto|skip|DIR] [--no-phase]
 
 Steps (every figure is measured in this run):
  1. record each sandbox style on this machine (controlplane.bench.record: the ML workloads of
     vm-tests/workloads/mlsandbox.py, N sandboxes, fixed seed) into OUT/traces/STYLE.aztrace;
- 2. boot the test kernel once (vm-tests/run) and play every trace on every system
-    (controlplane.bench.swapbench): OUT/swapbench.json;
- 3. replay every trace through the host store core per strategy, with the unlimited-search limit
-    (controlplane.replay): OUT/replay.json; reduction as sandboxes scale: replay of the first
-    1, 2, 4, ... sandboxes of the fork-style trace (recorded with max(--scale) sandboxes);
+    microVM style: the recording of vm-tests/microvm/record.py in vm-tests/out/microvm
+    (--microvm auto: made now if missing, ~11 min the first time, docs/microvm.md);
+ 2. boot the test kernel once (vm-tests/run) and play every process-style trace on every system
+    (controlplane.bench.swapbench): OUT/swapbench.json; then, in the same guest, the tool-phase
+    benchmark (controlplane.bench.phasebench: no compression, aggressive, phase-aware +
+    prefetch): OUT/phasebench.json;
+ 3. replay every trace, the microVM one too, through the host store core per strategy, with the
+    unlimited-search limit (controlplane.replay): OUT/replay.json; reduction as sandboxes scale:
+    replay of the first 1, 2, 4, ... sandboxes of the fork-style trace (recorded with
+    max(--scale) sandboxes);
  4. host store/load MB/s vs python-lz4/zstandard (controlplane.bench.hostbench): OUT/host.json;
  5. OUT/report.md and OUT/*.png.
 """
@@ -50,7 +55,21 @@ def subset(tr: Trace, k: int) -> Trace:
     return Trace(tr.meta, owners, order, sum(o.nr_pages for o in owners.values()))
 
 
-def charts(out: Path, sw: dict[str, Any], rep: list[dict[str, Any]], scale: list[dict[str, Any]]):
+REGIMES = {
+    "a": "(a) no compression",
+    "b": "(b) aggressive, blind",
+    "c": "(c) phase-aware,\nprefetch on hint",
+    "cl": "(c) phase-aware,\nprefetch before wait end",
+}
+
+
+def charts(
+    out: Path,
+    sw: dict[str, Any],
+    rep: list[dict[str, Any]],
+    scale: list[dict[str, Any]],
+    ph: dict[str, Any] | None = None,
+):
     import matplotlib
 
     matplotlib.use("Agg")
@@ -148,6 +167,63 @@ def charts(out: Path, sw: dict[str, Any], rep: list[dict[str, Any]], scale: list
         fig.savefig(out / "scaling.png", dpi=110)
         plt.close(fig)
         made.append("scaling.png")
+    # 5. reduction per sandbox style, microVM included (replay: per-page lz4 / zstd are what
+    # zram and zswap store per page; "all" is azswap's store core)
+    if rep:
+        strat = ("lz4", "zstd", "xdelta", "all", "limit-zstd")
+        fig, ax = plt.subplots(figsize=(9, 4.5))
+        w = 0.8 / len(strat)
+        names = [str(r["meta"].get("style", "?")) for r in rep]
+        for j, s in enumerate(strat):
+            vals = [
+                next((x["ratio"] for x in r["results"] if x["strategy"] == s), 0.0) for r in rep
+            ]
+            ax.bar(np.arange(len(rep)) + j * w, vals, w, label=rp.STRATEGIES[s].label)
+        ax.set_xticks(np.arange(len(rep)) + 0.4 - w / 2, names)
+        ax.set_ylabel("sandbox bytes / bytes stored")
+        ax.set_title("Reduction per sandbox style (host replay of the same pages)")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(out / "styles.png", dpi=110)
+        plt.close(fig)
+        made.append("styles.png")
+    res = (ph or {}).get("results", {})
+    if res.get("a"):
+        keys = [k for k in REGIMES if k in res]
+        base = res["a"]
+        # 6. slowdown and memory saved per configuration
+        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+        slow = [res[k]["tool_mean_s"] / base["tool_mean_s"] for k in keys]
+        saved = [base["footprint_mib"] - res[k]["footprint_mib"] for k in keys]
+        ax1.bar([REGIMES[k] for k in keys], slow, color="tab:red")
+        ax1.axhline(1.2, color="k", linestyle="dashed", label="target 1.2x")
+        ax1.set_ylabel("tool-phase latency / (a)")
+        ax1.set_title("Tool-phase slowdown")
+        ax1.legend(fontsize=8)
+        ax2.bar([REGIMES[k] for k in keys], saved, color="tab:green")
+        ax2.set_ylabel("MiB (time-averaged footprint saved vs (a))")
+        ax2.set_title("Memory saved")
+        for ax in (ax1, ax2):
+            ax.tick_params(axis="x", labelsize=7)
+        fig.tight_layout()
+        fig.savefig(out / "slowdown.png", dpi=110)
+        plt.close(fig)
+        made.append("slowdown.png")
+        # 7. CPU spent compressing, inside LLM waits vs outside
+        fig, ax = plt.subplots(figsize=(7, 4))
+        inw = [res[k].get("reclaim_cpu_wait_s", 0.0) for k in keys]
+        outw = [res[k].get("reclaim_cpu_other_s", 0.0) for k in keys]
+        lbl = [REGIMES[k] for k in keys]
+        ax.bar(lbl, inw, label="inside LLM waits")
+        ax.bar(lbl, outw, bottom=inw, label="outside (tool phases)")
+        ax.set_ylabel("CPU seconds in memory.reclaim (compression)")
+        ax.set_title("CPU spent compressing, and when")
+        ax.tick_params(axis="x", labelsize=7)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(out / "cpu.png", dpi=110)
+        plt.close(fig)
+        made.append("cpu.png")
     return made
 
 
@@ -227,6 +303,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scale", default="1,2,4,8,16")
     ap.add_argument("--reuse-traces", action="store_true")
     ap.add_argument("--skip-vm", action="store_true", help="reuse OUT/swapbench.json")
+    ap.add_argument(
+        "--microvm",
+        default="auto",
+        help="microVM recording dir (auto: vm-tests/out/microvm, recorded if missing; skip)",
+    )
+    ap.add_argument("--no-phase", action="store_true", help="skip the tool-phase benchmark")
     a = ap.parse_args(argv)
     out = Path(a.out)
     (out / "traces").mkdir(parents=True, exist_ok=True)
@@ -237,6 +319,7 @@ def main(argv: list[str] | None = None) -> int:
         if not (a.reuse_traces and p.exists()):
             run_and_record(st, a.n, a.size, a.seed, str(p), log=log)
         traces.append(str(p))
+    mv_trace = microvm_trace(a.microvm)
     # 2. guest
     swj = out / "swapbench.json"
     if not a.skip_vm:
@@ -248,34 +331,35 @@ def main(argv: list[str] | None = None) -> int:
             if os.path.abspath(p) != str(dst):
                 dst.write_bytes(Path(p).read_bytes())
             guest_traces.append(str(dst))
-        cmd = [
-            str(TOP / "vm-tests" / "run"),
-            "--memory",
-            a.memory,
-            "--timeout",
-            "7200",
-            "--",
-            str(TOP / ".venv" / "bin" / "python"),
-            "-m",
-            "controlplane.bench.swapbench",
-            "--systems",
-            a.systems,
-            "--json",
-            str(TOP / "vm-tests" / "out" / "swapbench.json"),
-        ]
-        for p in guest_traces:
-            cmd += ["--trace", p]
-        log("booting the test kernel: " + " ".join(cmd[4:]))
+        py = str(TOP / ".venv" / "bin" / "python")
+        vo = TOP / "vm-tests" / "out"
+        swap = f"{py} -m controlplane.bench.swapbench --systems {a.systems} "
+        swap += f"--json {vo / 'swapbench.json'} " + " ".join(f"--trace {p}" for p in guest_traces)
+        steps = [swap]
+        if not a.no_phase:
+            steps.append(
+                f"{py} -m controlplane.bench.phasebench --modes a,b,c,cl --seed {a.seed} "
+                f"--json {vo / 'phasebench.json'}"
+            )
+        # every step runs; the guest's exit status is the first failure
+        script = "r=0; " + " ".join(f"{s} || r=$?;" for s in steps) + " exit $r"
+        for name in ("swapbench.json", "phasebench.json"):
+            (vo / name).unlink(missing_ok=True)
+        cmd = [str(TOP / "vm-tests" / "run"), "--memory", a.memory, "--timeout", "7200", "--"]
+        cmd += ["sh", "-c", script]
+        log("booting the test kernel: " + script)
         rc = subprocess.run(cmd, cwd=TOP).returncode
-        src = TOP / "vm-tests" / "out" / "swapbench.json"
-        if src.exists():
-            swj.write_text(src.read_text())
+        for name in ("swapbench.json", "phasebench.json"):
+            if (vo / name).exists():
+                (out / name).write_text((vo / name).read_text())
         if rc:
-            log(f"swapbench exited {rc} (see above); the report keeps what it measured")
+            log(f"the guest exited {rc} (see above); the report keeps what it measured")
     sw = json.loads(swj.read_text()) if swj.exists() else {}
+    phj = out / "phasebench.json"
+    ph = json.loads(phj.read_text()) if phj.exists() and not a.no_phase else None
     # 3. replay
     log("replay through the host store core")
-    rep = [rp.run(p, rp.DEFAULT) for p in traces]
+    rep = [rp.run(p, rp.DEFAULT) for p in [*traces, *([mv_trace] if mv_trace else [])]]
     for r in rep:
         rp.print_table(r)
     (out / "replay.json").write_text(json.dumps(rep, indent=1, default=float))
@@ -305,10 +389,77 @@ def main(argv: list[str] | None = None) -> int:
         hostbench.print_table(h)
     (out / "host.json").write_text(json.dumps(host, indent=1))
     # 5. report
-    made = charts(out, sw, rep, scale)
-    write_report(out, a, sw, rep, scale, host, made)
+    made = charts(out, sw, rep, scale, ph)
+    write_report(out, a, sw, rep, scale, host, made, ph)
     log(f"wrote {out / 'report.md'}")
     return 0
+
+
+def microvm_trace(arg: str) -> str | None:
+    """The microVM recording's trace: an existing one, or recorded now (arg auto), or none."""
+    if arg == "skip":
+        return None
+    d = TOP / "vm-tests" / "out" / "microvm" if arg == "auto" else Path(arg)
+    p = d / "microvm.aztrace"
+    if p.exists():
+        log(f"microVM style: reusing {p}")
+        return str(p)
+    if arg != "auto":
+        raise SystemExit(f"bench: {p}: no microVM recording there")
+    log("microVM style: recording 8 guests restored from one snapshot (docs/microvm.md)")
+    rc = subprocess.run(
+        [
+            sys.executable,
+            str(TOP / "vm-tests" / "microvm" / "record.py"),
+            "--n",
+            "8",
+            "--out",
+            str(d),
+        ],
+        cwd=TOP,
+    ).returncode
+    if rc or not p.exists():
+        log(f"microVM recording failed (exit {rc}); the report goes on without that style")
+        return None
+    return str(p)
+
+
+def fmt_phase(ph: dict[str, Any]) -> list[str]:
+    res = ph.get("results", {})
+    base, agg = res.get("a"), res.get("b")
+    if not base:
+        return []
+    args = ph.get("args", {})
+    lines = [
+        "## Tool phases after LLM waits (slowdown per configuration)",
+        "",
+        f"{args.get('sandboxes')} sandboxes of {args.get('pages')} pages in one guest, "
+        f"{args.get('cycles')} LLM-wait/tool cycles (waits {args.get('wait')} s "
+        f"+/-{args.get('wait_jitter', 0) * 100:.0f}%), each tool phase touching "
+        f"{args.get('hot', 0) * 100:.0f}% of the sandbox's pages; swap device "
+        f"{ph.get('swap')}. Slowdown = mean tool-phase latency / (a)'s; saved = time-averaged "
+        "footprint (sandboxes' memory.current + the swap device's own memory) below (a)'s.",
+        "",
+        "| regime | tool ms | slowdown | p95 ms | major faults / tool | saved MiB | share of "
+        "(b)'s saving | compress CPU s in waits | outside | prefetch pages | verified |",
+        "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|",
+    ]
+    b_saved = base["footprint_mib"] - agg["footprint_mib"] if agg else 0.0
+    for k, label in REGIMES.items():
+        m = res.get(k)
+        if not m:
+            continue
+        saved = base["footprint_mib"] - m["footprint_mib"]
+        share = f"{saved / b_saved:.0%}" if b_saved > 0 and k.startswith("c") else "-"
+        lines.append(
+            f"| {label.replace(chr(10), ' ')} | {m['tool_mean_s'] * 1e3:.1f} | "
+            f"{m['tool_mean_s'] / base['tool_mean_s']:.2f}x | {m['tool_p95_s'] * 1e3:.1f} | "
+            f"{m['tool_majflt_mean']:.1f} | {saved:.1f} | {share} | "
+            f"{m.get('reclaim_cpu_wait_s', 0):.2f} | {m.get('reclaim_cpu_other_s', 0):.2f} | "
+            f"{m.get('prefetch_pages_mean', '-')} | {'yes' if m.get('bad_pages') == 0 else 'NO'} |"
+        )
+    lines.append("")
+    return lines
 
 
 def write_report(
@@ -319,6 +470,7 @@ def write_report(
     scale: list[dict[str, Any]],
     host: list[dict[str, Any]],
     made: list[str],
+    ph: dict[str, Any] | None = None,
 ) -> None:
     L = [
         "# azswap evaluation report",
@@ -360,6 +512,13 @@ def write_report(
             "fault) in the guest; TCG inflates absolute values.",
             "scaling.png": "Reduction of the fork-style workload as more sandboxes share one "
             "template (replay of the first k sandboxes).",
+            "styles.png": "Reduction per sandbox style, microVM included, through the host "
+            "store core: per-page lz4/zstd is what zram and zswap keep per page; "
+            "'all' is azswap's store.",
+            "slowdown.png": "Tool-phase latency relative to no compression (left; dashed: the "
+            "1.2x target) and the memory each regime saves (right).",
+            "cpu.png": "CPU spent in memory.reclaim writes (where compression runs), split by "
+            "the sandbox's phase when it ran: phase-aware compression stays inside LLM waits.",
         }
         for m in made:
             L += [f"![{m}]({m})", "", expl.get(m, ""), ""]
@@ -382,6 +541,8 @@ def write_report(
         "",
     ]
     L += fmt_replay(rep)
+    if ph:
+        L += fmt_phase(ph)
     if scale:
         L += [
             "## Scaling (fork style, replay)",

@@ -2,7 +2,8 @@
 
     vm-tests/run --memory 2G -- .venv/bin/python -m controlplane.bench.phasebench \\
         [--sandboxes 4] [--pages 4096] [--hot 0.25] [--cycles 6] [--wait 2.0] [--tool-cpu 0.1] \\
-        [--modes a,b,c,ca,cl] [--prefetch-lead 1.0] [--swap azswap|zram] [--json OUT]
+        [--modes a,b,c,ca,cl] [--prefetch-lead 0] [--wait-jitter 0.25] [--swap azswap|zram] \
+        [--json OUT]
 
 Every sandbox is a process in its own memory cgroup (controlplane/bench/pagesandbox.py) owning
 --pages pages of text-like, verifiable data.  It alternates an LLM wait (sleep --wait s, the
@@ -18,12 +19,16 @@ every page touched, then --tool-cpu s of CPU.  Regimes, each with fresh sandboxe
                   restore set (controlplane/prefetch.py, fault tracer in ebpf/) with
                   process_madvise(MADV_WILLNEED), synchronously: the prefetch time is part of the
                   tool latency.  --prefetch-async runs it in a thread while the tool starts (as
-                  the daemon does); --prefetch-lead S issues it S seconds before the
-                  (predicted) end of the wait instead.  Modes ca and cl are (c) with the async
-                  and the lead prefetch, so one run compares them.
+                  the daemon does).  Mode cl prefetches before the *predicted* end of the
+                  wait instead: waits vary (--wait-jitter), the prediction is the 20th
+                  percentile of the sandbox's past waits, the lead is --prefetch-lead s or,
+                  by default, 1.5x its recent prefetch time + 50 ms; a prefetch still
+                  running when the wait really ends is paid by the tool.  Modes ca and cl
+                  are (c) with the async and the predicted-end prefetch.
 
 Figures per regime: tool-phase latency (mean, p50, p95, over cycles after --warmup), end-to-end
-time of the whole fan-out, major faults in tool phases, memory footprint (time-averaged sum of
+time of the whole fan-out, major faults in tool phases, CPU spent compressing (the memory.reclaim
+writes) inside LLM waits and outside them, memory footprint (time-averaged sum of
 the sandboxes' memory.current plus the swap device's own memory: zram mem_used_total / azswap
 pool + metadata bytes) and the saving against (a).  Then slowdown (b)/(a), (c)/(a) and the
 fraction of (b)'s saving that (c) keeps.  Nothing here asserts anything; JSON goes to
@@ -157,6 +162,10 @@ class Box:
     tool_s: list[float] = field(default_factory=list)
     majflt: list[int] = field(default_factory=list)
     prefetch: list[dict[str, Any]] = field(default_factory=list)
+    waits: list[float] = field(default_factory=list)  # LLM waits seen so far (seconds)
+    prefetch_s: list[float] = field(default_factory=list)  # how long each prefetch took
+    leads: list[float] = field(default_factory=list)  # how early each prefetch was issued
+    late: int = 0  # prefetches still running when the wait ended
     bad: int = 0
 
 
@@ -171,9 +180,26 @@ class Args:
     tool_cpu: float
     interval: float
     grace: float
-    prefetch_lead: float
+    prefetch_lead: float  # mode cl: seconds before the predicted end; <= 0: adaptive
     prefetch_async: bool
     seed: int
+    wait_jitter: float = 0.25  # each wait is uniform in wait * (1 -/+ jitter)
+
+
+def predicted_wait(seen: list[float]) -> float | None:
+    """The orchestrator's guess of this wait's length: the 20th percentile of the waits seen."""
+    if not seen:
+        return None
+    s = sorted(seen[-8:])
+    return s[int(0.2 * (len(s) - 1))]
+
+
+def lead_for(b: Box, a: Args) -> float:
+    """How early to prefetch: fixed, or 1.5x the recent prefetch time + 50 ms."""
+    if a.prefetch_lead > 0:
+        return a.prefetch_lead
+    recent = b.prefetch_s[-3:]
+    return 1.5 * statistics.fmean(recent) + 0.05 if recent else 0.5
 
 
 def run_mode(mode: str, a: Args, dev: SwapDev, prefetcher: Any, rnd: int = 0) -> dict[str, Any]:
@@ -203,11 +229,20 @@ def run_mode(mode: str, a: Args, dev: SwapDev, prefetcher: Any, rnd: int = 0) ->
             stop.wait(0.1)
 
     reclaim_s = [0.0]
+    # CPU the reclaim (compression) writes used, by the sandbox's phase when they started:
+    # memory.reclaim compresses in the writer's context, so this thread's CPU time is it
+    cpu = {"wait": 0.0, "other": 0.0}
+
+    def reclaim_timed(b: Box) -> None:
+        where = "wait" if b.phase == "llm-wait" else "other"
+        c0 = time.thread_time()
+        reclaim_s[0] += reclaim(b.cg)
+        cpu[where] += time.thread_time() - c0
 
     def aggressive() -> None:  # (b): blind to phases
         while not stop.is_set():
             for b in boxes:
-                reclaim_s[0] += reclaim(b.cg)
+                reclaim_timed(b)
             stop.wait(a.interval)
 
     def phase_aware() -> None:  # (c): once per wait, after the grace period, never in tools
@@ -220,7 +255,7 @@ def run_mode(mode: str, a: Args, dev: SwapDev, prefetcher: Any, rnd: int = 0) ->
                     if due:
                         b.compressed = True
                 if due:
-                    reclaim_s[0] += reclaim(b.cg)
+                    reclaim_timed(b)
             stop.wait(0.05)
 
     def set_phase(b: Box, phase: str) -> None:
@@ -236,27 +271,40 @@ def run_mode(mode: str, a: Args, dev: SwapDev, prefetcher: Any, rnd: int = 0) ->
         for _ in range(a.cycles):
             res: dict[str, Any] | None = None
             set_phase(b, "llm-wait")
-            lead = a.prefetch_lead if prefetcher is not None and mode == "cl" else 0.0
-            time.sleep(max(a.wait - lead, 0.0))
-            t0 = time.monotonic()
-            if lead:
+            w_start = time.monotonic()
+            w = a.wait * (1.0 + a.wait_jitter * (2.0 * b.rng.random() - 1.0))
+            guess = predicted_wait(b.waits) if prefetcher is not None and mode == "cl" else None
+            lead = 0.0
+            if guess is not None:
+                # just before the predicted end of the wait (a guess from past waits: the
+                # real one may be longer or shorter)
+                lead = lead_for(b, a)
+                time.sleep(max(w_start + max(guess - lead, 0.0) - time.monotonic(), 0.0))
                 with mu:
                     b.compressed = True  # the wait is ending: do not compress any more
-                wait_end = t0 + lead
+                pf_t = time.monotonic()
+                b.leads.append(w_start + w - pf_t)
                 res = prefetcher.restore(b.name)
-                time.sleep(max(wait_end - time.monotonic(), 0.0))
-                t0 = wait_end  # a prefetch overrunning the wait counts in the tool latency
-            set_phase(b, "tool")
+                b.prefetch_s.append(time.monotonic() - pf_t)
+                b.late += time.monotonic() > w_start + w
+            # the LLM answered at w_start + w: tool latency counts from there, so a prefetch
+            # still running then is paid by the tool
+            t0 = w_start + w
+            time.sleep(max(t0 - time.monotonic(), 0.0))
+            b.waits.append(w)  # the tool starts when the wait ends, or after an overrunning
+            set_phase(b, "tool")  # prefetch: that overrun counts in the tool latency
             fresh = b.rng.sample(range(a.pages), max(a.pages // 100, 1))
             bg: threading.Thread | None = None
             box: list[dict[str, Any]] = []
-            if prefetcher is not None and not lead and (a.prefetch_async or mode == "ca"):
+            if prefetcher is not None and guess is None and (a.prefetch_async or mode == "ca"):
                 # as the daemon does: the tool starts at once, the prefetch races ahead of it
                 bg = threading.Thread(target=lambda out=box: out.append(
                     prefetcher.restore(b.name)))
                 bg.start()
-            elif prefetcher is not None and not lead:
+            elif prefetcher is not None and guess is None:
+                pf_t = time.monotonic()
                 res = prefetcher.restore(b.name)
+                b.prefetch_s.append(time.monotonic() - pf_t)
             r = b.sb.touch(b.hot + fresh, write_every=8, spin_s=a.tool_cpu)
             if bg is not None:
                 bg.join()
@@ -296,6 +344,8 @@ def run_mode(mode: str, a: Args, dev: SwapDev, prefetcher: Any, rnd: int = 0) ->
         "tool_majflt_mean": round(statistics.fmean(maj), 1),
         "footprint_mib": round(statistics.fmean(samples) / MiB, 2),
         "reclaim_s": round(reclaim_s[0], 2),
+        "reclaim_cpu_wait_s": round(cpu["wait"], 3),
+        "reclaim_cpu_other_s": round(cpu["other"], 3),
         "bad_pages": bad,
         "pgmajfault": sum(pgmajfault(b.cg) for b in boxes),
     }
@@ -307,6 +357,10 @@ def run_mode(mode: str, a: Args, dev: SwapDev, prefetcher: Any, rnd: int = 0) ->
         out["prefetch_pages_mean"] = (round(statistics.fmean(r["prefetched_pages"] for r in pf),
                                             1) if pf else 0)
         out["stopped"] = sorted({r["stopped"] for r in pf if r["stopped"]})
+        leads = [x for b in boxes for x in b.leads]
+        if leads:
+            out["lead_s_mean"] = round(statistics.fmean(leads), 3)
+            out["prefetch_late"] = sum(b.late for b in boxes)
     for b in boxes:
         b.sb.stop()
         for _ in range(50):
@@ -331,8 +385,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tool-cpu", type=float, default=0.1, help="tool CPU work, seconds")
     ap.add_argument("--interval", type=float, default=0.25, help="(b) reclaim period")
     ap.add_argument("--grace", type=float, default=0.2, help="(c) wait age before compressing")
-    ap.add_argument("--prefetch-lead", type=float, default=1.0,
-                    help="mode cl: prefetch this long before the wait ends")
+    ap.add_argument("--prefetch-lead", type=float, default=0.0,
+                    help="mode cl: prefetch this long before the predicted end of the wait; "
+                         "0 (default): adaptive, 1.5x the recent prefetch time + 50 ms")
+    ap.add_argument("--wait-jitter", type=float, default=0.25,
+                    help="each LLM wait is uniform in wait * (1 -/+ this)")
     ap.add_argument("--prefetch-async", action="store_true",
                     help="(c) on the tool hint, prefetch in a thread while the tool runs "
                          "(what the daemon does) instead of before it")
@@ -347,8 +404,10 @@ def main(argv: list[str] | None = None) -> int:
     if os.geteuid() != 0:
         print("phasebench: error: must run as root (in the guest: vm-tests/run)", file=sys.stderr)
         return 1
+    if not 0 <= ns.wait_jitter < 1:
+        ap.error("--wait-jitter must be in [0, 1)")
     a = Args(ns.sandboxes, ns.pages, ns.hot, ns.cycles, ns.warmup, ns.wait, ns.tool_cpu,
-             ns.interval, ns.grace, ns.prefetch_lead, ns.prefetch_async, ns.seed)
+             ns.interval, ns.grace, ns.prefetch_lead, ns.prefetch_async, ns.seed, ns.wait_jitter)
     dev = SwapDev(ns.swap)
     print(f"swap device: {dev.kind}; {a}", flush=True)
     rounds: dict[str, list[dict[str, Any]]] = {}
@@ -397,7 +456,7 @@ def report(r: dict[str, dict[str, Any]], kind: str, a: Args) -> None:
     names = {"a": "(a) no compression", "b": "(b) aggressive, no phase/prefetch",
              "c": f"(c) {kind} phase-aware + prefetch@hint",
              "ca": f"(c) {kind} phase-aware + prefetch async",
-             "cl": f"(c) {kind} phase-aware + prefetch lead {a.prefetch_lead}s"}
+             "cl": f"(c) {kind} phase-aware + prefetch before predicted wait end"}
     print(f"\n{'regime':<36} {'tool mean':>10} {'tool p95':>9} {'e2e':>8} {'majflt/tool':>11} "
           f"{'footprint':>10} {'saved':>8}")
     base = r.get("a")

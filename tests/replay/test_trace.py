@@ -329,3 +329,59 @@ def test_recorder_reads_live_process(tmp_path: Path) -> None:
         pr.wait()
     assert pr.returncode == -signal.SIGKILL
     assert mmap.PAGESIZE == PAGE_SIZE
+
+
+def test_bench_report_from_replay_and_guest_results(tmp_path: Path, store_lib: None) -> None:
+    """`make bench`'s report step: every chart and section is produced from measured inputs."""
+    import argparse
+
+    from controlplane.bench import __main__ as bench
+
+    p = tmp_path / "r.aztrace"
+    write_trace(p, nsb=2, n=32)
+    rep = [rp.run(str(p), rp.DEFAULT)]
+    hist = [0] * 40
+    hist[10] = 5
+    row = {
+        "ratio": 2.0,
+        "owned_bytes": 1 << 20,
+        "stored_bytes": 1 << 19,
+        "load_p99_us": 10.0,
+        "load_hist_us": hist,
+        "ok": True,
+    }
+    sw = {
+        "runs": [
+            {
+                "style": "test",
+                "meta": {"n": 2, "size": "tiny"},
+                "results": [{**row, "system": "zram-lz4"}, {**row, "system": "azswap-lz4"}],
+            }
+        ]
+    }
+    reg = {"tool_mean_s": 0.2, "tool_p95_s": 0.3, "tool_majflt_mean": 1.0, "bad_pages": 0}
+    ph = {
+        "swap": "azswap",
+        "args": {"sandboxes": 2, "pages": 64, "cycles": 3, "wait": 1.0, "hot": 0.25},
+        "results": {
+            "a": {**reg, "footprint_mib": 10.0},
+            "b": {**reg, "footprint_mib": 4.0, "reclaim_cpu_wait_s": 1.0},
+            "cl": {**reg, "footprint_mib": 5.0, "reclaim_cpu_wait_s": 0.5},
+        },
+    }
+    made = bench.charts(tmp_path, sw, rep, [], ph)
+    assert made == [
+        "reduction.png",
+        "representation.png",
+        "latency.png",
+        "styles.png",
+        "slowdown.png",
+        "cpu.png",
+    ]
+    for m in made:
+        assert (tmp_path / m).stat().st_size > 1000
+    a = argparse.Namespace(n=2, size="tiny", seed=1)
+    bench.write_report(tmp_path, a, sw, rep, [], [], made, ph)
+    md = (tmp_path / "report.md").read_text()
+    assert "![cpu.png](cpu.png)" in md and "| (b) aggressive, blind | 200.0 | 1.00x" in md
+    assert "83%" in md  # (c) keeps 5 of (b)'s 6 MiB saved
