@@ -63,6 +63,7 @@ class DaemonConfig:
     prefetch: bool = True
     follow_events: bool = True
     metrics_port: int | None = None
+    reconcile_interval: float = 10.0  # seconds between checks that the module still has ours
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     phase: PhaseConfig = field(default_factory=PhaseConfig)
 
@@ -478,6 +479,8 @@ class Daemon:
         self._spawn("scheduler", self.scheduler.run)
         if self.config.follow_events:
             self._spawn("events", self._follow_events)
+        if self.config.reconcile_interval > 0:
+            self._spawn("reconcile", self._reconcile_loop)
         if self.config.metrics_port:
             from prometheus_client import start_http_server
 
@@ -492,6 +495,26 @@ class Daemon:
         t = threading.Thread(target=fn, args=args, name=name, daemon=True)
         t.start()
         self._threads.append(t)
+
+    def reconcile(self) -> dict[str, list[str]]:
+        """One check that the module still has our sandboxes (a device reset drops them all)."""
+        try:
+            out = self.registry.reconcile()
+        except errors.AzswapError as e:  # e.g. reset and not initialised yet: try again later
+            log.debug("reconcile: %s", e)
+            return {"reregistered": [], "dropped": []}
+        now = self.clock()
+        for name in out["reregistered"]:
+            if name in {s.name for s in self.registry.list_sandboxes()}:
+                self.phases.add(name, now)
+        for what, names in out.items():
+            for name in names:
+                self.publish({"event": f"sandbox_{what}", "name": name})
+        return out
+
+    def _reconcile_loop(self) -> None:
+        while not self._stop.wait(self.config.reconcile_interval):
+            self.reconcile()
 
     def _follow_events(self) -> None:
         try:

@@ -331,6 +331,48 @@ class Registry:
         else:
             self.sandboxes[name] = Sandbox(name, cid, group, path, saved.get("template"))
 
+    def reconcile(self) -> dict[str, list[str]]:
+        """Re-apply what the module lost behind our back (device reset, module reload).
+
+        Sandboxes and cgroup templates the module no longer lists as registered are registered
+        again from their cgroup path (their cgroup id is looked up anew); those whose cgroup is
+        gone are dropped.  Snapshot-file templates lost their bases with the store: dropped, to
+        be loaded again (``azctl template add --from-file``).  Returns the names per outcome.
+        Raises the module's error (e.g. device not initialised) and changes nothing then.
+        """
+        out: dict[str, list[str]] = {"reregistered": [], "dropped": []}
+        with self._lock:
+            live = {o.cgroup_id for o in self.module.stats() if o.registered}
+            lost_t = [t for t in self.templates.values() if t.cgroup_id not in live]
+            lost_sb = [s for s in self.sandboxes.values() if s.cgroup_id not in live]
+            for t in lost_t:
+                try:
+                    if t.cgroup_path is None:
+                        raise errors.UnknownTemplate("snapshot-file bases are gone")
+                    t.cgroup_id = self.module.template_add(t.group, cgroup_path=t.cgroup_path)
+                    out["reregistered"].append(t.name)
+                except errors.AzswapError as e:
+                    log.warning("template %s lost by the module, dropped: %s", t.name, e)
+                    del self.templates[t.name]
+                    out["dropped"].append(t.name)
+            for sb in lost_sb:
+                if sb.template is not None and sb.template not in self.templates:
+                    sb.template = None
+                try:
+                    if sb.cgroup_path is None:
+                        raise errors.UnknownSandbox("no cgroup path known")
+                    sb.cgroup_id = self.module.sandbox_add(sb.group, cgroup_path=sb.cgroup_path)
+                    out["reregistered"].append(sb.name)
+                except errors.AzswapError as e:
+                    log.warning("sandbox %s lost by the module, dropped: %s", sb.name, e)
+                    del self.sandboxes[sb.name]
+                    out["dropped"].append(sb.name)
+            if lost_t or lost_sb:
+                self.save()
+        for name in out["reregistered"]:
+            log.info("%s: registered again (the module had lost it)", name)
+        return out
+
     def on_event(self, ev: Event) -> str | None:
         """Follow changes made behind our back (another netlink client); returns a name touched."""
         with self._lock:

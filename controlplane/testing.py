@@ -109,6 +109,13 @@ class FakeModule:
                 del self.owners[cgroup_id]
             self.loaded.pop(cgroup_id, None)
 
+    def reset(self) -> None:
+        """Like `echo 1 > reset` on the device: every registration and stored page is gone."""
+        with self._lock:
+            self.owners.clear()
+            self.unregistered.clear()
+            self.loaded.clear()
+
     def sandbox_del(self, cgroup_id: int) -> None:
         self._del(Cmd.SANDBOX_DEL, cgroup_id, False)
 

@@ -374,3 +374,26 @@ def test_prefetcher_is_told_phases_and_restores_on_tool(tmp_path: Path) -> None:
         d.stop()
     assert pf.calls[:2] == [("phase", "a:llm-wait"), ("restore", "a")]
     assert pf.calls[-1] == ("close", "")
+
+
+def test_device_reset_is_noticed_and_registrations_restored(tmp_path: Path) -> None:
+    r = Running(tmp_path, reconcile_interval=0)  # no thread: reconcile() called by hand
+    try:
+        img = tmp_path / "snap.img"
+        img.write_bytes(b"\1" * 4096)
+        with DaemonClient(r.cfg.socket_path) as c:
+            c.subscribe()
+            c.register("a", "/sb/a", 1)
+            c.register("b", "/sb/b", 1)
+            r.d.registry.add_template("snap", 1, source_file=str(img))
+            assert r.d.reconcile() == {"reregistered": [], "dropped": []}  # nothing lost
+            r.module.reset()
+            shutil.rmtree(tmp_path / "cg" / "sb" / "b")  # b's cgroup went with it
+            out = r.d.reconcile()
+            assert out == {"reregistered": ["a"], "dropped": ["snap", "b"]}
+            assert [s["name"] for s in c.list()["sandboxes"]] == ["a"]
+            (a,) = [o for o in r.module.stats() if not o.is_template]
+            assert a.cgroup_id == r.d.registry.sandbox("a").cgroup_id
+            assert c.phase("a", "llm-wait")["phase"] == "llm-wait"  # hints work again
+    finally:
+        r.d.stop()
