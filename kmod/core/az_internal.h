@@ -31,7 +31,9 @@ enum az_enc {
 	AZ_ENC_XOR_LZ4 = 3,	/* lz4 block of page ^ base */
 	AZ_ENC_XOR_ZSTD = 4,	/* zstd frame of page ^ base */
 	AZ_ENC_DICT_LZ4 = 5,	/* lz4 block with base as dictionary */
-	AZ_ENC_MAX = AZ_ENC_DICT_LZ4,
+	AZ_ENC_XSHUF_LZ4 = 6,	/* lz4 block of byte-shuffled page ^ base */
+	AZ_ENC_XSHUF_ZSTD = 7,	/* zstd frame of byte-shuffled page ^ base */
+	AZ_ENC_MAX = AZ_ENC_XSHUF_ZSTD,
 };
 
 #define AZ_OBJ_VERSION	1
@@ -41,8 +43,18 @@ enum az_enc {
 
 static inline bool az_enc_is_delta(unsigned int enc)
 {
-	return enc >= AZ_ENC_XOR_LZ4 && enc <= AZ_ENC_DICT_LZ4;
+	return enc >= AZ_ENC_XOR_LZ4 && enc <= AZ_ENC_XSHUF_ZSTD;
 }
+
+/*
+ * Byte shuffle (XSHUF encodings): the page as 1024 little 4-byte words,
+ * stored lane by lane (all first bytes, then all second bytes, ...).  A
+ * float32 array edited by small updates XORs to words whose high bytes
+ * are mostly zero: shuffled, those become long zero runs lz4 can match.
+ * An XOR delta is tried shuffled when it compressed to more than this.
+ */
+#define AZ_SHUF_WORD		4
+#define AZ_SHUF_MIN_DELTA	(AZ_PAGE_SIZE / 4)
 
 /* Similarity features: see az_sim_features() in index.c. */
 #ifndef AZ_NR_SF
@@ -235,6 +247,7 @@ struct az_ctx {
 	u8 *tbuf;		/* AZ_OBUF_SIZE: candidate encoding */
 	u8 *pbuf;		/* page: decoded base or candidate */
 	u8 *xbuf;		/* page: xor scratch */
+	u8 *sbuf;		/* page: byte-shuffle scratch */
 };
 
 /* ---- codec.c ---------------------------------------------------------- */

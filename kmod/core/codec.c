@@ -43,6 +43,27 @@ static void az_xor_page(u8 *dst, const u8 *a, const u8 *b)
 		d[i] = x[i] ^ y[i];
 }
 
+/* @src as AZ_SHUF_WORD byte lanes into @dst (see az_internal.h). */
+static void az_shuffle(u8 *dst, const u8 *src)
+{
+	const unsigned int n = AZ_PAGE_SIZE / AZ_SHUF_WORD;
+	unsigned int i, k;
+
+	for (k = 0; k < AZ_SHUF_WORD; k++)
+		for (i = 0; i < n; i++)
+			dst[k * n + i] = src[i * AZ_SHUF_WORD + k];
+}
+
+static void az_unshuffle(u8 *dst, const u8 *src)
+{
+	const unsigned int n = AZ_PAGE_SIZE / AZ_SHUF_WORD;
+	unsigned int i, k;
+
+	for (k = 0; k < AZ_SHUF_WORD; k++)
+		for (i = 0; i < n; i++)
+			dst[i * AZ_SHUF_WORD + k] = src[k * n + i];
+}
+
 /* Compress @src into @out + header; returns object size or 0. */
 static u32 az_compress(struct az_ctx *ctx, const struct az_policy *pol,
 		       const void *src, u8 *out, u32 cap, u8 enc_lz4,
@@ -84,8 +105,10 @@ u32 az_encode_plain(struct az_ctx *ctx, const struct az_policy *pol,
 
 /*
  * Delta against @base: XOR then the policy codec (good for in-place
- * edits), and for lz4 also lz4 with @base as dictionary (good for shifted
- * content); the smaller wins.  Returns 0 unless the result is < @limit.
+ * edits); when that is still large, the XOR byte-shuffled (good for
+ * numeric arrays with small changes); for lz4 also lz4 with @base as
+ * dictionary (good for shifted content).  The smallest wins.  Returns 0
+ * unless the result is < @limit.
  */
 u32 az_encode_delta(struct az_ctx *ctx, const struct az_policy *pol,
 		    const void *page, const void *base, u8 *out, u32 limit,
@@ -103,6 +126,18 @@ u32 az_encode_delta(struct az_ctx *ctx, const struct az_policy *pol,
 			AZ_ENC_XOR_ZSTD, enc);
 	if (n)
 		cap = n - 1;
+	if ((!n || n > AZ_SHUF_MIN_DELTA) && cap > AZ_HDR_SIZE) {
+		/* xbuf is free once shuffled: it takes the candidate */
+		az_shuffle(ctx->sbuf, ctx->xbuf);
+		m = az_compress(ctx, pol, ctx->sbuf, ctx->xbuf, cap,
+				AZ_ENC_XSHUF_LZ4, AZ_ENC_XSHUF_ZSTD, &e);
+		if (m) {
+			memcpy(out, ctx->xbuf, m);
+			*enc = e;
+			n = m;
+			cap = n - 1;
+		}
+	}
 	if (pol->codec != AZ_CODEC_LZ4 || cap <= AZ_HDR_SIZE)
 		return n;
 	/* Dictionary mode into the scratch page, then keep the smaller. */
@@ -143,6 +178,17 @@ int az_decode(struct az_ctx *ctx, const u8 *obj, u32 size, const void *base,
 	case AZ_ENC_XOR_ZSTD:
 		n = az_zstd_decompress(ctx->ws, src, slen, page, AZ_PAGE_SIZE);
 		break;
+	case AZ_ENC_XSHUF_LZ4:
+		n = az_lz4_decompress(src, slen, ctx->sbuf, AZ_PAGE_SIZE);
+		if (n == AZ_PAGE_SIZE)
+			az_unshuffle(page, ctx->sbuf);
+		break;
+	case AZ_ENC_XSHUF_ZSTD:
+		n = az_zstd_decompress(ctx->ws, src, slen, ctx->sbuf,
+				       AZ_PAGE_SIZE);
+		if (n == AZ_PAGE_SIZE)
+			az_unshuffle(page, ctx->sbuf);
+		break;
 	case AZ_ENC_DICT_LZ4:
 		n = az_lz4_decompress_dict(src, slen, page, AZ_PAGE_SIZE,
 					   base, AZ_PAGE_SIZE);
@@ -152,7 +198,8 @@ int az_decode(struct az_ctx *ctx, const u8 *obj, u32 size, const void *base,
 	}
 	if (n != AZ_PAGE_SIZE)
 		return -EIO;
-	if (enc == AZ_ENC_XOR_LZ4 || enc == AZ_ENC_XOR_ZSTD)
+	if (enc == AZ_ENC_XOR_LZ4 || enc == AZ_ENC_XOR_ZSTD ||
+	    enc == AZ_ENC_XSHUF_LZ4 || enc == AZ_ENC_XSHUF_ZSTD)
 		az_xor_page(page, page, base);
 	return 0;
 }

@@ -33,7 +33,9 @@ struct az_ctx *az_ctx_create(void)
 	ctx->tbuf = az_valloc(AZ_OBUF_SIZE);
 	ctx->pbuf = az_valloc(AZ_PAGE_SIZE);
 	ctx->xbuf = az_valloc(AZ_PAGE_SIZE);
-	if (!ctx->ws || !ctx->obuf || !ctx->tbuf || !ctx->pbuf || !ctx->xbuf) {
+	ctx->sbuf = az_valloc(AZ_PAGE_SIZE);
+	if (!ctx->ws || !ctx->obuf || !ctx->tbuf || !ctx->pbuf || !ctx->xbuf ||
+	    !ctx->sbuf) {
 		az_ctx_destroy(ctx);
 		return NULL;
 	}
@@ -44,6 +46,7 @@ void az_ctx_destroy(struct az_ctx *ctx)
 {
 	if (!ctx)
 		return;
+	az_vfree(ctx->sbuf);
 	az_vfree(ctx->xbuf);
 	az_vfree(ctx->pbuf);
 	az_vfree(ctx->tbuf);

@@ -63,6 +63,12 @@ def floats(rng: random.Random) -> bytes:
     return struct.pack(f"<{PAGE // 4}f", *(rng.gauss(0, 0.02) for _ in range(PAGE // 4)))
 
 
+def nudge_floats(page: bytes, rng: random.Random, scale: float = 1e-3) -> bytes:
+    """The same float32 weights after an optimizer step: every value moved a little."""
+    vals = struct.unpack(f"<{PAGE // 4}f", page)
+    return struct.pack(f"<{PAGE // 4}f", *(v * (1 + rng.gauss(0, scale)) for v in vals))
+
+
 def mutate(page: bytes, rng: random.Random, edits: int = 8) -> bytes:
     """A near-duplicate: a few 8-byte fields changed (pointers, counters)."""
     b = bytearray(page)

@@ -37,6 +37,10 @@ def write_seeds(d: Path, lib_path: Path) -> list[Path]:
                 f = d / name
                 f.write_bytes(blob)
                 out.append(f)
+        w = pages.make("floats", 5)
+        shuf = s.encode(pages.nudge_floats(w, rng), base=w)  # a byte-shuffled XOR delta
+        (d / "xshuf").write_bytes(b"\1" + shuf)
+        out.append(d / "xshuf")
         s.set_policy(codec=1, level=3)
         z = s.encode(pages.make("heap", 9))
         (d / "zstd").write_bytes(b"\0" + z)
