@@ -52,6 +52,7 @@ Page = tuple[int, int]  # (pid, page-aligned virtual address)
 
 SYS_PIDFD_OPEN = 434
 SYS_PROCESS_MADVISE = 440
+SYS_PROCESS_VM_READV = 310
 MADV_WILLNEED = 3
 IOV_MAX = 1024
 PM_SWAP = 1 << 62
@@ -169,6 +170,49 @@ def process_madvise(pidfd: int, ranges: Sequence[tuple[int, int]],
     return int(r)
 
 
+def process_vm_touch(pid: int, addrs: Sequence[int]) -> int:
+    """Read one byte of each page of another process (process_vm_readv(2), IOV_MAX pages a
+    call): the kernel faults every page in *and maps it* in that process, as MADV_POPULATE_READ
+    would (which process_madvise does not offer).  Returns the pages read; the kernel stops at
+    the first page it cannot read."""
+    if len(addrs) > IOV_MAX:
+        raise ValueError(f"{len(addrs)} pages > IOV_MAX")
+    buf = ctypes.create_string_buffer(max(1, len(addrs)))
+    local = _Iovec(ctypes.cast(buf, ctypes.c_void_p), len(addrs))
+    remote = (_Iovec * len(addrs))(*[_Iovec(a, 1) for a in addrs])
+    r = _syscall(ctypes.c_long(SYS_PROCESS_VM_READV), ctypes.c_long(pid), ctypes.byref(local),
+                 ctypes.c_long(1), remote, ctypes.c_long(len(addrs)), ctypes.c_long(0))
+    if r < 0:
+        e = ctypes.get_errno()
+        raise OSError(e, f"process_vm_readv({pid}): {os.strerror(e)}")
+    return int(r)
+
+
+def populate_ranges(pid: int, ranges: Sequence[Range],
+                    call: Callable[[int, Sequence[int]], int] = process_vm_touch,
+                    ) -> tuple[int, int, int]:
+    """Fault every page of the ranges into process ``pid``, mapped; a page the kernel cannot
+    read (unmapped since) is skipped.  Returns (bytes populated, calls, pages skipped), the
+    shape of madvise_ranges()."""
+    todo = [r.start + k * PAGE_SIZE for r in ranges for k in range(r.pages)]
+    done = calls = skipped = 0
+    while todo:
+        chunk = todo[:IOV_MAX]
+        calls += 1
+        try:
+            n = call(pid, chunk)
+        except OSError as e:
+            if e.errno not in (errno.ENOMEM, errno.EFAULT):
+                raise
+            n = 0
+        done += n
+        if n < len(chunk):  # page n failed
+            skipped += 1
+            n += 1
+        todo = todo[n:]
+    return done * PAGE_SIZE, calls, skipped
+
+
 def madvise_ranges(pidfd: int, ranges: Sequence[Range],
                    call: Callable[[int, Sequence[tuple[int, int]]], int] = process_madvise,
                    ) -> tuple[int, int, int]:
@@ -258,6 +302,12 @@ class PrefetchConfig:
     batch_pages: int = 512  # pages per batch (stop checks happen between batches)
     stop_after_faults: int = 16  # major faults outside the restore set that stop a restore
     only_swapped: bool = True  # skip pages that are resident (pagemap)
+    # "populate": fault the pages in and map them (process_vm_readv), so the tool takes no fault
+    # at all; "willneed": process_madvise(MADV_WILLNEED) reads them into the swap cache, the
+    # tool still takes a minor fault per page.  Populated pages leave no fault event, so every
+    # probe_every-th restore uses willneed and shows which of them the tool really touches.
+    method: str = "populate"
+    probe_every: int = 4
 
 
 @dataclass
@@ -272,6 +322,7 @@ class PrefetchResult:
     seconds: float = 0.0
     stopped: str = ""  # "" (done), "budget-bytes", "budget-time", "faulting-past", "no-process"
     phase_seq: int = 0
+    method: str = ""  # "populate" or "willneed" (a probe)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -280,7 +331,8 @@ class PrefetchResult:
 @dataclass
 class Accuracy:
     restores: int = 0
-    prefetched: int = 0
+    populated: int = 0  # pages faulted in and mapped (no fault follows: not settled)
+    prefetched: int = 0  # pages advised (willneed restores: settled against the faults)
     used: int = 0  # = faults avoided
     unused: int = 0
     read_twice: int = 0
@@ -312,6 +364,7 @@ class SandboxState:
     seq: int = 0
     phase_of: dict[int, str] = field(default_factory=dict)  # phase_seq -> phase
     restore_seqs: list[int] = field(default_factory=list)  # tool phases after an llm wait
+    populated: dict[int, list[Page]] = field(default_factory=dict)  # phase seq -> pages mapped
     pending: _Pending | None = None
     accuracy: Accuracy = field(default_factory=Accuracy)
     last: PrefetchResult | None = None
@@ -334,8 +387,12 @@ class Prefetcher:
         open_pidfd: Callable[[int], int] = pidfd_open,
         procs: Callable[[Path], list[int]] = cgroup_procs,
         swapped: Callable[[int, Sequence[int]], set[int]] = swapped_out,
+        touch: Callable[[int, Sequence[int]], int] = process_vm_touch,
     ) -> None:
         self.cfg = config or PrefetchConfig()
+        if self.cfg.method not in ("populate", "willneed") or self.cfg.probe_every < 1:
+            raise ValueError("prefetch method must be populate or willneed, probe_every >= 1")
+        self._touch = touch
         self.tracer = tracer
         self.clock = clock
         self._madvise, self._pidfd, self._procs, self._swapped = (
@@ -418,6 +475,12 @@ class Prefetcher:
                     continue  # still running
                 ph = rec.phases.get(seq)
                 pages = [pg for pg in ph.order if ph.first_ns[pg] <= window] if ph else []
+                # pages populated before this phase cannot fault: taken as used, in the order
+                # they were predicted (the next willneed probe shows what really was)
+                pop = st.populated.get(seq, [])
+                if pop:
+                    seen = set(pop)
+                    pages = pop + [pg for pg in pages if pg not in seen]
                 out.append(pages)
             return out[-self.cfg.history:]
 
@@ -459,6 +522,9 @@ class Prefetcher:
             return res.as_dict()
         fds: dict[int, int] = {}
         advised: set[Page] = set()
+        populate = (self.cfg.method == "populate"
+                    and st.accuracy.restores % self.cfg.probe_every != self.cfg.probe_every - 1)
+        res.method = "populate" if populate else "willneed"
         try:
             for batch in batches(order, self.cfg.batch_pages):
                 if res.prefetched_bytes >= self.cfg.max_bytes:
@@ -483,6 +549,22 @@ class Prefetcher:
                     batch = keep
                 for pid in dict.fromkeys(pg[0] for pg in batch):
                     mine = [pg for pg in batch if pg[0] == pid]
+                    if populate:
+                        ranges = coalesce(mine)
+                        try:
+                            done, calls, _skipped = populate_ranges(pid, ranges, self._touch)
+                        except OSError as e:  # e.g. EPERM, ESRCH: exited
+                            log.info("prefetch %s: pid %d: %s", st.name, pid, e)
+                            continue
+                        res.ranges += len(ranges)
+                        res.calls += calls
+                        res.prefetched_bytes += done
+                        left = done
+                        for rg in ranges:
+                            n = min(rg.pages, max(left, 0) // PAGE_SIZE)
+                            advised.update((pid, rg.start + k * PAGE_SIZE) for k in range(n))
+                            left -= rg.length
+                        continue
                     if pid not in fds:
                         try:
                             fds[pid] = self._pidfd(pid)
@@ -512,9 +594,16 @@ class Prefetcher:
         res.prefetched_pages = len(advised)
         res.seconds = self.clock() - t0
         with self._mu:
-            st.pending = _Pending(seq, advised)
+            if populate:
+                # mapped pages leave no fault to settle against: accuracy comes from the probes
+                st.populated[seq] = [pg for pg in order if pg in advised]
+                for s in [s for s in st.populated if s < seq - 4 * self.cfg.history - 4]:
+                    del st.populated[s]
+                st.accuracy.populated += len(advised)
+            else:
+                st.pending = _Pending(seq, advised)
+                st.accuracy.prefetched += len(advised)
             st.accuracy.restores += 1
-            st.accuracy.prefetched += len(advised)
             st.last = res
         return res.as_dict()
 

@@ -57,9 +57,11 @@ def _pool(seed: int, size: int = 1 << 18) -> bytes:
     return bytes(out[:size])
 
 
-def majflt() -> int:
-    stat = Path("/proc/self/stat").read_text()
-    return int(stat.rsplit(")", 1)[1].split()[9])
+def faults() -> tuple[int, int]:
+    """(minor, major) page faults of this process so far (/proc/self/stat)."""
+    f = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+    return int(f[7]), int(f[9])
+
 
 
 def pswpin() -> int:
@@ -119,16 +121,17 @@ def _serve(conn: Connection, cgroup: Path | None, npages: int, seed: int) -> Non
             return
         if cmd == "touch":
             idx, write_every, spin_s = args
-            s0, m0, t0 = pswpin(), majflt(), time.monotonic_ns()
+            s0, (n0, m0), t0 = pswpin(), faults(), time.monotonic_ns()
             bad, _ = pages.touch(idx, write_every)
             end = time.monotonic() + spin_s
             while time.monotonic() < end:  # the tool's own CPU work
                 zlib.crc32(pages.pool[:4096])
-            t1, m1, s1 = time.monotonic_ns(), majflt(), pswpin()
+            t1, (n1, m1), s1 = time.monotonic_ns(), faults(), pswpin()
             conn.send(
                 {
                     "bad": bad,
                     "majflt": m1 - m0,
+                    "minflt": n1 - n0,
                     "pswpin": s1 - s0,
                     "t0_ns": t0,
                     "t1_ns": t1,

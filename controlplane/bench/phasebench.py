@@ -161,6 +161,7 @@ class Box:
     compressed: bool = True  # (c): compressed once per wait
     tool_s: list[float] = field(default_factory=list)
     majflt: list[int] = field(default_factory=list)
+    minflt: list[int] = field(default_factory=list)
     prefetch: list[dict[str, Any]] = field(default_factory=list)
     waits: list[float] = field(default_factory=list)  # LLM waits seen so far (seconds)
     prefetch_s: list[float] = field(default_factory=list)  # how long each prefetch took
@@ -313,6 +314,7 @@ def run_mode(mode: str, a: Args, dev: SwapDev, prefetcher: Any, rnd: int = 0) ->
                 b.prefetch.append(res)
             b.tool_s.append(time.monotonic() - t0)
             b.majflt.append(int(r["majflt"]))
+            b.minflt.append(int(r.get("minflt", 0)))
             b.bad += int(r["bad"])
         set_phase(b, "done")
 
@@ -335,6 +337,7 @@ def run_mode(mode: str, a: Args, dev: SwapDev, prefetcher: Any, rnd: int = 0) ->
     bad = sum(b.bad for b in boxes) + sum(b.sb.verify() for b in boxes)
     steady = [s for b in boxes for s in b.tool_s[a.warmup:]]
     maj = [m for b in boxes for m in b.majflt[a.warmup:]]
+    mnr = [m for b in boxes for m in b.minflt[a.warmup:]]
     out: dict[str, Any] = {
         "mode": mode,
         "e2e_s": round(e2e, 3),
@@ -342,6 +345,7 @@ def run_mode(mode: str, a: Args, dev: SwapDev, prefetcher: Any, rnd: int = 0) ->
         "tool_p50_s": round(statistics.median(steady), 4),
         "tool_p95_s": round(sorted(steady)[int(0.95 * (len(steady) - 1))], 4),
         "tool_majflt_mean": round(statistics.fmean(maj), 1),
+        "tool_minflt_mean": round(statistics.fmean(mnr), 1),
         "footprint_mib": round(statistics.fmean(samples) / MiB, 2),
         "reclaim_s": round(reclaim_s[0], 2),
         "reclaim_cpu_wait_s": round(cpu["wait"], 3),
@@ -388,6 +392,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prefetch-lead", type=float, default=0.0,
                     help="mode cl: prefetch this long before the predicted end of the wait; "
                          "0 (default): adaptive, 1.5x the recent prefetch time + 50 ms")
+    ap.add_argument("--prefetch-method", choices=("populate", "willneed"), default="populate",
+                    help="populate: fault pages in and map them (process_vm_readv); willneed: "
+                         "process_madvise(MADV_WILLNEED), a minor fault per page remains")
     ap.add_argument("--wait-jitter", type=float, default=0.25,
                     help="each LLM wait is uniform in wait * (1 -/+ this)")
     ap.add_argument("--prefetch-async", action="store_true",
@@ -409,7 +416,7 @@ def main(argv: list[str] | None = None) -> int:
     a = Args(ns.sandboxes, ns.pages, ns.hot, ns.cycles, ns.warmup, ns.wait, ns.tool_cpu,
              ns.interval, ns.grace, ns.prefetch_lead, ns.prefetch_async, ns.seed, ns.wait_jitter)
     dev = SwapDev(ns.swap)
-    print(f"swap device: {dev.kind}; {a}", flush=True)
+    print(f"swap device: {dev.kind}; prefetch {ns.prefetch_method}; {a}", flush=True)
     rounds: dict[str, list[dict[str, Any]]] = {}
     prefetcher = None
     try:
@@ -425,7 +432,8 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"fault tracer loaded in {time.monotonic() - t:.1f}s", flush=True)
                     # learn the whole tool phase (it ends at the next wait): under TCG a tool
                     # phase that faults takes seconds
-                    prefetcher = Prefetcher(PrefetchConfig(history=3, window_s=60.0),
+                    cfg = PrefetchConfig(history=3, window_s=60.0, method=ns.prefetch_method)
+                    prefetcher = Prefetcher(cfg,
                                             tracer=tr)
                     prefetcher.start_polling()
                 res = run_mode(mode, a, dev, prefetcher if mode.startswith("c") else None, rnd)
@@ -437,7 +445,8 @@ def main(argv: list[str] | None = None) -> int:
         dev.close()
     results = {m: median_of(rs) for m, rs in rounds.items()}
     report(results, dev.kind, a)
-    ns.json.write_text(json.dumps({"swap": dev.kind, "args": a.__dict__, "results": results,
+    ns.json.write_text(json.dumps({"swap": dev.kind, "args": a.__dict__,
+                                   "prefetch_method": ns.prefetch_method, "results": results,
                                    "rounds": rounds}, indent=1))
     return 0
 

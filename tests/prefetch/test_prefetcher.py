@@ -32,6 +32,7 @@ class Kernel:
         self.calls = 0
         self.resident: set[int] = set()
         self.procs = [PID]
+        self.populated: list[int] = []
 
     def madvise(self, fd: int, ranges: Sequence[tuple[int, int]]) -> int:
         assert fd == 1000 + PID
@@ -46,13 +47,25 @@ class Kernel:
     def swapped(self, pid: int, addrs: Sequence[int]) -> set[int]:
         return {a for a in addrs if a not in self.resident}
 
+    def touch(self, pid: int, addrs: Sequence[int]) -> int:
+        """Fake process_vm_readv of one byte per page: the pages become resident (mapped)."""
+        assert pid == PID
+        self.calls += 1
+        self.populated += list(addrs)
+        self.resident.update(addrs)
+        return len(addrs)
 
-def make(cfg: PrefetchConfig | None = None, cost: float = 0.0) -> tuple[Prefetcher, Kernel]:
+
+def make(
+    cfg: PrefetchConfig | None = None, cost: float = 0.0, method: str = "willneed"
+) -> tuple[Prefetcher, Kernel]:
     clock = Clock()
     k = Kernel(clock, cost)
-    p = Prefetcher(cfg or PrefetchConfig(history=3), clock=clock, madvise=k.madvise,
+    cfg = cfg or PrefetchConfig(history=3)
+    cfg.method = method
+    p = Prefetcher(cfg, clock=clock, madvise=k.madvise,
                    open_pidfd=lambda pid: 1000 + pid, procs=lambda cg: list(k.procs),
-                   swapped=k.swapped)
+                   swapped=k.swapped, touch=k.touch)
     p.add_sandbox("sb", "/sys/fs/cgroup/sb", cgroup_id=CG)
     return p, k
 
@@ -218,3 +231,41 @@ def test_events_arriving_after_the_phase_change_still_count() -> None:
     p.feed(FaultEvent(0, CG, B + i * P, i, 10, PID, PID, tool_seq, EV_MINOR, 0) for i in range(4))
     a = p.settle("sb")
     assert a["used"] == 4 and a["unused"] == 0
+
+
+def test_populate_maps_pages_and_keeps_the_restore_set_with_willneed_probes() -> None:
+    """populate leaves no fault to learn from: populated pages count as used, and every 4th
+    restore is a willneed probe whose minor faults show what the tool really touched."""
+    p, k = make(PrefetchConfig(history=3, probe_every=4), method="populate")
+    hot = [10, 11, 12, 40]
+    cycle(p, hot)
+    cycle(p, hot)
+    methods = []
+    for _ in range(3):
+        k.resident.clear()  # compressed again during the wait
+        res = cycle(p, [])  # populated pages: the tool takes no fault on them
+        assert res is None
+        res = p.restore("sb")
+        methods.append(res["method"])
+        assert res["restore_set_pages"] == 4, res  # no decay although no fault was seen
+    assert methods == ["populate", "populate", "populate"]
+    assert k.populated[:4] == [B + i * P for i in (10, 11, 12, 40)]
+    assert p.accuracy("sb")["populated"] >= 8
+    # the 4th restore probes with willneed: the tool's minor faults settle used/unused
+    k.resident.clear()
+    p.record_phase_change("sb", "llm-wait")
+    res = p.restore("sb")
+    assert res["method"] == "willneed" and k.advised[-4:] == [B + i * P for i in (10, 11, 12, 40)]
+    faults(p, [10, 11, 12], kind=EV_MINOR)
+    acc = p.settle("sb")
+    assert acc["used"] == 3 and acc["unused"] == 1
+
+
+def test_populate_skips_a_page_the_kernel_cannot_read() -> None:
+    from controlplane.prefetch import Range, populate_ranges
+
+    def touch(pid: int, addrs: Sequence[int]) -> int:
+        return addrs.index(B + 2 * P) if B + 2 * P in addrs else len(addrs)
+
+    done, calls, skipped = populate_ranges(PID, [Range(PID, B, 5 * P)], touch)
+    assert (done, calls, skipped) == (4 * P, 2, 1)
