@@ -269,3 +269,21 @@ def test_populate_skips_a_page_the_kernel_cannot_read() -> None:
 
     done, calls, skipped = populate_ranges(PID, [Range(PID, B, 5 * P)], touch)
     assert (done, calls, skipped) == (4 * P, 2, 1)
+
+
+def test_populate_without_ptrace_access_falls_back_to_willneed() -> None:
+    import errno
+
+    p, k = make(method="populate")
+
+    def refuse(pid: int, addrs: Sequence[int]) -> int:
+        raise OSError(errno.EPERM, "Operation not permitted")
+
+    p._touch = refuse
+    cycle(p, [1, 2, 3])
+    cycle(p, [1, 2, 3])
+    res = cycle(p, [], prefetch=True)
+    assert res is not None and res["method"] == "willneed"
+    assert k.advised == [B + i * P for i in (1, 2, 3)] and res["prefetched_pages"] == 3
+    res = p.restore("sb")
+    assert res["method"] == "willneed"  # remembered
