@@ -22,10 +22,13 @@ Control law, per tick (every ``interval`` seconds):
    chunks the phase generation is re-checked: a tool hint (or a shutdown) ends the loop at once;
    the chunk in flight either completed or came up short, both of which leave the sandbox
    consistent (memory.reclaim only moves pages to swap; nothing is half-done at our level).
+   The scheduler thread runs at nice ``reclaim_nice`` (default 10): on a busy host the tools of
+   other sandboxes get the CPU first, and compression takes what is left.
 5. Mode: the store policy is device-wide.  Before compressing a sandbox whose wait has lasted
    ``dense_after`` seconds the scheduler switches the module to the dense policy (zstd, deeper
-   similarity search), otherwise to the fast one (lz4, shallow search).  A codec change is refused
-   by the module while pages are stored (EBUSY): then only the non-codec knobs change (logged once).
+   similarity search), otherwise to the fast one (lz4, shallow search).  Objects carry their
+   encoding, so the codec switches live; a module that refuses it (EBUSY, older builds) gets only
+   the non-codec knobs (logged once).
 
 Everything external is injected (clock, sleep, CPU clock, /proc root, the list of targets with
 their Cgroup objects, the policy setter) so the tests drive it with a fake clock and a fake cgroup
@@ -35,6 +38,7 @@ tree.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -64,6 +68,7 @@ class SchedulerConfig:
     pressure_psi: float = 10.0  # host memory PSI some avg10, %
     pressure_min_available: float = 0.10  # MemAvailable / MemTotal
     floor_bytes: int = 0  # stop once memory.current <= this
+    reclaim_nice: int = 10  # nice of the scheduler thread (the reclaim runs in it); 0 = as is
     manage_policy: bool = True
     fast_policy: dict[str, int] = field(
         default_factory=lambda: {"codec": int(Codec.LZ4), "sim_effort": 4}
@@ -79,6 +84,17 @@ class SchedulerConfig:
             raise errors.InvalidValue("chunk must be at least one page")
         if self.interval <= 0 or self.grace < 0 or self.idle_grace < 0:
             raise errors.InvalidValue("interval must be > 0 and grace periods >= 0")
+
+
+def lower_thread_priority(nice: int) -> None:
+    """Raise the calling thread's nice by ``nice`` (Linux: nice is per thread).  Best effort."""
+    if nice <= 0:
+        return
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + nice))
+    except OSError as e:
+        log.info("cannot lower the scheduler's priority: %s", e)
 
 
 @dataclass(frozen=True)
@@ -458,6 +474,7 @@ class Scheduler:
 
     def run(self) -> None:
         """Tick every ``interval`` until stop(); a hint (wake()) starts the next tick early."""
+        lower_thread_priority(self.config.reclaim_nice)
         while not self.stopping:
             t0 = self.clock()
             try:

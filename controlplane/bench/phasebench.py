@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from controlplane.bench.pagesandbox import PageSandbox
+from controlplane.scheduler import lower_thread_priority
 
 CGROOT = Path("/sys/fs/cgroup")
 BENCH_CG = CGROOT / "azphase"
@@ -185,6 +186,7 @@ class Args:
     prefetch_async: bool
     seed: int
     wait_jitter: float = 0.25  # each wait is uniform in wait * (1 -/+ jitter)
+    reclaim_nice: int = 10  # nice of the compressing threads ((b) and (c) alike)
 
 
 def predicted_wait(seen: list[float]) -> float | None:
@@ -241,12 +243,14 @@ def run_mode(mode: str, a: Args, dev: SwapDev, prefetcher: Any, rnd: int = 0) ->
         cpu[where] += time.thread_time() - c0
 
     def aggressive() -> None:  # (b): blind to phases
+        lower_thread_priority(a.reclaim_nice)  # as the daemon's scheduler does, for both
         while not stop.is_set():
             for b in boxes:
                 reclaim_timed(b)
             stop.wait(a.interval)
 
     def phase_aware() -> None:  # (c): once per wait, after the grace period, never in tools
+        lower_thread_priority(a.reclaim_nice)
         while not stop.is_set():
             now = time.monotonic()
             for b in boxes:
@@ -395,6 +399,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prefetch-method", choices=("populate", "willneed"), default="populate",
                     help="populate: fault pages in and map them (process_vm_readv); willneed: "
                          "process_madvise(MADV_WILLNEED), a minor fault per page remains")
+    ap.add_argument("--reclaim-nice", type=int, default=10,
+                    help="nice of the threads that compress ((b) and (c) alike), as the daemon")
     ap.add_argument("--wait-jitter", type=float, default=0.25,
                     help="each LLM wait is uniform in wait * (1 -/+ this)")
     ap.add_argument("--prefetch-async", action="store_true",
@@ -414,7 +420,8 @@ def main(argv: list[str] | None = None) -> int:
     if not 0 <= ns.wait_jitter < 1:
         ap.error("--wait-jitter must be in [0, 1)")
     a = Args(ns.sandboxes, ns.pages, ns.hot, ns.cycles, ns.warmup, ns.wait, ns.tool_cpu,
-             ns.interval, ns.grace, ns.prefetch_lead, ns.prefetch_async, ns.seed, ns.wait_jitter)
+             ns.interval, ns.grace, ns.prefetch_lead, ns.prefetch_async, ns.seed, ns.wait_jitter,
+             ns.reclaim_nice)
     dev = SwapDev(ns.swap)
     print(f"swap device: {dev.kind}; prefetch {ns.prefetch_method}; {a}", flush=True)
     rounds: dict[str, list[dict[str, Any]]] = {}

@@ -287,3 +287,24 @@ def test_config_is_validated() -> None:
         SchedulerConfig(cpu_budget=0.0).validate()
     with pytest.raises(errors.InvalidValue):
         SchedulerConfig(chunk_bytes=100).validate()
+
+
+def test_scheduler_thread_runs_at_lower_priority() -> None:
+    import os
+    import threading
+
+    from controlplane.scheduler import lower_thread_priority
+
+    seen: list[int] = []
+
+    def body() -> None:
+        before = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+        lower_thread_priority(10)
+        seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) - before)
+
+    t = threading.Thread(target=body)
+    t.start()
+    t.join()
+    main = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    assert seen and seen[0] == min(10, 19 - main) and seen[0] > 0
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == main  # only that thread
