@@ -36,7 +36,7 @@ hostlib: setup-apt
 	$(MAKE) -f $(TOP)/kmod/core/host.mk TOP=$(TOP)
 
 lint: setup
-	$(VENV)/bin/ruff check controlplane cli ebpf tests vm-tests
+	$(VENV)/bin/ruff check controlplane cli ebpf examples tests vm-tests
 
 # Host tests and guest tests run in one pytest session: vm-tests/conftest.py boots the
 # test kernel once (vm-tests/run) for every in-guest test collected and reports each one.

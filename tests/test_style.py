@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 TOP = Path(__file__).resolve().parent.parent
-PY_DIRS = ["controlplane", "cli", "ebpf", "tests", "vm-tests"]
+PY_DIRS = ["controlplane", "cli", "ebpf", "examples", "tests", "vm-tests"]
 CHECKPATCH_FILES = [
     "scripts/checkpatch.pl", "scripts/spelling.txt", "scripts/const_structs.checkpatch",
 ]

@@ -382,7 +382,6 @@ def test_device_reset_is_noticed_and_registrations_restored(tmp_path: Path) -> N
         img = tmp_path / "snap.img"
         img.write_bytes(b"\1" * 4096)
         with DaemonClient(r.cfg.socket_path) as c:
-            c.subscribe()
             c.register("a", "/sb/a", 1)
             c.register("b", "/sb/b", 1)
             r.d.registry.add_template("snap", 1, source_file=str(img))
@@ -397,3 +396,31 @@ def test_device_reset_is_noticed_and_registrations_restored(tmp_path: Path) -> N
             assert c.phase("a", "llm-wait")["phase"] == "llm-wait"  # hints work again
     finally:
         r.d.stop()
+
+
+def test_example_agent_loop_sends_hints_around_every_llm_call(daemon: Running) -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("agent_loop", REPO / "examples" / "agent_loop.py")
+    assert spec and spec.loader
+    ex = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ex)
+    seen: list[tuple[str, str]] = []
+
+    def llm(sandbox: str, step: int) -> str:
+        (o,) = [o for o in daemon.module.stats() if o.cgroup_id == daemon.d.registry.sandbox(
+            sandbox).cgroup_id]
+        seen.append((sandbox, o.phase.label))  # the module has the hint while the LLM runs
+        return f"tool-{step}"
+
+    def tool(cgroup: str, action: str) -> str:
+        sb = Path(cgroup).name
+        (o,) = [o for o in daemon.module.stats() if o.cgroup_id == daemon.d.registry.sandbox(
+            sb).cgroup_id]
+        return f"{sb}:{action}:{o.phase.label}"
+
+    with DaemonClient(daemon.cfg.socket_path) as az:
+        out = ex.agent_loop(az, ["/sb/a", "/sb/b"], 2, llm, tool)
+        assert az.list()["sandboxes"] == []  # unregistered at the end
+    assert seen == [("a", "llm-wait"), ("b", "llm-wait")] * 2
+    assert out == ["a:tool-0:tool", "b:tool-0:tool", "a:tool-1:tool", "b:tool-1:tool"]
