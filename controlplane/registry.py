@@ -343,31 +343,25 @@ class Registry:
         out: dict[str, list[str]] = {"reregistered": [], "dropped": []}
         with self._lock:
             live = {o.cgroup_id for o in self.module.stats() if o.registered}
-            lost_t = [t for t in self.templates.values() if t.cgroup_id not in live]
-            lost_sb = [s for s in self.sandboxes.values() if s.cgroup_id not in live]
-            for t in lost_t:
-                try:
-                    if t.cgroup_path is None:
-                        raise errors.UnknownTemplate("snapshot-file bases are gone")
-                    t.cgroup_id = self.module.template_add(t.group, cgroup_path=t.cgroup_path)
-                    out["reregistered"].append(t.name)
-                except errors.AzswapError as e:
-                    log.warning("template %s lost by the module, dropped: %s", t.name, e)
-                    del self.templates[t.name]
-                    out["dropped"].append(t.name)
-            for sb in lost_sb:
-                if sb.template is not None and sb.template not in self.templates:
-                    sb.template = None
-                try:
-                    if sb.cgroup_path is None:
-                        raise errors.UnknownSandbox("no cgroup path known")
-                    sb.cgroup_id = self.module.sandbox_add(sb.group, cgroup_path=sb.cgroup_path)
-                    out["reregistered"].append(sb.name)
-                except errors.AzswapError as e:
-                    log.warning("sandbox %s lost by the module, dropped: %s", sb.name, e)
-                    del self.sandboxes[sb.name]
-                    out["dropped"].append(sb.name)
-            if lost_t or lost_sb:
+            lost = 0
+            # templates first: sandboxes keep their template link only if it came back
+            kinds = ((self.templates, self.module.template_add, "template"),
+                     (self.sandboxes, self.module.sandbox_add, "sandbox"))
+            for table, add, what in kinds:
+                for o in [o for o in table.values() if o.cgroup_id not in live]:
+                    lost += 1
+                    if isinstance(o, Sandbox) and o.template not in self.templates:
+                        o.template = None
+                    try:
+                        if o.cgroup_path is None:  # a snapshot file's bases went with the store
+                            raise errors.InvalidValue("no cgroup to register again")
+                        o.cgroup_id = add(o.group, cgroup_path=o.cgroup_path)
+                        out["reregistered"].append(o.name)
+                    except errors.AzswapError as e:
+                        log.warning("%s %s lost by the module, dropped: %s", what, o.name, e)
+                        del table[o.name]
+                        out["dropped"].append(o.name)
+            if lost:
                 self.save()
         for name in out["reregistered"]:
             log.info("%s: registered again (the module had lost it)", name)
