@@ -12,8 +12,11 @@ Control law, per tick (every ``interval`` seconds):
    periods are skipped.  A sandbox in TOOL (or UNKNOWN) phase is never touched.  A sandbox is
    compressed once per wait: it is *done* when memory.reclaim comes up short (EAGAIN: nothing left
    the kernel can push out) or memory.current reaches ``floor_bytes``; the next phase change
-   re-arms it.  Candidates are served longest-waiting first (oldest phase start), which is what
-   host pressure asks for: the sandbox idle the longest is the coldest.
+   re-arms it.  One pass leaves the pages the kernel found on the active list (it deactivates
+   them instead), so a sandbox still waiting ``recheck`` seconds after it was done is compressed
+   again, until a pass frees less than 64 KiB; after that only if it grows by 256 KiB.
+   Candidates are served longest-waiting first (oldest phase start), which is what host
+   pressure asks for: the sandbox idle the longest is the coldest.
 4. Work: write ``chunk_bytes`` at a time to the candidate's memory.reclaim.  The reclaim (and so the
    compression in azswap's rw_page) runs in *our* thread, so we meter it: each write is timed and
    followed by a rest of ``dt * (1 - b) / b`` where b is the CPU budget (fraction of one CPU,
@@ -69,6 +72,7 @@ class SchedulerConfig:
     pressure_min_available: float = 0.10  # MemAvailable / MemTotal
     floor_bytes: int = 0  # stop once memory.current <= this
     reclaim_nice: int = 10  # nice of the scheduler thread (the reclaim runs in it); 0 = as is
+    recheck: float = 1.0  # seconds after "done" to look at a still-waiting sandbox again
     manage_policy: bool = True
     fast_policy: dict[str, int] = field(
         default_factory=lambda: {"codec": int(Codec.LZ4), "sim_effort": 4}
@@ -126,6 +130,7 @@ class CompressState:
     finished_at: float | None = None
     mode: str = ""
     last_result: str = ""  # how the last run ended (kept across phase changes)
+    futile: int = 0  # passes in a row (this phase) that freed less than 64 KiB
     # lifetime totals
     total_requested: int = 0
     total_wall: float = 0.0
@@ -225,6 +230,7 @@ class Scheduler:
     ) -> None:
         self.phases = phases
         self.targets = targets
+        self._targets_by_name: dict[str, Target] = {}
         self.config = config or SchedulerConfig()
         self.config.validate()
         self.clock = clock
@@ -294,6 +300,7 @@ class Scheduler:
         now = self.clock()
         pressure, host = self.host_pressure()
         targets = {t.name: t for t in self.targets()}
+        self._targets_by_name = targets
 
         # 2. activity samples for the phase inference
         for t in targets.values():
@@ -343,6 +350,8 @@ class Scheduler:
 
     def _eligible(self, v: PhaseView, st: CompressState, pressure: bool) -> bool:
         c = self.config
+        if st.done and v.phase in (Phase.LLM_WAIT, Phase.IDLE) and not st.forced:
+            self._maybe_recheck(v, st)
         if st.done or (v.phase == Phase.TOOL and not st.forced):
             return False
         if st.forced:
@@ -352,6 +361,22 @@ class Scheduler:
         if v.phase == Phase.IDLE:
             return pressure or v.age >= c.idle_grace
         return False
+
+    def _maybe_recheck(self, v: PhaseView, st: CompressState) -> None:
+        """A done sandbox, still waiting: compress it again if a pass may free something."""
+        if st.finished_at is None or self.clock() - st.finished_at < self.config.recheck:
+            return
+        target = self._targets_by_name.get(v.name)
+        if target is None:
+            return
+        try:
+            mem = target.cgroup.memory_current()
+        except errors.AzswapError:
+            return
+        if st.futile < 2 or mem > (st.mem_now or 0) + 256 * 1024:
+            st.done = False
+        else:
+            st.finished_at = self.clock()  # look again after another recheck period
 
     def _still_wanted(self, name: str, generation: int) -> str:
         """'' while the sandbox should keep being compressed, else why not."""
@@ -414,6 +439,8 @@ class Scheduler:
             st.last_result = result
             if result in ("done", "floor"):
                 st.done, st.forced, st.finished_at = True, False, self.clock()
+                freed = (mem_before - mem) if chunks else 0
+                st.futile = st.futile + 1 if freed < 64 * 1024 else 0
             elif result.startswith("stopped") or result.startswith("error"):
                 st.stop_reason = result
             summary = st.to_dict()

@@ -159,7 +159,10 @@ class Box:
     rng: random.Random
     phase: str = "start"
     phase_t: float = 0.0
-    compressed: bool = True  # (c): compressed once per wait
+    compressed: bool = True  # (c): no more compression in this wait (its end is near)
+    passes: int = 0  # (c): reclaim passes in a row that freed nothing
+    left: int = 0  # (c): memory.current after the last pass
+    next_reclaim: float = 0.0
     tool_s: list[float] = field(default_factory=list)
     majflt: list[int] = field(default_factory=list)
     minflt: list[int] = field(default_factory=list)
@@ -249,18 +252,26 @@ def run_mode(mode: str, a: Args, dev: SwapDev, prefetcher: Any, rnd: int = 0) ->
                 reclaim_timed(b)
             stop.wait(a.interval)
 
-    def phase_aware() -> None:  # (c): once per wait, after the grace period, never in tools
+    def phase_aware() -> None:  # (c): inside waits only, after the grace period, never in tools
         lower_thread_priority(a.reclaim_nice)
         while not stop.is_set():
             now = time.monotonic()
             for b in boxes:
                 with mu:
                     due = (b.phase == "llm-wait" and not b.compressed
-                           and now - b.phase_t >= a.grace)
-                    if due:
-                        b.compressed = True
-                if due:
+                           and now - b.phase_t >= a.grace and now >= b.next_reclaim)
+                if not due:
+                    continue
+                # One memory.reclaim pass leaves pages the kernel had on the active list (it
+                # deactivates them instead): pass again until a pass frees nothing, then only
+                # if the sandbox grows.  The wait is idle time: keep it compressed throughout.
+                before = mem_current(b.cg)
+                if b.passes < 2 or before > b.left + 256 * 1024:
                     reclaim_timed(b)
+                    after = mem_current(b.cg)
+                    b.passes = b.passes + 1 if before - after < 64 * 1024 else 0
+                    b.left = after
+                b.next_reclaim = now + a.interval
             stop.wait(0.05)
 
     def set_phase(b: Box, phase: str) -> None:
@@ -268,6 +279,7 @@ def run_mode(mode: str, a: Args, dev: SwapDev, prefetcher: Any, rnd: int = 0) ->
             b.phase, b.phase_t = phase, time.monotonic()
             if phase == "llm-wait":
                 b.compressed = False
+                b.passes = b.left = 0
         if prefetcher is not None and phase == "llm-wait":
             prefetcher.record_phase_change(b.name, phase)
 

@@ -308,3 +308,36 @@ def test_scheduler_thread_runs_at_lower_priority() -> None:
     main = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
     assert seen and seen[0] == min(10, 19 - main) and seen[0] > 0
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == main  # only that thread
+
+
+def test_a_done_sandbox_still_waiting_is_compressed_again(tmp_path: Path, clock: FakeClock) -> None:
+    """A pass that comes up short leaves pages (the kernel's active list): look again later."""
+    r = Rig(tmp_path, clock, memory=8 * MiB, unreclaimable=3 * MiB, grace=0.0, recheck=1.0,
+            cpu_budget=1.0)
+    r.hint("sb0", Phase.LLM_WAIT)
+    r.sched.tick()
+    assert r.sched.state["sb0"].done and r.mem("sb0") == 3 * MiB
+    r.cgs["sb0"].unreclaimable = 1 * MiB  # those pages became inactive
+    clock.advance(0.5)
+    r.sched.tick()
+    assert r.mem("sb0") == 3 * MiB  # before the recheck period: left alone
+    clock.advance(1.0)
+    r.sched.tick()
+    assert r.mem("sb0") == 1 * MiB  # compressed again
+    for _ in range(4):  # two futile passes, then quiet until it grows
+        clock.advance(1.1)
+        r.sched.tick()
+    n = len(r.cgs["sb0"].writes)
+    for _ in range(3):
+        clock.advance(1.1)
+        r.sched.tick()
+    assert len(r.cgs["sb0"].writes) == n
+    r.cgs["sb0"].set_memory(2 * MiB)  # it grew (something touched it)
+    clock.advance(1.1)
+    r.sched.tick()
+    assert r.mem("sb0") == 1 * MiB and len(r.cgs["sb0"].writes) > n
+    r.hint("sb0", Phase.TOOL)  # and never in a tool phase
+    r.cgs["sb0"].set_memory(8 * MiB)
+    clock.advance(5)
+    r.sched.tick()
+    assert r.mem("sb0") == 8 * MiB
