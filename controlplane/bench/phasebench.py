@@ -139,6 +139,14 @@ def mem_current(cg: Path) -> int:
     return int((cg / "memory.current").read_text())
 
 
+def cg_stat(cg: Path) -> dict[str, int]:
+    out = {}
+    for ln in (cg / "memory.stat").read_text().splitlines():
+        k, v = ln.split()
+        out[k] = int(v)
+    return out
+
+
 def pgmajfault(cg: Path) -> int:
     for ln in (cg / "memory.stat").read_text().splitlines():
         k, v = ln.split()
@@ -226,12 +234,19 @@ def run_mode(mode: str, a: Args, dev: SwapDev, prefetcher: Any, rnd: int = 0) ->
     mu = threading.Lock()
     samples: list[int] = []
 
+    parts: dict[str, list[int]] = {"anon": [], "file": [], "other": [], "device": []}
+
     def sampler() -> None:
         while not stop.is_set():
             total = sum(mem_current(b.cg) for b in boxes)
-            if mode != "a":
-                total += dev.used_bytes()
-            samples.append(total)
+            dev_b = dev.used_bytes() if mode != "a" else 0
+            samples.append(total + dev_b)
+            st = [cg_stat(b.cg) for b in boxes]
+            anon, file = sum(s.get("anon", 0) for s in st), sum(s.get("file", 0) for s in st)
+            parts["anon"].append(anon)
+            parts["file"].append(file)
+            parts["other"].append(total - anon - file)
+            parts["device"].append(dev_b)
             stop.wait(0.1)
 
     reclaim_s = [0.0]
@@ -363,6 +378,10 @@ def run_mode(mode: str, a: Args, dev: SwapDev, prefetcher: Any, rnd: int = 0) ->
         "tool_majflt_mean": round(statistics.fmean(maj), 1),
         "tool_minflt_mean": round(statistics.fmean(mnr), 1),
         "footprint_mib": round(statistics.fmean(samples) / MiB, 2),
+        # what the footprint is made of (time averages): the sandboxes' anon and file pages, the
+        # rest of their memory.current (kernel memory, swap cache), the swap device's memory
+        **{f"footprint_{k}_mib": round(statistics.fmean(v) / MiB, 2) for k, v in parts.items()
+           if v},
         "reclaim_s": round(reclaim_s[0], 2),
         "reclaim_cpu_wait_s": round(cpu["wait"], 3),
         "reclaim_cpu_other_s": round(cpu["other"], 3),
