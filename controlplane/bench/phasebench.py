@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from controlplane.bench.pagesandbox import PageSandbox
+from controlplane.coldpages import mark_cold
 from controlplane.scheduler import lower_thread_priority
 
 CGROOT = Path("/sys/fs/cgroup")
@@ -170,6 +171,7 @@ class Box:
     compressed: bool = True  # (c): no more compression in this wait (its end is near)
     passes: int = 0  # (c): reclaim passes in a row that freed nothing
     left: int = 0  # (c): memory.current after the last pass
+    cold: bool = False  # (c): MADV_COLD done in this wait
     next_reclaim: float = 0.0
     tool_s: list[float] = field(default_factory=list)
     majflt: list[int] = field(default_factory=list)
@@ -198,6 +200,7 @@ class Args:
     seed: int
     wait_jitter: float = 0.25  # each wait is uniform in wait * (1 -/+ jitter)
     reclaim_nice: int = 10  # nice of the compressing threads ((b) and (c) alike)
+    cold: bool = True  # (c): MADV_COLD what the first pass of a wait kept, then pass again
 
 
 def predicted_wait(seen: list[float]) -> float | None:
@@ -284,6 +287,15 @@ def run_mode(mode: str, a: Args, dev: SwapDev, prefetcher: Any, rnd: int = 0) ->
                 if b.passes < 2 or before > b.left + 256 * 1024:
                     reclaim_timed(b)
                     after = mem_current(b.cg)
+                    if after > 512 * 1024 and not b.cold and a.cold:
+                        # what the pass kept had its accessed bit set (the tool, the prefetch):
+                        # clear the bits so the next pass takes it (controlplane/coldpages.py)
+                        b.cold = True
+                        c0 = time.thread_time()
+                        mark_cold(b.cg)
+                        cpu["wait"] += time.thread_time() - c0
+                        reclaim_timed(b)
+                        after = mem_current(b.cg)
                     b.passes = b.passes + 1 if before - after < 64 * 1024 else 0
                     b.left = after
                 b.next_reclaim = now + a.interval
@@ -295,6 +307,7 @@ def run_mode(mode: str, a: Args, dev: SwapDev, prefetcher: Any, rnd: int = 0) ->
             if phase == "llm-wait":
                 b.compressed = False
                 b.passes = b.left = 0
+                b.cold = False
         if prefetcher is not None and phase == "llm-wait":
             prefetcher.record_phase_change(b.name, phase)
 
@@ -430,6 +443,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prefetch-method", choices=("populate", "willneed"), default="populate",
                     help="populate: fault pages in and map them (process_vm_readv); willneed: "
                          "process_madvise(MADV_WILLNEED), a minor fault per page remains")
+    ap.add_argument("--no-cold", action="store_true",
+                    help="(c): no MADV_COLD after a wait's first reclaim pass")
     ap.add_argument("--reclaim-nice", type=int, default=10,
                     help="nice of the threads that compress ((b) and (c) alike), as the daemon")
     ap.add_argument("--wait-jitter", type=float, default=0.25,
@@ -452,7 +467,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--wait-jitter must be in [0, 1)")
     a = Args(ns.sandboxes, ns.pages, ns.hot, ns.cycles, ns.warmup, ns.wait, ns.tool_cpu,
              ns.interval, ns.grace, ns.prefetch_lead, ns.prefetch_async, ns.seed, ns.wait_jitter,
-             ns.reclaim_nice)
+             ns.reclaim_nice, not ns.no_cold)
     dev = SwapDev(ns.swap)
     print(f"swap device: {dev.kind}; prefetch {ns.prefetch_method}; {a}", flush=True)
     rounds: dict[str, list[dict[str, Any]]] = {}
