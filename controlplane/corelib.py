@@ -78,6 +78,7 @@ class Stats(ctypes.Structure):
         ("base_cache_pages", u64),
         ("base_cache_hits", u64),
         ("base_cache_misses", u64),
+        ("compacted_bytes", u64),
     ]
 
 

@@ -37,6 +37,7 @@ STAT_FILES: dict[str, tuple[str, ...]] = {
         "meta_bytes",
         "index_bytes",
         "template_bytes",
+        "compacted_bytes",
     ),
     "io_stat": (
         "failed_stores",

@@ -18,6 +18,7 @@
 #include <linux/mutex.h>
 #include <linux/rwsem.h>
 #include <linux/xarray.h>
+#include <linux/workqueue.h>
 #include <linux/blkdev.h>
 
 #include "azcore.h"
@@ -51,6 +52,9 @@ struct azswap_dev {
 	atomic64_t invalid_io;
 	atomic64_t notify_free;
 	atomic64_t partial_io;
+	/* Pool compaction after frees (device.c); @compact_after in jiffies. */
+	struct work_struct compact_work;
+	unsigned long compact_after;
 	/* Phase hints per owner (netlink PHASE_SET): cgroup id -> value. */
 	struct xarray phases;
 };

@@ -405,6 +405,26 @@ static ssize_t base_cache_store(struct device *d, struct device_attribute *attr,
 }
 static DEVICE_ATTR_RW(base_cache);
 
+/* "1": compact the pool now (it also compacts itself after frees). */
+static ssize_t compact_store(struct device *d, struct device_attribute *attr,
+			     const char *buf, size_t len)
+{
+	struct azswap_dev *dev = dev_to_az(d);
+	unsigned int v;
+	int ret = 0;
+
+	if (azswap_parse_uint(buf, 1, &v) || !v)
+		return -EINVAL;
+	down_read(&dev->init_lock);
+	if (dev->store)
+		az_store_compact(dev->store);
+	else
+		ret = -EINVAL;
+	up_read(&dev->init_lock);
+	return ret ? ret : len;
+}
+static DEVICE_ATTR_WO(compact);
+
 /* ---- statistics (columns: docs/sysfs-abi.md) -------------------------- */
 
 static void azswap_stats(struct azswap_dev *dev, struct az_stats *st)
@@ -425,12 +445,13 @@ static ssize_t mm_stat_show(struct device *d, struct device_attribute *attr,
 	down_read(&dev->init_lock);
 	azswap_stats(dev, &st);
 	ret = sysfs_emit(buf,
-			 "%8llu %8llu %8llu %8llu %8lld %8llu %8llu %8llu %8llu %8llu\n",
+			 "%8llu %8llu %8llu %8llu %8lld %8llu %8llu %8llu %8llu %8llu %8llu\n",
 			 st.orig_bytes, st.stored_bytes, st.pool_bytes,
 			 dev->mem_limit,
 			 (s64)atomic64_read(&dev->mem_used_max),
 			 st.kind_pages[AZ_KIND_SAME], st.kind_pages[AZ_KIND_RAW],
-			 st.meta_bytes, st.index_bytes, st.template_bytes);
+			 st.meta_bytes, st.index_bytes, st.template_bytes,
+			 st.compacted_bytes);
 	up_read(&dev->init_lock);
 	return ret;
 }
@@ -501,6 +522,7 @@ static struct attribute *azswap_disk_attrs[] = {
 	&dev_attr_mem_limit.attr,
 	&dev_attr_mem_used_max.attr,
 	&dev_attr_base_cache.attr,
+	&dev_attr_compact.attr,
 	&dev_attr_dedup.attr,
 	&dev_attr_tdelta.attr,
 	&dev_attr_xdelta.attr,

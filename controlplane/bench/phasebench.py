@@ -114,6 +114,14 @@ class SwapDev:
         cols = [int(x) for x in Path("/sys/block/azswap0/mm_stat").read_text().split()]
         return cols[2] + cols[7]  # pool + meta (docs/sysfs-abi.md column order)
 
+    def split(self) -> dict[str, int]:
+        """payload (compressed bytes of live objects), pool (allocator pages), metadata."""
+        if self.kind == "zram":
+            cols = [int(x) for x in Path("/sys/block/zram0/mm_stat").read_text().split()]
+            return {"payload": cols[1], "pool": cols[2], "meta": 0}
+        cols = [int(x) for x in Path("/sys/block/azswap0/mm_stat").read_text().split()]
+        return {"payload": cols[1], "pool": cols[2], "meta": cols[7]}
+
     def close(self) -> None:
         if self.kind == "zram":
             _sh("swapoff", "/dev/zram0")
@@ -237,7 +245,8 @@ def run_mode(mode: str, a: Args, dev: SwapDev, prefetcher: Any, rnd: int = 0) ->
     mu = threading.Lock()
     samples: list[int] = []
 
-    parts: dict[str, list[int]] = {"anon": [], "file": [], "other": [], "device": []}
+    parts: dict[str, list[int]] = {"anon": [], "file": [], "other": [], "device": [],
+                                   "payload": [], "pool": [], "meta": []}
 
     def sampler() -> None:
         while not stop.is_set():
@@ -250,6 +259,9 @@ def run_mode(mode: str, a: Args, dev: SwapDev, prefetcher: Any, rnd: int = 0) ->
             parts["file"].append(file)
             parts["other"].append(total - anon - file)
             parts["device"].append(dev_b)
+            if mode != "a":
+                for k, v in dev.split().items():
+                    parts[k].append(v)
             stop.wait(0.1)
 
     reclaim_s = [0.0]

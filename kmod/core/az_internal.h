@@ -239,6 +239,7 @@ struct az_store {
 	struct az_bcache_mem *bc;	/* decoded-base cache, NULL = off */
 	az_atomic64_t bc_hits;
 	az_atomic64_t bc_misses;
+	az_atomic64_t compacted_bytes;
 };
 
 struct az_ctx {

@@ -23,6 +23,8 @@ void *az_pool_map(struct az_pool *p, unsigned long handle, bool write);
 void az_pool_unmap(struct az_pool *p, unsigned long handle);
 /* Bytes the pool holds from the system (pages for zsmalloc). */
 u64 az_pool_bytes(struct az_pool *p);
+/* Move objects out of partly used pages and free those; bytes freed.  May sleep. */
+u64 az_pool_compact(struct az_pool *p);
 
 /*
  * Codec workspaces (one per az_ctx, process context to create).  All

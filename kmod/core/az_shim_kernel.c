@@ -96,6 +96,11 @@ u64 az_pool_bytes(struct az_pool *p)
 	return (u64)zs_get_total_pages((struct zs_pool *)p) << PAGE_SHIFT;
 }
 
+u64 az_pool_compact(struct az_pool *p)
+{
+	return (u64)zs_compact((struct zs_pool *)p) << PAGE_SHIFT;
+}
+
 /* Codecs */
 struct az_codec_ws {
 	void *lz4_mem;		/* LZ4_MEM_COMPRESS, also the dict stream */

@@ -109,6 +109,7 @@ struct az_stats {
 	u64 base_cache_pages;	/* decoded-base cache size (pages) */
 	u64 base_cache_hits;	/* monotonic: base reads served by the cache */
 	u64 base_cache_misses;	/* monotonic: base reads that decoded */
+	u64 compacted_bytes;	/* monotonic: pool bytes freed by compaction */
 };
 
 /*
@@ -194,6 +195,16 @@ u32 az_store_get_base_cache(struct az_store *s);
 
 void az_store_get_stats(struct az_store *s, struct az_stats *st);
 u64 az_store_nr_slots(struct az_store *s);
+
+/*
+ * Pool compaction.  Freed objects leave holes in zsmalloc's pages, so the
+ * pool can stay large after many pages came back.  az_store_compact_wanted
+ * says the pool holds more than 1/8 (and 4 MiB) beyond the live payload;
+ * atomic context safe (two counter reads).  az_store_compact moves objects
+ * and frees emptied pages; process context, may sleep; returns bytes freed.
+ */
+bool az_store_compact_wanted(struct az_store *s);
+u64 az_store_compact(struct az_store *s);
 
 /*
  * Registry (netlink commands map onto these).  Errors: -EEXIST duplicate

@@ -415,6 +415,24 @@ u64 az_store_nr_slots(struct az_store *s)
 	return s->nr_slots;
 }
 
+#define AZ_COMPACT_MIN	(4ULL << 20)
+
+bool az_store_compact_wanted(struct az_store *s)
+{
+	u64 pool = az_pool_bytes(s->pool);
+	u64 used = az_atomic64_read(&s->stored_bytes);
+
+	return pool > used && pool - used > az_max(used / 8, AZ_COMPACT_MIN);
+}
+
+u64 az_store_compact(struct az_store *s)
+{
+	u64 freed = az_pool_compact(s->pool);
+
+	az_atomic64_add(freed, &s->compacted_bytes);
+	return freed;
+}
+
 void az_store_set_mem_limit(struct az_store *s, u64 bytes)
 {
 	AZ_WRITE_ONCE(s->mem_limit, bytes);
@@ -852,6 +870,7 @@ void az_store_get_stats(struct az_store *s, struct az_stats *st)
 	st->base_cache_pages = az_store_get_base_cache(s);
 	st->base_cache_hits = az_atomic64_read(&s->bc_hits);
 	st->base_cache_misses = az_atomic64_read(&s->bc_misses);
+	st->compacted_bytes = az_atomic64_read(&s->compacted_bytes);
 	st->meta_bytes += st->base_cache_pages * (AZ_PAGE_SIZE + sizeof(void *) + 1);
 	st->template_bytes = az_atomic64_read(&s->template_bytes);
 	for (k = 0; k < AZ_NR_KINDS; k++)

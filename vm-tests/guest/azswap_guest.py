@@ -121,6 +121,7 @@ class Dev:
             "meta",
             "index",
             "template",
+            "compacted",
         )
         return dict(zip(names, self.cols("mm_stat"), strict=False))
 
