@@ -7,6 +7,11 @@ the first second or so of every LLM wait.  ``process_madvise(MADV_COLD)`` over t
 private writable mappings clears the accessed bits and deactivates the pages at once (no I/O, no
 compression: that stays in memory.reclaim, metered by the scheduler), so the following pass
 reclaims everything.
+
+Measured in the test guest (phasebench --cold, 4 sandboxes, 2 s waits): it did not raise the
+memory saved (67% of aggressive's vs 64-65% without) and made tool phases slower (1.58x vs
+1.30-1.40x): the processes' own interpreter pages went to swap too.  So it is off by default;
+the phase benchmark keeps it as an option (``--cold``) for other workloads.
 """
 
 from __future__ import annotations

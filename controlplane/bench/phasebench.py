@@ -208,7 +208,7 @@ class Args:
     seed: int
     wait_jitter: float = 0.25  # each wait is uniform in wait * (1 -/+ jitter)
     reclaim_nice: int = 10  # nice of the compressing threads ((b) and (c) alike)
-    cold: bool = True  # (c): MADV_COLD what the first pass of a wait kept, then pass again
+    cold: bool = False  # (c): MADV_COLD what the first pass of a wait kept, then pass again
 
 
 def predicted_wait(seen: list[float]) -> float | None:
@@ -455,8 +455,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prefetch-method", choices=("populate", "willneed"), default="populate",
                     help="populate: fault pages in and map them (process_vm_readv); willneed: "
                          "process_madvise(MADV_WILLNEED), a minor fault per page remains")
-    ap.add_argument("--no-cold", action="store_true",
-                    help="(c): no MADV_COLD after a wait's first reclaim pass")
+    ap.add_argument("--cold", action="store_true",
+                    help="(c): MADV_COLD the sandbox after a wait's first reclaim pass (measured: "
+                         "no more memory saved, slower tools: the interpreter's own pages go too)")
     ap.add_argument("--reclaim-nice", type=int, default=10,
                     help="nice of the threads that compress ((b) and (c) alike), as the daemon")
     ap.add_argument("--wait-jitter", type=float, default=0.25,
@@ -479,7 +480,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--wait-jitter must be in [0, 1)")
     a = Args(ns.sandboxes, ns.pages, ns.hot, ns.cycles, ns.warmup, ns.wait, ns.tool_cpu,
              ns.interval, ns.grace, ns.prefetch_lead, ns.prefetch_async, ns.seed, ns.wait_jitter,
-             ns.reclaim_nice, not ns.no_cold)
+             ns.reclaim_nice, ns.cold)
     dev = SwapDev(ns.swap)
     print(f"swap device: {dev.kind}; prefetch {ns.prefetch_method}; {a}", flush=True)
     rounds: dict[str, list[dict[str, Any]]] = {}
