@@ -53,7 +53,7 @@ struct azswap_dev {
 	atomic64_t notify_free;
 	atomic64_t partial_io;
 	/* Pool compaction after frees (device.c); @compact_after in jiffies. */
-	struct work_struct compact_work;
+	struct delayed_work compact_work;
 	unsigned long compact_after;
 	/* Phase hints per owner (netlink PHASE_SET): cgroup id -> value. */
 	struct xarray phases;

@@ -197,30 +197,33 @@ static int azswap_rw_page(struct block_device *bdev, sector_t sector,
  * Pool compaction.  Pages that come back from swap free their objects, and
  * the holes they leave in zsmalloc's pages keep the pool large (zram leaves
  * this to a `compact` write).  After a free, when the core says the pool
- * holds much more than the live payload, a work item compacts it, at most
- * every HZ/4.  The work never waits for init_lock: reset and remove hold it
- * for writing, and a work that runs after them finds no store.
+ * holds much more than the live payload, a delayed work item compacts it:
+ * at once, or HZ/4 after the last compaction (the frees of one restore come
+ * in a burst: the work queued during it runs once, after).  The work never
+ * waits for init_lock: reset and remove hold it for writing, and a work
+ * that runs after them finds no store.
  */
 static void azswap_compact_fn(struct work_struct *work)
 {
-	struct azswap_dev *dev = container_of(work, struct azswap_dev,
-					      compact_work);
+	struct azswap_dev *dev = container_of(to_delayed_work(work),
+					      struct azswap_dev, compact_work);
 
 	if (!down_read_trylock(&dev->init_lock))
 		return;
-	if (dev->store)
+	if (dev->store && az_store_compact_wanted(dev->store))
 		az_store_compact(dev->store);
 	up_read(&dev->init_lock);
 	WRITE_ONCE(dev->compact_after, jiffies + HZ / 4);
 }
 
-/* After a free; atomic context safe (two counter reads, queue_work). */
+/* After a free; atomic context safe (two counter reads, a timer). */
 static void azswap_maybe_compact(struct azswap_dev *dev)
 {
-	if (time_before(jiffies, READ_ONCE(dev->compact_after)))
-		return;
+	long wait = (long)(READ_ONCE(dev->compact_after) - jiffies);
+
 	if (az_store_compact_wanted(dev->store))
-		queue_work(system_unbound_wq, &dev->compact_work);
+		queue_delayed_work(system_unbound_wq, &dev->compact_work,
+				   wait > 0 ? wait : 0);
 }
 
 /* Discard / write-zeroes: whole pages only (logical block = PAGE_SIZE). */
@@ -473,7 +476,9 @@ int azswap_dev_add(struct azswap_dev *dev, int id)
 	dev->id = id;
 	init_rwsem(&dev->init_lock);
 	xa_init(&dev->phases);
-	INIT_WORK(&dev->compact_work, azswap_compact_fn);
+	INIT_DELAYED_WORK(&dev->compact_work, azswap_compact_fn);
+	/* Not 0: jiffies starts 5 minutes before wrapping to 0 (INITIAL_JIFFIES). */
+	dev->compact_after = jiffies;
 	dev->pol = (struct az_policy){
 		.codec = AZ_CODEC_LZ4, .level = 3, .dedup = 1, .tdelta = 1,
 		.xdelta = 1, .sim_effort = 4, .delta_max_pct = 80, .verify = 1,
@@ -532,7 +537,7 @@ void azswap_dev_remove(struct azswap_dev *dev)
 	del_gendisk(dev->disk);
 	/* A disksize write may have raced with the claim: tear down after. */
 	azswap_dev_teardown(dev);
-	cancel_work_sync(&dev->compact_work);
+	cancel_delayed_work_sync(&dev->compact_work);
 	put_disk(dev->disk);
 	dev->disk = NULL;
 }
