@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from controlplane.bench.pagesandbox import PageSandbox
+from controlplane.bench.record import cg_stat
 from controlplane.coldpages import mark_cold
 from controlplane.scheduler import lower_thread_priority
 
@@ -148,20 +149,8 @@ def mem_current(cg: Path) -> int:
     return int((cg / "memory.current").read_text())
 
 
-def cg_stat(cg: Path) -> dict[str, int]:
-    out = {}
-    for ln in (cg / "memory.stat").read_text().splitlines():
-        k, v = ln.split()
-        out[k] = int(v)
-    return out
-
-
 def pgmajfault(cg: Path) -> int:
-    for ln in (cg / "memory.stat").read_text().splitlines():
-        k, v = ln.split()
-        if k == "pgmajfault":
-            return int(v)
-    return 0
+    return cg_stat(cg).get("pgmajfault", 0)
 
 
 # -- one regime --------------------------------------------------------------------------------

@@ -70,12 +70,17 @@ def remove_cgroups(root: Path) -> None:
         root.rmdir()
 
 
-def cg_anon(cg: Path) -> int:
+def cg_stat(cg: Path) -> dict[str, int]:
+    """A cgroup's memory.stat as a dict."""
+    out = {}
     for line in (cg / "memory.stat").read_text().splitlines():
         k, v = line.split()
-        if k == "anon":
-            return int(v)
-    return 0
+        out[k] = int(v)
+    return out
+
+
+def cg_anon(cg: Path) -> int:
+    return cg_stat(cg).get("anon", 0)
 
 
 def _join(cg: Path | None):

@@ -51,6 +51,7 @@ import numpy as np
 
 from ..trace import PAGE_SIZE, ROLE_TEMPLATE, Owner, Trace, Vma, read_trace
 from . import record
+from .record import cg_stat
 
 TOP = Path(__file__).resolve().parents[2]
 PLAYER_SRC = TOP / "vm-tests" / "workloads" / "player.c"
@@ -466,14 +467,6 @@ class Playback:
 
 
 # ------------------------------------------------------------------ cgroups
-def cg_stat(cg: Path) -> dict[str, int]:
-    out = {}
-    for line in (cg / "memory.stat").read_text().splitlines():
-        k, v = line.split()
-        out[k] = int(v)
-    return out
-
-
 def make_cgroups(names: list[str]) -> dict[str, Path]:
     return record.make_cgroups(CGROOT, names)
 
