@@ -198,7 +198,7 @@ static int azswap_rw_page(struct block_device *bdev, sector_t sector,
  * the holes they leave in zsmalloc's pages keep the pool large (zram leaves
  * this to a `compact` write).  After a free, when the core says the pool
  * holds much more than the live payload, a delayed work item compacts it:
- * at once, or HZ/4 after the last compaction (the frees of one restore come
+ * at once, or a second after the last one (the frees of one restore come
  * in a burst: the work queued during it runs once, after).  The work never
  * waits for init_lock: reset and remove hold it for writing, and a work
  * that runs after them finds no store.
@@ -213,7 +213,7 @@ static void azswap_compact_fn(struct work_struct *work)
 	if (dev->store && az_store_compact_wanted(dev->store))
 		az_store_compact(dev->store);
 	up_read(&dev->init_lock);
-	WRITE_ONCE(dev->compact_after, jiffies + HZ / 4);
+	WRITE_ONCE(dev->compact_after, jiffies + HZ);
 }
 
 /* After a free; atomic context safe (two counter reads, a timer). */

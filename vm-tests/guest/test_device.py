@@ -311,7 +311,7 @@ def test_pool_compacts_itself_after_frees(dev0) -> None:
         blkdiscard = 0x1277
         for i in range(0, n, 2):  # free every other page: half of each zspage
             fcntl.ioctl(fd, blkdiscard, struct.pack("QQ", i * 4096, 4096))
-        deadline = time.monotonic() + 10  # the work runs <= 250 ms after the last free
+        deadline = time.monotonic() + 10  # the work runs <= 1 s after the last free
         while d.mm()["pool"] >= before["pool"] * 0.75 and time.monotonic() < deadline:
             time.sleep(0.1)
         after = d.mm()
