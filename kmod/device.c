@@ -406,7 +406,8 @@ int azswap_dev_init_store(struct azswap_dev *dev, u64 disksize)
 	if (!s)
 		return -ENOMEM;
 	ret = az_store_set_policy(s, &dev->pol);
-	if (!ret)
+	/* The store starts with the default cache: resize only if told to. */
+	if (!ret && az_store_get_base_cache(s) != dev->base_cache)
 		ret = az_store_set_base_cache(s, dev->base_cache);
 	if (ret) {
 		az_store_destroy(s);

@@ -209,6 +209,7 @@ void az_bcache_forget(struct az_store *s, struct az_obj *o)
 int az_base_read(struct az_store *s, struct az_ctx *ctx, struct az_obj *b,
 		 void *dst, bool verify)
 {
+	struct az_bcache_mem *cache;
 	bool ok;
 	int err;
 
@@ -222,10 +223,13 @@ int az_base_read(struct az_store *s, struct az_ctx *ctx, struct az_obj *b,
 	err = az_obj_read(s, ctx, b, dst);
 	if (err)
 		return err;
+	cache = AZ_READ_ONCE(s->bc);
+	if (!verify && !cache)
+		return 0;	/* nothing needs the hash */
 	ok = az_xxh64(dst, AZ_PAGE_SIZE, 0) == b->hash;
 	if (!ok)
 		return verify ? -EIO : 0;
-	if (AZ_READ_ONCE(s->bc))
+	if (cache)
 		az_bcache_insert(s, b, dst);
 	return 0;
 }
