@@ -291,3 +291,15 @@ class FakeCgroup(Cgroup):
         for fn in self.on_write:
             fn()  # type: ignore[operator]
         return take == nbytes
+
+
+def skip_unless_others_can_reach(path: Path) -> None:
+    """Skip a test that runs code from ``path`` as an unprivileged user when the checkout sits
+    below a directory other users cannot enter (e.g. a ``mktemp -d`` clone, mode 0700)."""
+    import pytest
+
+    p = Path(path).resolve()
+    for d in [*reversed(p.parents), p]:
+        if d.is_dir() and not d.stat().st_mode & 0o001:
+            pytest.skip(f"{d} is not traversable by other users: an unprivileged process "
+                        "cannot run this checkout's code")

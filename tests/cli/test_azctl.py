@@ -14,6 +14,7 @@ from azctl.env import Env
 
 from controlplane import errors
 from controlplane.netlink import MAX_LOAD_PAGES, PAGE_SIZE
+from controlplane.testing import skip_unless_others_can_reach
 
 from .conftest import World
 
@@ -267,6 +268,7 @@ def test_module_not_loaded_real_binary(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root + setpriv")
 def test_daemon_needs_root(tmp_path: Path) -> None:
+    skip_unless_others_can_reach(REPO)
     p = subprocess.run(
         [
             "setpriv",
@@ -311,6 +313,7 @@ def test_shell_completion_script() -> None:
 
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root + setpriv")
 def test_non_root_against_a_root_only_socket_is_exit_4(world: World, tmp_path: Path) -> None:
+    skip_unless_others_can_reach(REPO)
     for p in (tmp_path, tmp_path.parent, tmp_path.parent.parent):
         os.chmod(p, os.stat(p).st_mode | 0o011)
     os.chmod(world.socket.parent, 0o711)  # reachable: the socket's 0600 is what refuses

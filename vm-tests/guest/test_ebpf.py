@@ -22,6 +22,11 @@ KPROBES = Path("/sys/kernel/debug/kprobes/list")
 
 
 def run_cli(*args: str, uid: int | None = None) -> subprocess.CompletedProcess[str]:
+    if uid is not None:
+        from controlplane.testing import skip_unless_others_can_reach
+
+        skip_unless_others_can_reach(TOP)
+
     def drop() -> None:
         if uid is not None:
             os.setgid(uid)
