@@ -295,9 +295,12 @@ def run_one(rec: Recording, style: str, sysname: str, exe: Path, tmp: Path) -> d
     if style == "private":
         pages = sum(len(v.offs) for v in rec.vms)
     else:
-        pages = sum(max(v.nonzero_pages, len(v.offs)) for v in rec.vms) + rec.npages
-    nbytes = (pages * PAGE_SIZE * 5 // 4 + (64 << 20)) // PAGE_SIZE * PAGE_SIZE
-    res: dict[str, Any] = {"system": sysname, "style": style, "ok": False, "vms": {}}
+        pages = sum(max(v.nonzero_pages, len(v.offs)) for v in rec.vms)
+    # Sized as an operator would for this fleet (what it swaps + 10%): azswap's slot table and
+    # indexes are provisioned per slot and counted in its metadata.
+    nbytes = (pages * PAGE_SIZE * 11 // 10 + (16 << 20)) // PAGE_SIZE * PAGE_SIZE
+    res: dict[str, Any] = {"system": sysname, "style": style, "ok": False, "vms": {},
+                           "disksize": nbytes}
     az = sysname.startswith("azswap")
     ids: dict[str, int] = {}
     vmms: dict[str, Vmm] = {}

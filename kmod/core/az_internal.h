@@ -31,9 +31,11 @@ enum az_enc {
 	AZ_ENC_XOR_LZ4 = 3,	/* lz4 block of page ^ base */
 	AZ_ENC_XOR_ZSTD = 4,	/* zstd frame of page ^ base */
 	AZ_ENC_DICT_LZ4 = 5,	/* lz4 block with base as dictionary */
-	AZ_ENC_XSHUF_LZ4 = 6,	/* lz4 block of byte-shuffled page ^ base */
-	AZ_ENC_XSHUF_ZSTD = 7,	/* zstd frame of byte-shuffled page ^ base */
-	AZ_ENC_MAX = AZ_ENC_XSHUF_ZSTD,
+	AZ_ENC_XSHUF_LZ4 = 6,	/* lz4 block of bit-shuffled page ^ base */
+	AZ_ENC_XSHUF_ZSTD = 7,	/* zstd frame of bit-shuffled page ^ base */
+	AZ_ENC_SHUF_LZ4 = 8,	/* lz4 block of the bit-shuffled page */
+	AZ_ENC_SHUF_ZSTD = 9,	/* zstd frame of the bit-shuffled page */
+	AZ_ENC_MAX = AZ_ENC_SHUF_ZSTD,
 };
 
 #define AZ_OBJ_VERSION	1
@@ -47,14 +49,28 @@ static inline bool az_enc_is_delta(unsigned int enc)
 }
 
 /*
- * Byte shuffle (XSHUF encodings): the page as 1024 little 4-byte words,
- * stored lane by lane (all first bytes, then all second bytes, ...).  A
- * float32 array edited by small updates XORs to words whose high bytes
- * are mostly zero: shuffled, those become long zero runs lz4 can match.
- * An XOR delta is tried shuffled when it compressed to more than this.
+ * Bit shuffle (SHUF, XSHUF encodings): the page as 1024 4-byte words,
+ * stored as 32 bit planes of 128 bytes (bit 0 of every word, then bit 1,
+ * ...; the bitshuffle layout of HDF5/blosc).  Float32 arrays keep sign,
+ * exponent and high mantissa bits in a few nearly constant planes, and a
+ * small update XORs to words whose high planes are zero: long runs lz4
+ * can match, where the bytes are noise.  An XOR delta is tried shuffled
+ * when it compressed to more than AZ_SHUF_MIN_DELTA, a page without base
+ * when it compressed to more than AZ_SHUF_MIN_PLAIN (shared objects only).
  */
 #define AZ_SHUF_WORD		4
 #define AZ_SHUF_MIN_DELTA	(AZ_PAGE_SIZE / 4)
+#define AZ_SHUF_MIN_PLAIN	(AZ_PAGE_SIZE / 2)
+
+/*
+ * Objects of registered owners (struct az_obj) are kept encoded up to
+ * AZ_OBJ_MAX bytes; DIRECT ones, like zram, up to AZ_RAW_THRESHOLD.  An
+ * object above AZ_RAW_THRESHOLD would fall in zsmalloc's huge class and
+ * cost a whole page, so it is stored split in two pool allocations of
+ * about half its size (az_obj.handle2 holds the second one).
+ */
+#define AZ_OBJ_MAX		(AZ_PAGE_SIZE * 15 / 16)
+#define AZ_SPLIT_MIN		AZ_RAW_THRESHOLD
 
 /* Similarity features: see az_sim_features() in index.c. */
 #ifndef AZ_NR_SF
@@ -92,6 +108,7 @@ struct az_obj {
 	u32 sim_pos[AZ_NR_SF];	/* similarity table positions */
 	unsigned long flags;
 	unsigned long handle;	/* pool handle */
+	unsigned long handle2;	/* second half of a split object, or 0 */
 	u64 hash;		/* xxh64 of the decoded page */
 	struct az_obj *base;	/* delta base (a reference is held) */
 	struct az_obj *dnext;	/* dedup hash chain, under idx_lock */
@@ -248,14 +265,19 @@ struct az_ctx {
 	u8 *tbuf;		/* AZ_OBUF_SIZE: candidate encoding */
 	u8 *pbuf;		/* page: decoded base or candidate */
 	u8 *xbuf;		/* page: xor scratch */
-	u8 *sbuf;		/* page: byte-shuffle scratch */
+	u8 *sbuf;		/* page: shuffle scratch */
+	u8 *gbuf;		/* page: a split object gathered for decoding */
 };
 
 /* ---- codec.c ---------------------------------------------------------- */
 
-/* Encode @page without a base; returns the object size (AZ_PAGE_SIZE = raw). */
+/*
+ * Encode @page without a base; returns the object size, AZ_PAGE_SIZE
+ * (raw) unless it is below @max.  @max above AZ_RAW_THRESHOLD also tries
+ * the bit-shuffled page.
+ */
 u32 az_encode_plain(struct az_ctx *ctx, const struct az_policy *pol,
-		    const void *page, u8 *out, u8 *enc);
+		    const void *page, u8 *out, u32 max, u8 *enc);
 /* Encode @page as a delta against @base; 0 when not smaller than @limit. */
 u32 az_encode_delta(struct az_ctx *ctx, const struct az_policy *pol,
 		    const void *page, const void *base, u8 *out, u32 limit,

@@ -43,25 +43,63 @@ static void az_xor_page(u8 *dst, const u8 *a, const u8 *b)
 		d[i] = x[i] ^ y[i];
 }
 
-/* @src as AZ_SHUF_WORD byte lanes into @dst (see az_internal.h). */
+/* Transpose the 8x8 bit matrix whose row i is byte i of @x (an involution). */
+static u64 az_transpose8(u64 x)
+{
+	u64 t;
+
+	t = (x ^ (x >> 7)) & 0x00aa00aa00aa00aaULL;
+	x ^= t ^ (t << 7);
+	t = (x ^ (x >> 14)) & 0x0000cccc0000ccccULL;
+	x ^= t ^ (t << 14);
+	t = (x ^ (x >> 28)) & 0x00000000f0f0f0f0ULL;
+	x ^= t ^ (t << 28);
+	return x;
+}
+
+/*
+ * Bit shuffle (see az_internal.h): word byte k of words 8g..8g+7 becomes
+ * byte g of bit planes 8k..8k+7.  Byte order is explicit, so the layout
+ * is the same on every host.
+ */
 static void az_shuffle(u8 *dst, const u8 *src)
 {
-	const unsigned int n = AZ_PAGE_SIZE / AZ_SHUF_WORD;
-	unsigned int i, k;
+	const unsigned int lane = AZ_PAGE_SIZE / AZ_SHUF_WORD;
+	const unsigned int plane = lane / 8;
+	unsigned int g, k, i;
+	u64 x;
 
-	for (k = 0; k < AZ_SHUF_WORD; k++)
-		for (i = 0; i < n; i++)
-			dst[k * n + i] = src[i * AZ_SHUF_WORD + k];
+	for (k = 0; k < AZ_SHUF_WORD; k++) {
+		for (g = 0; g < plane; g++) {
+			x = 0;
+			for (i = 0; i < 8; i++)
+				x |= (u64)src[(8 * g + i) * AZ_SHUF_WORD + k]
+				     << (8 * i);
+			x = az_transpose8(x);
+			for (i = 0; i < 8; i++)
+				dst[k * lane + i * plane + g] = x >> (8 * i);
+		}
+	}
 }
 
 static void az_unshuffle(u8 *dst, const u8 *src)
 {
-	const unsigned int n = AZ_PAGE_SIZE / AZ_SHUF_WORD;
-	unsigned int i, k;
+	const unsigned int lane = AZ_PAGE_SIZE / AZ_SHUF_WORD;
+	const unsigned int plane = lane / 8;
+	unsigned int g, k, i;
+	u64 x;
 
-	for (k = 0; k < AZ_SHUF_WORD; k++)
-		for (i = 0; i < n; i++)
-			dst[i * AZ_SHUF_WORD + k] = src[k * n + i];
+	for (k = 0; k < AZ_SHUF_WORD; k++) {
+		for (g = 0; g < plane; g++) {
+			x = 0;
+			for (i = 0; i < 8; i++)
+				x |= (u64)src[k * lane + i * plane + g]
+				     << (8 * i);
+			x = az_transpose8(x);
+			for (i = 0; i < 8; i++)
+				dst[(8 * g + i) * AZ_SHUF_WORD + k] = x >> (8 * i);
+		}
+	}
 }
 
 /* Compress @src into @out + header; returns object size or 0. */
@@ -90,13 +128,26 @@ static u32 az_compress(struct az_ctx *ctx, const struct az_policy *pol,
 }
 
 u32 az_encode_plain(struct az_ctx *ctx, const struct az_policy *pol,
-		    const void *page, u8 *out, u8 *enc)
+		    const void *page, u8 *out, u32 max, u8 *enc)
 {
-	u32 n;
+	u32 n, m;
+	u8 e;
 
-	n = az_compress(ctx, pol, page, out, AZ_RAW_THRESHOLD, AZ_ENC_LZ4,
-			AZ_ENC_ZSTD, enc);
-	if (!n || n >= AZ_RAW_THRESHOLD) {
+	n = az_compress(ctx, pol, page, out, max, AZ_ENC_LZ4, AZ_ENC_ZSTD,
+			enc);
+	/* Numeric arrays: the bit planes compress where the bytes do not. */
+	if (max > AZ_RAW_THRESHOLD && (!n || n > AZ_SHUF_MIN_PLAIN)) {
+		az_shuffle(ctx->sbuf, page);
+		m = az_compress(ctx, pol, ctx->sbuf, ctx->xbuf,
+				n ? n - 1 : max, AZ_ENC_SHUF_LZ4,
+				AZ_ENC_SHUF_ZSTD, &e);
+		if (m) {
+			memcpy(out, ctx->xbuf, m);
+			*enc = e;
+			n = m;
+		}
+	}
+	if (!n || n >= max) {
 		*enc = 0;
 		return AZ_PAGE_SIZE;
 	}
@@ -105,16 +156,16 @@ u32 az_encode_plain(struct az_ctx *ctx, const struct az_policy *pol,
 
 /*
  * Delta against @base: XOR then the policy codec (good for in-place
- * edits); when that is still large, the XOR byte-shuffled (good for
- * numeric arrays with small changes); for lz4 also lz4 with @base as
- * dictionary (good for shifted content).  The smallest wins.  Returns 0
- * unless the result is < @limit.
+ * edits); when that is still large, the XOR bit-shuffled (good for
+ * numeric arrays with small changes); then lz4 with @base as dictionary
+ * (good for shifted content; cheap, so tried whatever the policy codec).
+ * The smallest wins.  Returns 0 unless the result is < @limit.
  */
 u32 az_encode_delta(struct az_ctx *ctx, const struct az_policy *pol,
 		    const void *page, const void *base, u8 *out, u32 limit,
 		    u8 *enc)
 {
-	u32 cap = az_min(limit, (u32)AZ_RAW_THRESHOLD) - 1;
+	u32 cap = az_min(limit, (u32)AZ_OBJ_MAX) - 1;
 	u32 n, m;
 	u8 e;
 	int r;
@@ -138,7 +189,7 @@ u32 az_encode_delta(struct az_ctx *ctx, const struct az_policy *pol,
 			cap = n - 1;
 		}
 	}
-	if (pol->codec != AZ_CODEC_LZ4 || cap <= AZ_HDR_SIZE)
+	if (cap <= AZ_HDR_SIZE)
 		return n;
 	/* Dictionary mode into the scratch page, then keep the smaller. */
 	r = az_lz4_compress_dict(ctx->ws, base, AZ_PAGE_SIZE, page,
@@ -178,11 +229,13 @@ int az_decode(struct az_ctx *ctx, const u8 *obj, u32 size, const void *base,
 	case AZ_ENC_XOR_ZSTD:
 		n = az_zstd_decompress(ctx->ws, src, slen, page, AZ_PAGE_SIZE);
 		break;
+	case AZ_ENC_SHUF_LZ4:
 	case AZ_ENC_XSHUF_LZ4:
 		n = az_lz4_decompress(src, slen, ctx->sbuf, AZ_PAGE_SIZE);
 		if (n == AZ_PAGE_SIZE)
 			az_unshuffle(page, ctx->sbuf);
 		break;
+	case AZ_ENC_SHUF_ZSTD:
 	case AZ_ENC_XSHUF_ZSTD:
 		n = az_zstd_decompress(ctx->ws, src, slen, ctx->sbuf,
 				       AZ_PAGE_SIZE);

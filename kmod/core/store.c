@@ -34,8 +34,9 @@ struct az_ctx *az_ctx_create(void)
 	ctx->pbuf = az_valloc(AZ_PAGE_SIZE);
 	ctx->xbuf = az_valloc(AZ_PAGE_SIZE);
 	ctx->sbuf = az_valloc(AZ_PAGE_SIZE);
+	ctx->gbuf = az_valloc(AZ_PAGE_SIZE);
 	if (!ctx->ws || !ctx->obuf || !ctx->tbuf || !ctx->pbuf || !ctx->xbuf ||
-	    !ctx->sbuf) {
+	    !ctx->sbuf || !ctx->gbuf) {
 		az_ctx_destroy(ctx);
 		return NULL;
 	}
@@ -46,6 +47,7 @@ void az_ctx_destroy(struct az_ctx *ctx)
 {
 	if (!ctx)
 		return;
+	az_vfree(ctx->gbuf);
 	az_vfree(ctx->sbuf);
 	az_vfree(ctx->xbuf);
 	az_vfree(ctx->pbuf);
@@ -90,22 +92,54 @@ static void az_fill_page(void *page, u64 v)
 
 static unsigned long az_pool_alloc2(struct az_store *s, u32 size);
 
+/* Bytes of @o in its first pool allocation. */
+static inline u32 az_obj_head(const struct az_obj *o)
+{
+	return o->handle2 ? o->size / 2 : o->size;
+}
+
 static struct az_obj *az_obj_alloc(struct az_store *s, u32 size)
 {
 	struct az_obj *o = az_zalloc(sizeof(*o), AZ_GFP_NOWAIT);
+	u32 head = size;
 
 	if (!o)
 		o = az_zalloc(sizeof(*o), AZ_GFP_MAYSLEEP);
 	if (!o)
 		return NULL;
-	o->handle = az_pool_alloc2(s, size);
-	if (!o->handle) {
-		az_free(o);
-		return NULL;
+	if (size > AZ_SPLIT_MIN && size < AZ_PAGE_SIZE) {
+		head = size / 2;
+		o->handle2 = az_pool_alloc2(s, size - head);
+		if (!o->handle2)
+			goto fail;
 	}
+	o->handle = az_pool_alloc2(s, head);
+	if (!o->handle)
+		goto fail;
 	o->size = size;
 	az_atomic_set(&o->ref, 1);
 	return o;
+fail:
+	if (o->handle2)
+		az_pool_free(s->pool, o->handle2);
+	az_free(o);
+	return NULL;
+}
+
+/* Copy @src (@o->size bytes) into @o's pool memory. */
+static void az_obj_write(struct az_store *s, struct az_obj *o, const void *src)
+{
+	u32 head = az_obj_head(o);
+	void *dst;
+
+	dst = az_pool_map(s->pool, o->handle, true);
+	memcpy(dst, src, head);
+	az_pool_unmap(s->pool, o->handle);
+	if (!o->handle2)
+		return;
+	dst = az_pool_map(s->pool, o->handle2, true);
+	memcpy(dst, (const u8 *)src + head, o->size - head);
+	az_pool_unmap(s->pool, o->handle2);
 }
 
 /* Bytes are charged to the creating owner: see azcore.h. */
@@ -137,6 +171,8 @@ static void az_obj_destroy(struct az_store *s, struct az_obj *o)
 	az_atomic64_sub(o->size, &s->stored_bytes);
 	az_atomic64_dec(&s->objects);
 	az_pool_free(s->pool, o->handle);
+	if (o->handle2)
+		az_pool_free(s->pool, o->handle2);
 	if (o->base)
 		az_obj_put(s, o->base);
 	az_free(o);
@@ -201,16 +237,29 @@ void az_obj_mark_base(struct az_store *s, struct az_obj *o)
 		az_atomic64_inc(&s->bases);
 }
 
+/*
+ * A split object is gathered into ctx->gbuf first: the pool allows one
+ * mapping at a time.
+ */
 static int az_obj_decode(struct az_store *s, struct az_ctx *ctx,
 			 struct az_obj *o, const void *base, void *page)
 {
+	u32 head = az_obj_head(o);
 	void *src;
 	int err;
 
 	src = az_pool_map(s->pool, o->handle, false);
-	err = az_decode(ctx, src, o->size, base, page);
+	if (!o->handle2) {
+		err = az_decode(ctx, src, o->size, base, page);
+		az_pool_unmap(s->pool, o->handle);
+		return err;
+	}
+	memcpy(ctx->gbuf, src, head);
 	az_pool_unmap(s->pool, o->handle);
-	return err;
+	src = az_pool_map(s->pool, o->handle2, false);
+	memcpy(ctx->gbuf + head, src, o->size - head);
+	az_pool_unmap(s->pool, o->handle2);
+	return az_decode(ctx, ctx->gbuf, o->size, base, page);
 }
 
 /*
@@ -559,7 +608,8 @@ static void az_choose(struct az_store *s, struct az_ctx *ctx,
 	}
 	c->buf = ctx->obuf;
 	c->base = NULL;
-	c->size = az_encode_plain(ctx, pol, page, c->buf, &c->enc);
+	c->size = az_encode_plain(ctx, pol, page, c->buf, AZ_OBJ_MAX,
+				  &c->enc);
 	c->kind = c->size == AZ_PAGE_SIZE ? AZ_KIND_RAW : AZ_KIND_PLAIN;
 	/* Template pages must stay bases: never deltas. */
 	if (!pin->reg || pin->tmpl)
@@ -616,7 +666,8 @@ static int az_put_direct(struct az_store *s, struct az_ctx *ctx,
 	void *dst;
 	u8 enc;
 
-	size = az_encode_plain(ctx, pol, page, ctx->obuf, &enc);
+	size = az_encode_plain(ctx, pol, page, ctx->obuf, AZ_RAW_THRESHOLD,
+			       &enc);
 	h = az_pool_alloc2(s, size);
 	if (!h) {
 		az_atomic64_inc(&s->failed_stores);
@@ -644,7 +695,6 @@ int az_store_put(struct az_store *s, struct az_ctx *ctx, u64 slot,
 	struct az_pin pin;
 	struct az_obj *o;
 	u64 word, hash = 0, sf[AZ_NR_SF];
-	void *dst;
 	int err;
 
 	if (slot >= s->nr_slots)
@@ -686,9 +736,7 @@ int az_store_put(struct az_store *s, struct az_ctx *ctx, u64 slot,
 	o->group = pin.group;
 	o->hash = hash;
 	o->base = c.base;
-	dst = az_pool_map(s->pool, o->handle, true);
-	memcpy(dst, c.size == AZ_PAGE_SIZE ? page : c.buf, c.size);
-	az_pool_unmap(s->pool, o->handle);
+	az_obj_write(s, o, c.size == AZ_PAGE_SIZE ? page : c.buf);
 	az_obj_account(s, o, pin.tmpl);
 	if (c.base)
 		az_obj_mark_base(s, c.base);
@@ -809,7 +857,6 @@ int az_store_template_load(struct az_store *s, struct az_ctx *ctx, u64 tid,
 	struct az_pin pin;
 	struct az_obj *o;
 	u64 word, hash, sf[AZ_NR_SF];
-	void *dst;
 	int err;
 
 	az_policy_snapshot(s, &pol);
@@ -838,9 +885,7 @@ int az_store_template_load(struct az_store *s, struct az_ctx *ctx, u64 tid,
 	o->owner = pin.idx;
 	o->group = pin.group;
 	o->hash = hash;
-	dst = az_pool_map(s->pool, o->handle, true);
-	memcpy(dst, c.size == AZ_PAGE_SIZE ? page : c.buf, c.size);
-	az_pool_unmap(s->pool, o->handle);
+	az_obj_write(s, o, c.size == AZ_PAGE_SIZE ? page : c.buf);
 	az_obj_account(s, o, true);
 	az_index_insert(s, o, pol.xdelta ? sf : NULL);
 	err = az_template_set(s, pin.group, index, pin.idx, o);

@@ -277,7 +277,7 @@ def test_decoder_rejects_truncated_and_garbage(make_store, pol):
 @settings(max_examples=200, deadline=None, suppress_health_check=FIXTURE_OK)
 @given(
     blob=st.binary(min_size=0, max_size=PAGE_SIZE),
-    enc=st.integers(0, 7),
+    enc=st.integers(0, 10),
     with_base=st.booleans(),
 )
 def test_decoder_property_random_objects(store, blob, enc, with_base):
@@ -292,7 +292,7 @@ def test_decoder_property_random_objects(store, blob, enc, with_base):
 
 @pytest.mark.parametrize("pol,enc", [({"codec": 0}, 6), ({"codec": 1, "level": 3}, 7)])
 def test_shuffled_xor_delta_for_numeric_updates(make_store, pol, enc):
-    """Float weights after a small update: the byte-shuffled XOR delta is chosen and exact."""
+    """Float weights after a small update: the bit-shuffled XOR delta is chosen and exact."""
     s = make_store(4, **pol)
     rng = random.Random(3)
     base = pages.make("floats", 2)
@@ -317,3 +317,64 @@ def test_shuffled_xor_delta_for_numeric_updates(make_store, pol, enc):
     # Sparse edits stay plain XOR (or dictionary) deltas: no shuffle needed.
     near = pages.mutate(base, rng, 3)
     assert s.encode(near, base=base)[0] in (3, 4, 5)
+
+
+@pytest.mark.parametrize("pol,enc", [({"codec": 0}, 8), ({"codec": 1, "level": 3}, 9)])
+def test_bit_shuffled_plain_for_float_pages(make_store, pol, enc):
+    """float32 weights: neither codec gains on the bytes; the bit planes do (no base needed)."""
+    s = make_store(4, **pol)
+    p = pages.make("floats", 4)
+    obj = s.encode(p)
+    assert obj[0] == enc, obj[0]
+    assert len(obj) < PAGE_SIZE * 15 // 16
+    assert s.decode(obj) == p
+    with pytest.raises(CoreError):
+        s.decode(obj, base=p)  # not a delta: a base is refused
+    for n in range(0, len(obj), 11):
+        with pytest.raises(CoreError) as e:
+            s.decode(obj[:n])
+        assert e.value.errno == errno.EIO
+
+
+@pytest.mark.parametrize("pol", CODECS[:2])
+def test_split_objects_for_registered_owners(make_store, pol):
+    """Pages encoding above 3/4 of a page: split objects for sandboxes, raw for unregistered."""
+    s = make_store(64, **pol)
+    s.add_sandbox(11, 1)
+    rng = random.Random(6)
+    ps = [pages.floats(rng) for _ in range(16)]
+    for i, p in enumerate(ps):
+        s.put(i, p, owner=11, index=i)  # registered: encoded, in two pool allocations
+        s.put(32 + i, p)  # unregistered (zram-like): raw above the threshold
+    st = s.stats()
+    assert st["kind_pages"]["plain"] >= 16, st["kind_pages"]
+    own = s.owner_stats(11)
+    assert PAGE_SIZE * 3 // 4 * 16 < own["exclusive_bytes"] + own["shared_bytes"] < 15 * PAGE_SIZE
+    assert all(s.kind(32 + i) == "raw" for i in range(16))
+    assert [s.get(i) for i in range(16)] == ps
+    s.check()
+    # A flip in a split object is caught (verify on), nothing else goes wrong.
+    for trial in range(40):
+        s.corrupt(trial % 16, rng.randrange(PAGE_SIZE), 1 << rng.randrange(8))
+        with pytest.raises(CoreError) as e:
+            s.get(trial % 16)
+        assert e.value.errno == errno.EIO
+        s.put(trial % 16, ps[trial % 16], owner=11, index=trial % 16)
+    assert [s.get(i) for i in range(16)] == ps
+    # Allocation failure of either half leaves the slot empty, never half-stored.
+    for n in (1, 2, 3, 4):
+        s.fail_pool_allocs(n)
+        try:
+            s.put(50, ps[0], owner=11, index=50)
+        except CoreError as e:
+            assert e.errno == errno.ENOMEM
+            assert s.kind(50) is None
+        else:
+            assert s.get(50) == ps[0]
+        s.fail_pool_allocs(0)
+        s.check()
+    for i in range(64):
+        s.free(i)
+    s.drain()
+    st = s.stats()
+    assert st["stored_bytes"] == 0 and st["pool_bytes"] == 0 and st["objects"] == 0

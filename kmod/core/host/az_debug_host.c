@@ -35,8 +35,9 @@ int az_store_debug_corrupt(struct az_store *s, u64 slot, u32 off, u8 xor)
 		goto out;
 	}
 	o = (struct az_obj *)(unsigned long)sl->val;
+	/* The first part of a split object: enough to corrupt it. */
 	p = az_pool_map(s->pool, o->handle, true);
-	p[off % o->size] ^= xor;
+	p[off % (o->handle2 ? o->size / 2 : o->size)] ^= xor;
 	az_pool_unmap(s->pool, o->handle);
 out:
 	az_bit_unlock(AZ_SLOT_LOCK_BIT, &sl->flags);
@@ -61,7 +62,7 @@ int az_debug_decode(struct az_ctx *ctx, const u8 *obj, u32 size,
 	return err;
 }
 
-/* Encode @page (as a delta when @base is given); returns the size. */
+/* Encode @page as a shared object would be (a delta when @base is given). */
 int az_debug_encode(struct az_ctx *ctx, const struct az_policy *pol,
 		    const void *page, const void *base, u8 *out)
 {
@@ -69,7 +70,7 @@ int az_debug_encode(struct az_ctx *ctx, const struct az_policy *pol,
 	u32 n;
 
 	if (!base) {
-		n = az_encode_plain(ctx, pol, page, out, &enc);
+		n = az_encode_plain(ctx, pol, page, out, AZ_OBJ_MAX, &enc);
 		if (n == AZ_PAGE_SIZE)
 			memcpy(out, page, AZ_PAGE_SIZE);
 		return n;
