@@ -300,7 +300,7 @@ def run_one(rec: Recording, style: str, sysname: str, exe: Path, tmp: Path) -> d
     # indexes are provisioned per slot and counted in its metadata.
     nbytes = (pages * PAGE_SIZE * 11 // 10 + (16 << 20)) // PAGE_SIZE * PAGE_SIZE
     res: dict[str, Any] = {"system": sysname, "style": style, "ok": False, "vms": {},
-                           "disksize": nbytes}
+                           "disksize": nbytes, "meta_order": "sandboxes-first"}
     az = sysname.startswith("azswap")
     ids: dict[str, int] = {}
     vmms: dict[str, Vmm] = {}
@@ -313,10 +313,14 @@ def run_one(rec: Recording, style: str, sysname: str, exe: Path, tmp: Path) -> d
     lsock.settimeout(120)
     try:
         system.setup(nbytes)
+        if az:
+            # Sandboxes first: registering the first owner allocates the indexes, which are
+            # provisioned per slot like the slot table.  s0 then holds all per-slot metadata,
+            # s1 - s0 the template's own (its bases, their objects and index entries).
+            ids = azswap_register(cgs)
         s0 = system.stats()
         if az:
             res["template_load"] = azswap_template(rec, style)
-            ids = azswap_register(cgs)
         s1 = system.stats()
         t_fill = t_out = 0.0
         for vm in rec.vms:

@@ -15,9 +15,10 @@ the allocator holds). Fleet: the sum of each VM's non-zero guest RAM / what the 
   private  template image in page cache (raw, once) + everything in swap (azswap: its template
            bases too) + azswap metadata;
   anon     everything in swap (azswap: the template's compressed bases, loaded once) + metadata.
-Projection to N VMs: fixed cost F (the template: raw image and/or bases) + N x the measured mean
-per-VM cost (everything else, metadata included, divided by the recorded N), against N x the
-mean per-VM non-zero RAM: fleet(N) = N*R / (F + N*C).
+Projection to N VMs: fixed cost F (the template: raw image and/or bases, and the bases'
+metadata when the run tells it apart) + N x the measured mean per-VM cost (everything else, the
+per-slot tables included, divided by the recorded N), against N x the mean per-VM non-zero RAM:
+fleet(N) = N*R / (F + N*C).
 """
 
 from __future__ import annotations
@@ -163,6 +164,19 @@ def owned_view(live: dict[str, Any], lim: dict[str, Any]) -> list[dict[str, Any]
     return rows
 
 
+def template_meta(run: dict[str, Any]) -> int:
+    """azswap metadata of the template alone (fixed cost), 0 when the run cannot tell it apart.
+
+    Runs that register the sandboxes before loading the template (microvm.py since session 3)
+    take stats_before after the per-slot tables exist, so stats_after_template - stats_before
+    is the template's objects and index entries.  In older runs that difference also held the
+    per-slot index tables, so all their metadata stays in the per-VM cost (conservative).
+    """
+    if run.get("meta_order") != "sandboxes-first":
+        return 0
+    return max(0, run["stats_after_template"].get("meta", 0) - run["stats_before"].get("meta", 0))
+
+
 def fleet_view(live: dict[str, Any], projections: tuple[int, ...]) -> list[dict[str, Any]]:
     n = len(live["vms"])
     nonzero = sum(v["nonzero_pages"] for v in live["vms"]) * PAGE_SIZE
@@ -174,17 +188,19 @@ def fleet_view(live: dict[str, Any], projections: tuple[int, ...]) -> list[dict[
         meta = r.get("meta_bytes", 0)
         pool = r["pool_bytes"]
         tmpl_pool = r.get("template_pool_bytes", 0)
+        tmpl_meta = template_meta(r)
         if r["style"] == "private":
-            fixed = tmpl_raw + tmpl_pool
+            fixed = tmpl_raw + tmpl_pool + tmpl_meta
             spent = tmpl_raw + pool + meta
         else:
-            fixed = tmpl_pool
+            fixed = tmpl_pool + tmpl_meta
             spent = pool + meta
         per_vm = (spent - fixed) / n
         row = {"style": r["style"], "system": r["system"], "vms": n, "nonzero_bytes": nonzero,
                "template_page_cache_bytes": tmpl_raw if r["style"] == "private" else 0,
                "template_bases_bytes": tmpl_pool, "sandbox_pool_bytes": r["sandbox_pool_bytes"],
-               "meta_bytes": meta, "spent_bytes": spent, "fleet": nonzero / spent,
+               "meta_bytes": meta, "template_meta_bytes": tmpl_meta,
+               "spent_bytes": spent, "fleet": nonzero / spent,
                "fixed_bytes": fixed, "per_vm_bytes": per_vm, "per_vm_nonzero": nonzero / n,
                "projected": {str(k): (k * nonzero / n) / (fixed + k * per_vm)
                              for k in projections}}
@@ -266,7 +282,7 @@ def markdown(live: dict[str, Any], owned: list[dict[str, Any]], fleet: list[dict
         "## Fleet (sum of each VM's non-zero guest RAM / what the host spends)",
         "",
         "| style | system | non-zero MiB | template page cache MiB | template bases MiB "
-        "| sandboxes MiB | metadata MiB | host spends MiB | fleet | "
+        "| sandboxes MiB | metadata MiB (template's) | host spends MiB | fleet | "
         + " | ".join(f"N={k} (proj.)" for k in projections) + " |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * len(projections),
     ]
@@ -275,7 +291,8 @@ def markdown(live: dict[str, Any], owned: list[dict[str, Any]], fleet: list[dict
             f"| {x['style']} | {x['system']} | {_f(x['nonzero_bytes'], '.1f', MiB)} | "
             f"{_f(x['template_page_cache_bytes'], '.1f', MiB)} | "
             f"{_f(x['template_bases_bytes'], '.1f', MiB)} | "
-            f"{_f(x['sandbox_pool_bytes'], '.1f', MiB)} | {_f(x['meta_bytes'], '.1f', MiB)} | "
+            f"{_f(x['sandbox_pool_bytes'], '.1f', MiB)} | {_f(x['meta_bytes'], '.1f', MiB)} "
+            f"({_f(x['template_meta_bytes'], '.1f', MiB)}) | "
             f"{_f(x['spent_bytes'], '.1f', MiB)} | {x['fleet']:.2f} | "
             + " | ".join(f"{x['projected'][str(k)]:.2f}" for k in projections) + " |")
     lines += [

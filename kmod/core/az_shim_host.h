@@ -32,6 +32,9 @@ void az_vfree(const void *p);
 
 #define az_likely(x)	__builtin_expect(!!(x), 1)
 #define az_unlikely(x)	__builtin_expect(!!(x), 0)
+#ifndef __always_inline
+#define __always_inline	inline __attribute__((always_inline))
+#endif
 #define az_min(a, b)	((a) < (b) ? (a) : (b))
 #define az_max(a, b)	((a) > (b) ? (a) : (b))
 

@@ -43,61 +43,88 @@ static void az_xor_page(u8 *dst, const u8 *a, const u8 *b)
 		d[i] = x[i] ^ y[i];
 }
 
-/* Transpose the 8x8 bit matrix whose row i is byte i of @x (an involution). */
-static u64 az_transpose8(u64 x)
+/*
+ * One stage of a 32x32 bit-matrix transpose (Hacker's Delight 7-3): swap
+ * the off-diagonal @j x @j blocks.  Rows are u64 holding two matrices, one
+ * per 32-bit half; @m keeps each swap inside its half.
+ */
+static __always_inline void az_tr_stage(u64 *a, unsigned int j, u64 m)
 {
+	unsigned int k;
 	u64 t;
 
-	t = (x ^ (x >> 7)) & 0x00aa00aa00aa00aaULL;
-	x ^= t ^ (t << 7);
-	t = (x ^ (x >> 14)) & 0x0000cccc0000ccccULL;
-	x ^= t ^ (t << 14);
-	t = (x ^ (x >> 28)) & 0x00000000f0f0f0f0ULL;
-	x ^= t ^ (t << 28);
-	return x;
+	for (k = 0; k < 32; k = (k + j + 1) & ~j) {
+		t = ((a[k] >> j) ^ a[k + j]) & m;
+		a[k + j] ^= t;
+		a[k] ^= t << j;
+	}
+}
+
+/* Transpose two 32x32 bit matrices at once (row i = a[i], bit j = column). */
+static void az_transpose32x2(u64 *a)
+{
+	az_tr_stage(a, 16, 0x0000ffff0000ffffULL);
+	az_tr_stage(a, 8, 0x00ff00ff00ff00ffULL);
+	az_tr_stage(a, 4, 0x0f0f0f0f0f0f0f0fULL);
+	az_tr_stage(a, 2, 0x3333333333333333ULL);
+	az_tr_stage(a, 1, 0x5555555555555555ULL);
+}
+
+static inline u32 az_ld32(const u8 *p)
+{
+	return p[0] | (u32)p[1] << 8 | (u32)p[2] << 16 | (u32)p[3] << 24;
+}
+
+static inline void az_st32(u8 *p, u32 v)
+{
+	p[0] = v;
+	p[1] = v >> 8;
+	p[2] = v >> 16;
+	p[3] = v >> 24;
 }
 
 /*
- * Bit shuffle (see az_internal.h): word byte k of words 8g..8g+7 becomes
- * byte g of bit planes 8k..8k+7.  Byte order is explicit, so the layout
- * is the same on every host.
+ * Bit shuffle (see az_internal.h): the page is 32 blocks of 32 little
+ * endian words; transposing a block as a 32x32 bit matrix gives 32 words,
+ * word p of block b holding bit p of the block's words, stored at plane p
+ * (128 bytes), offset 4 * b.  Two blocks go through one transpose.
  */
+#define AZ_SHUF_PLANE	(AZ_PAGE_SIZE / 32)
+
 static void az_shuffle(u8 *dst, const u8 *src)
 {
-	const unsigned int lane = AZ_PAGE_SIZE / AZ_SHUF_WORD;
-	const unsigned int plane = lane / 8;
-	unsigned int g, k, i;
-	u64 x;
+	unsigned int b, i;
+	u64 a[32];
 
-	for (k = 0; k < AZ_SHUF_WORD; k++) {
-		for (g = 0; g < plane; g++) {
-			x = 0;
-			for (i = 0; i < 8; i++)
-				x |= (u64)src[(8 * g + i) * AZ_SHUF_WORD + k]
-				     << (8 * i);
-			x = az_transpose8(x);
-			for (i = 0; i < 8; i++)
-				dst[k * lane + i * plane + g] = x >> (8 * i);
+	for (b = 0; b < 32; b += 2) {
+		for (i = 0; i < 32; i++)
+			a[i] = az_ld32(src + AZ_SHUF_PLANE * b + 4 * i) |
+			       (u64)az_ld32(src + AZ_SHUF_PLANE * (b + 1) +
+					    4 * i) << 32;
+		az_transpose32x2(a);
+		for (i = 0; i < 32; i++) {
+			az_st32(dst + AZ_SHUF_PLANE * i + 4 * b, (u32)a[i]);
+			az_st32(dst + AZ_SHUF_PLANE * i + 4 * (b + 1),
+				a[i] >> 32);
 		}
 	}
 }
 
 static void az_unshuffle(u8 *dst, const u8 *src)
 {
-	const unsigned int lane = AZ_PAGE_SIZE / AZ_SHUF_WORD;
-	const unsigned int plane = lane / 8;
-	unsigned int g, k, i;
-	u64 x;
+	unsigned int b, i;
+	u64 a[32];
 
-	for (k = 0; k < AZ_SHUF_WORD; k++) {
-		for (g = 0; g < plane; g++) {
-			x = 0;
-			for (i = 0; i < 8; i++)
-				x |= (u64)src[k * lane + i * plane + g]
-				     << (8 * i);
-			x = az_transpose8(x);
-			for (i = 0; i < 8; i++)
-				dst[(8 * g + i) * AZ_SHUF_WORD + k] = x >> (8 * i);
+	for (b = 0; b < 32; b += 2) {
+		for (i = 0; i < 32; i++)
+			a[i] = az_ld32(src + AZ_SHUF_PLANE * i + 4 * b) |
+			       (u64)az_ld32(src + AZ_SHUF_PLANE * i +
+					    4 * (b + 1)) << 32;
+		az_transpose32x2(a);
+		for (i = 0; i < 32; i++) {
+			az_st32(dst + AZ_SHUF_PLANE * b + 4 * i, (u32)a[i]);
+			az_st32(dst + AZ_SHUF_PLANE * (b + 1) + 4 * i,
+				a[i] >> 32);
 		}
 	}
 }

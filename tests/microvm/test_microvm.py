@@ -197,6 +197,24 @@ def test_views_arithmetic() -> None:
     assert "## Owned pages" in md and "## Fleet" in md and "ERROR: boom" in md
 
 
+def test_fleet_template_metadata_is_fixed_only_when_measured_apart() -> None:
+    live = _live()
+    run = next(r for r in live["runs"] if r["style"] == "anon" and r["system"] == "azswap-lz4")
+    run.update(stats_before={"meta": 1 * PAGE}, stats_after_template={"meta": 3 * PAGE})
+    old = {(x["style"], x["system"]): x for x in microvm_report.fleet_view(live, (2, 32))}
+    a = old[("anon", "azswap-lz4")]
+    assert a["template_meta_bytes"] == 0  # an old run: every metadata byte is per VM
+    assert a["fixed_bytes"] == 300 * PAGE and a["per_vm_bytes"] == (50 + 4) * PAGE / 2
+    run["meta_order"] = "sandboxes-first"
+    new = {(x["style"], x["system"]): x for x in microvm_report.fleet_view(live, (2, 32))}
+    b = new[("anon", "azswap-lz4")]
+    assert b["template_meta_bytes"] == 2 * PAGE
+    assert b["fixed_bytes"] == 302 * PAGE and b["per_vm_bytes"] == (50 + 2) * PAGE / 2
+    assert b["spent_bytes"] == a["spent_bytes"] and b["fleet"] == a["fleet"]
+    assert b["projected"]["2"] == pytest.approx(b["fleet"])
+    assert b["projected"]["32"] > a["projected"]["32"]
+
+
 @pytest.mark.skipif(not default_lib_path().exists(), reason="make hostlib first")
 def test_limit_on_a_small_recording(record: ModuleType, tmp_path: Path) -> None:
     results = _fake_recording(tmp_path, record)
