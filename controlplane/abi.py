@@ -89,6 +89,7 @@ ATTRS: tuple[tuple[int, str, str], ...] = (
     (16, "AZSWAP_A_POLICY_XDELTA", "uint8"),
     (17, "AZSWAP_A_POLICY_SIM_EFFORT", "uint32"),
     (18, "AZSWAP_A_POLICY_DELTA_MAX_PCT", "uint32"),
+    (19, "AZSWAP_A_POLICY_SHUFFLE", "uint8"),
     (20, "AZSWAP_A_ST_PAGES", "uint64"),
     (21, "AZSWAP_A_ST_ORIG_BYTES", "uint64"),
     (22, "AZSWAP_A_ST_EXCLUSIVE_BYTES", "uint64"),
@@ -115,6 +116,7 @@ POLICY_FIELDS: dict[str, str] = {
     "xdelta": "AZSWAP_A_POLICY_XDELTA",
     "sim_effort": "AZSWAP_A_POLICY_SIM_EFFORT",
     "delta_max_pct": "AZSWAP_A_POLICY_DELTA_MAX_PCT",
+    "shuffle": "AZSWAP_A_POLICY_SHUFFLE",
 }
 
 
@@ -133,6 +135,7 @@ class Policy:
     xdelta: int = 1
     sim_effort: int = 4
     delta_max_pct: int = 80
+    shuffle: int = 1
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

@@ -52,6 +52,7 @@ class Policy(ctypes.Structure):
         ("sim_effort", u32),
         ("delta_max_pct", u32),
         ("verify", u32),
+        ("shuffle", u32),
     ]
 
 

@@ -21,7 +21,9 @@ DEV_PREFIX = "azswap"
 
 # Plain integer attributes that can be read (and some written).
 INT_ATTRS = ("disksize", "initstate", "mem_limit", "mem_used_max")
-POLICY_ATTRS = ("dedup", "tdelta", "xdelta", "verify", "sim_effort", "delta_max_pct")
+POLICY_ATTRS = (
+    "dedup", "tdelta", "xdelta", "verify", "shuffle", "sim_effort", "delta_max_pct",
+)
 WRITABLE = {"disksize", "mem_limit", "mem_used_max", "comp_algorithm", "reset", *POLICY_ATTRS}
 
 # Multi-column stat files (kmod/sysfs.c): file name -> column names, in order.

@@ -35,6 +35,7 @@ _RANGES = {
     "xdelta": (0, 1),
     "sim_effort": (0, 64),
     "delta_max_pct": (1, 100),
+    "shuffle": (0, 1),
 }
 
 

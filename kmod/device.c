@@ -483,6 +483,7 @@ int azswap_dev_add(struct azswap_dev *dev, int id)
 	dev->pol = (struct az_policy){
 		.codec = AZ_CODEC_LZ4, .level = 3, .dedup = 1, .tdelta = 1,
 		.xdelta = 1, .sim_effort = 4, .delta_max_pct = 80, .verify = 1,
+		.shuffle = 1,
 	};
 	dev->base_cache = 256;
 

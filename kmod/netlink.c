@@ -51,6 +51,7 @@ static const struct nla_policy azswap_nl_policy[AZSWAP_A_MAX + 1] = {
 	[AZSWAP_A_POLICY_XDELTA] = { .type = NLA_U8 },
 	[AZSWAP_A_POLICY_SIM_EFFORT] = { .type = NLA_U32 },
 	[AZSWAP_A_POLICY_DELTA_MAX_PCT] = { .type = NLA_U32 },
+	[AZSWAP_A_POLICY_SHUFFLE] = { .type = NLA_U8 },
 	/* Reply-only attributes stay NLA_UNSPEC: rejected in requests. */
 };
 
@@ -68,6 +69,7 @@ static const struct {
 	{ AZSWAP_A_POLICY_XDELTA, 0, 1 },
 	{ AZSWAP_A_POLICY_SIM_EFFORT, 0, 64 },
 	{ AZSWAP_A_POLICY_DELTA_MAX_PCT, 1, 100 },
+	{ AZSWAP_A_POLICY_SHUFFLE, 0, 1 },
 };
 
 /*
@@ -579,7 +581,8 @@ static int azswap_nl_policy_get(struct sk_buff *skb, struct genl_info *info)
 	    nla_put_u8(msg, AZSWAP_A_POLICY_TDELTA, p.tdelta) ||
 	    nla_put_u8(msg, AZSWAP_A_POLICY_XDELTA, p.xdelta) ||
 	    nla_put_u32(msg, AZSWAP_A_POLICY_SIM_EFFORT, p.sim_effort) ||
-	    nla_put_u32(msg, AZSWAP_A_POLICY_DELTA_MAX_PCT, p.delta_max_pct)) {
+	    nla_put_u32(msg, AZSWAP_A_POLICY_DELTA_MAX_PCT, p.delta_max_pct) ||
+	    nla_put_u8(msg, AZSWAP_A_POLICY_SHUFFLE, p.shuffle)) {
 		nlmsg_free(msg);
 		return -EMSGSIZE;
 	}
@@ -617,6 +620,8 @@ static int azswap_nl_policy_set(struct sk_buff *skb, struct genl_info *info)
 		p.sim_effort = nla_get_u32(a[AZSWAP_A_POLICY_SIM_EFFORT]);
 	if (a[AZSWAP_A_POLICY_DELTA_MAX_PCT])
 		p.delta_max_pct = nla_get_u32(a[AZSWAP_A_POLICY_DELTA_MAX_PCT]);
+	if (a[AZSWAP_A_POLICY_SHUFFLE])
+		p.shuffle = nla_get_u8(a[AZSWAP_A_POLICY_SHUFFLE]);
 	ret = azswap_dev_set_policy(dev, &p);
 	up_write(&dev->init_lock);
 	if (ret)

@@ -184,7 +184,8 @@ static int azswap_policy_check(const struct az_policy *p)
 	if (p->codec > AZ_CODEC_ZSTD || p->level > AZ_ZSTD_LEVEL_MAX ||
 	    (p->codec == AZ_CODEC_ZSTD && p->level < AZ_ZSTD_LEVEL_MIN))
 		return -EINVAL;
-	if (p->dedup > 1 || p->tdelta > 1 || p->xdelta > 1 || p->verify > 1)
+	if (p->dedup > 1 || p->tdelta > 1 || p->xdelta > 1 || p->verify > 1 ||
+	    p->shuffle > 1)
 		return -EINVAL;
 	if (p->sim_effort > 64 || !p->delta_max_pct || p->delta_max_pct > 100)
 		return -EINVAL;
@@ -312,6 +313,7 @@ AZSWAP_POLICY_ATTR(dedup, 1);
 AZSWAP_POLICY_ATTR(tdelta, 1);
 AZSWAP_POLICY_ATTR(xdelta, 1);
 AZSWAP_POLICY_ATTR(verify, 1);
+AZSWAP_POLICY_ATTR(shuffle, 1);
 AZSWAP_POLICY_ATTR(sim_effort, 64);
 AZSWAP_POLICY_ATTR(delta_max_pct, 100);
 
@@ -529,6 +531,7 @@ static struct attribute *azswap_disk_attrs[] = {
 	&dev_attr_verify.attr,
 	&dev_attr_sim_effort.attr,
 	&dev_attr_delta_max_pct.attr,
+	&dev_attr_shuffle.attr,
 	&dev_attr_mm_stat.attr,
 	&dev_attr_io_stat.attr,
 	&dev_attr_kind_stat.attr,

@@ -35,6 +35,25 @@ void az_vfree(const void *p);
 #ifndef __always_inline
 #define __always_inline	inline __attribute__((always_inline))
 #endif
+
+static inline u32 az_get_le32(const void *p)
+{
+	u32 v;
+
+	memcpy(&v, p, sizeof(v));
+#if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+	v = __builtin_bswap32(v);
+#endif
+	return v;
+}
+
+static inline void az_put_le32(u32 v, void *p)
+{
+#if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+	v = __builtin_bswap32(v);
+#endif
+	memcpy(p, &v, sizeof(v));
+}
 #define az_min(a, b)	((a) < (b) ? (a) : (b))
 #define az_max(a, b)	((a) > (b) ? (a) : (b))
 

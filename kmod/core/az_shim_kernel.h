@@ -22,6 +22,7 @@
 #include <linux/xxhash.h>
 #include <linux/printk.h>
 #include <linux/log2.h>
+#include <asm/unaligned.h>
 
 /* Slot flags pack a size and a hash check above bit 32 (az_internal.h). */
 #if BITS_PER_LONG != 64
@@ -63,6 +64,8 @@ static inline void az_vfree(const void *p)
 	kvfree(p);
 }
 
+#define az_get_le32(p)		get_unaligned_le32(p)
+#define az_put_le32(v, p)	put_unaligned_le32(v, p)
 #define az_likely(x)	likely(x)
 #define az_unlikely(x)	unlikely(x)
 #define az_min(a, b)	min(a, b)

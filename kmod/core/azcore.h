@@ -69,11 +69,15 @@ struct az_page_info {
 /*
  * Store-wide policy; az_store_set_policy validates every field.
  * Defaults: lz4, level 3, dedup/tdelta/xdelta on, sim_effort 4,
- * delta_max_pct 80, verify on.  At most 12 similarity candidates exist
+ * delta_max_pct 80, verify on, shuffle on.  At most 12 similarity candidates exist
  * per page (3 super-features x 4 ways), so sim_effort > 12 acts as 12.
  * With verify on, a load whose page does not hash to the
  * value recorded at store time fails with -EIO; costs ~10% of load
- * throughput on the host).
+ * throughput on the host).  With shuffle on, pages of registered owners
+ * that lz4/zstd cannot shrink below 3/4 page are also tried bit-shuffled
+ * (float arrays) and kept encoded up to 15/16 page in split objects:
+ * smaller, at ~1.5 us more CPU per such page on store and on load (this
+ * host); off, they are stored raw as zram would (docs/store.md).
  */
 struct az_policy {
 	u32 codec;		/* enum az_codec: codec for PLAIN objects */
@@ -84,6 +88,7 @@ struct az_policy {
 	u32 sim_effort;		/* candidates checked per page, 0..64 */
 	u32 delta_max_pct;	/* accept a delta only if <= this % of plain */
 	u32 verify;		/* bool: xxh64-check every page read back */
+	u32 shuffle;		/* bool: bit-shuffled and split objects */
 };
 
 /* Global statistics (one snapshot; counters are monotonic unless noted). */

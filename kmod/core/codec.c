@@ -70,19 +70,6 @@ static void az_transpose32x2(u64 *a)
 	az_tr_stage(a, 1, 0x5555555555555555ULL);
 }
 
-static inline u32 az_ld32(const u8 *p)
-{
-	return p[0] | (u32)p[1] << 8 | (u32)p[2] << 16 | (u32)p[3] << 24;
-}
-
-static inline void az_st32(u8 *p, u32 v)
-{
-	p[0] = v;
-	p[1] = v >> 8;
-	p[2] = v >> 16;
-	p[3] = v >> 24;
-}
-
 /*
  * Bit shuffle (see az_internal.h): the page is 32 blocks of 32 little
  * endian words; transposing a block as a 32x32 bit matrix gives 32 words,
@@ -98,14 +85,14 @@ static void az_shuffle(u8 *dst, const u8 *src)
 
 	for (b = 0; b < 32; b += 2) {
 		for (i = 0; i < 32; i++)
-			a[i] = az_ld32(src + AZ_SHUF_PLANE * b + 4 * i) |
-			       (u64)az_ld32(src + AZ_SHUF_PLANE * (b + 1) +
-					    4 * i) << 32;
+			a[i] = az_get_le32(src + AZ_SHUF_PLANE * b + 4 * i) |
+			       (u64)az_get_le32(src + AZ_SHUF_PLANE * (b + 1) +
+						4 * i) << 32;
 		az_transpose32x2(a);
 		for (i = 0; i < 32; i++) {
-			az_st32(dst + AZ_SHUF_PLANE * i + 4 * b, (u32)a[i]);
-			az_st32(dst + AZ_SHUF_PLANE * i + 4 * (b + 1),
-				a[i] >> 32);
+			az_put_le32((u32)a[i], dst + AZ_SHUF_PLANE * i + 4 * b);
+			az_put_le32(a[i] >> 32,
+				    dst + AZ_SHUF_PLANE * i + 4 * (b + 1));
 		}
 	}
 }
@@ -117,14 +104,14 @@ static void az_unshuffle(u8 *dst, const u8 *src)
 
 	for (b = 0; b < 32; b += 2) {
 		for (i = 0; i < 32; i++)
-			a[i] = az_ld32(src + AZ_SHUF_PLANE * i + 4 * b) |
-			       (u64)az_ld32(src + AZ_SHUF_PLANE * i +
-					    4 * (b + 1)) << 32;
+			a[i] = az_get_le32(src + AZ_SHUF_PLANE * i + 4 * b) |
+			       (u64)az_get_le32(src + AZ_SHUF_PLANE * i +
+						4 * (b + 1)) << 32;
 		az_transpose32x2(a);
 		for (i = 0; i < 32; i++) {
-			az_st32(dst + AZ_SHUF_PLANE * b + 4 * i, (u32)a[i]);
-			az_st32(dst + AZ_SHUF_PLANE * (b + 1) + 4 * i,
-				a[i] >> 32);
+			az_put_le32((u32)a[i], dst + AZ_SHUF_PLANE * b + 4 * i);
+			az_put_le32(a[i] >> 32,
+				    dst + AZ_SHUF_PLANE * (b + 1) + 4 * i);
 		}
 	}
 }
@@ -163,7 +150,8 @@ u32 az_encode_plain(struct az_ctx *ctx, const struct az_policy *pol,
 	n = az_compress(ctx, pol, page, out, max, AZ_ENC_LZ4, AZ_ENC_ZSTD,
 			enc);
 	/* Numeric arrays: the bit planes compress where the bytes do not. */
-	if (max > AZ_RAW_THRESHOLD && (!n || n > AZ_SHUF_MIN_PLAIN)) {
+	if (pol->shuffle && max > AZ_RAW_THRESHOLD &&
+	    (!n || n > AZ_SHUF_MIN_PLAIN)) {
 		az_shuffle(ctx->sbuf, page);
 		m = az_compress(ctx, pol, ctx->sbuf, ctx->xbuf,
 				n ? n - 1 : max, AZ_ENC_SHUF_LZ4,
@@ -192,7 +180,8 @@ u32 az_encode_delta(struct az_ctx *ctx, const struct az_policy *pol,
 		    const void *page, const void *base, u8 *out, u32 limit,
 		    u8 *enc)
 {
-	u32 cap = az_min(limit, (u32)AZ_OBJ_MAX) - 1;
+	u32 cap = az_min(limit, pol->shuffle ? (u32)AZ_OBJ_MAX :
+					   (u32)AZ_RAW_THRESHOLD) - 1;
 	u32 n, m;
 	u8 e;
 	int r;
@@ -204,7 +193,8 @@ u32 az_encode_delta(struct az_ctx *ctx, const struct az_policy *pol,
 			AZ_ENC_XOR_ZSTD, enc);
 	if (n)
 		cap = n - 1;
-	if ((!n || n > AZ_SHUF_MIN_DELTA) && cap > AZ_HDR_SIZE) {
+	if (pol->shuffle && (!n || n > AZ_SHUF_MIN_DELTA) &&
+	    cap > AZ_HDR_SIZE) {
 		/* xbuf is free once shuffled: it takes the candidate */
 		az_shuffle(ctx->sbuf, ctx->xbuf);
 		m = az_compress(ctx, pol, ctx->sbuf, ctx->xbuf, cap,

@@ -412,6 +412,7 @@ struct az_store *az_store_create(u64 nr_slots, const char *name)
 	s->pol.sim_effort = 4;
 	s->pol.delta_max_pct = 80;
 	s->pol.verify = 1;
+	s->pol.shuffle = 1;
 	/* The cache is an optimisation: without memory for it, run without. */
 	if (az_store_set_base_cache(s, AZ_BC_DEFAULT_PAGES))
 		az_warn("no memory for the base cache, running without\n");
@@ -502,6 +503,7 @@ static void az_policy_snapshot(struct az_store *s, struct az_policy *p)
 	p->sim_effort = AZ_READ_ONCE(s->pol.sim_effort);
 	p->delta_max_pct = AZ_READ_ONCE(s->pol.delta_max_pct);
 	p->verify = AZ_READ_ONCE(s->pol.verify);
+	p->shuffle = AZ_READ_ONCE(s->pol.shuffle);
 }
 
 int az_store_set_policy(struct az_store *s, const struct az_policy *p)
@@ -513,7 +515,8 @@ int az_store_set_policy(struct az_store *s, const struct az_policy *p)
 		return -EINVAL;
 	if (p->level > AZ_ZSTD_LEVEL_MAX)
 		return -EINVAL;
-	if (p->dedup > 1 || p->tdelta > 1 || p->xdelta > 1 || p->verify > 1)
+	if (p->dedup > 1 || p->tdelta > 1 || p->xdelta > 1 || p->verify > 1 ||
+	    p->shuffle > 1)
 		return -EINVAL;
 	if (p->sim_effort > 64 || !p->delta_max_pct || p->delta_max_pct > 100)
 		return -EINVAL;
@@ -532,6 +535,7 @@ int az_store_set_policy(struct az_store *s, const struct az_policy *p)
 	AZ_WRITE_ONCE(s->pol.sim_effort, p->sim_effort);
 	AZ_WRITE_ONCE(s->pol.delta_max_pct, p->delta_max_pct);
 	AZ_WRITE_ONCE(s->pol.verify, p->verify);
+	AZ_WRITE_ONCE(s->pol.shuffle, p->shuffle);
 	az_spin_unlock(&s->reg_lock);
 	return 0;
 }
@@ -608,7 +612,8 @@ static void az_choose(struct az_store *s, struct az_ctx *ctx,
 	}
 	c->buf = ctx->obuf;
 	c->base = NULL;
-	c->size = az_encode_plain(ctx, pol, page, c->buf, AZ_OBJ_MAX,
+	c->size = az_encode_plain(ctx, pol, page, c->buf,
+				  pol->shuffle ? AZ_OBJ_MAX : AZ_RAW_THRESHOLD,
 				  &c->enc);
 	c->kind = c->size == AZ_PAGE_SIZE ? AZ_KIND_RAW : AZ_KIND_PLAIN;
 	/* Template pages must stay bases: never deltas. */

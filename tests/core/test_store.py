@@ -191,6 +191,7 @@ def test_policy_validation(store):
         {"delta_max_pct": 0},
         {"delta_max_pct": 101},
         {"verify": 3},
+        {"shuffle": 2},
     ]
     before = store.policy()
     for b in bad:
@@ -378,3 +379,34 @@ def test_split_objects_for_registered_owners(make_store, pol):
     s.drain()
     st = s.stats()
     assert st["stored_bytes"] == 0 and st["pool_bytes"] == 0 and st["objects"] == 0
+
+
+@pytest.mark.parametrize("pol", CODECS[:2])
+def test_shuffle_off_stores_float_pages_raw(make_store, pol):
+    """shuffle=0: no bit-shuffled encoding and no split object, as before (raw above 3/4 page)."""
+    s = make_store(64, shuffle=0, **pol)
+    assert s.policy()["shuffle"] == 0
+    s.add_template(100, 1)
+    s.add_sandbox(11, 1)
+    rng = random.Random(8)
+    base = pages.floats(rng)
+    s.template_load(100, 3, base)
+    ps = [pages.floats(rng) for _ in range(8)] + [pages.nudge_floats(base, rng, 0.2)]
+    for i, p in enumerate(ps):
+        s.put(i, p, owner=11, index=3 if i == 8 else 100 + i)
+    assert [s.kind(i) for i in range(8)] == ["raw"] * 8
+    assert s.kind(8) in ("raw", "tdelta")
+    assert [s.get(i) for i in range(9)] == ps
+    assert all(len(s.encode(p)) == PAGE_SIZE for p in ps[:8])  # raw
+    try:
+        assert s.encode(ps[8], base=base)[0] not in (6, 7)
+    except CoreError as e:
+        assert e.errno == errno.ENOSPC  # no delta below 3/4 page without the shuffle
+    # Switched on live: new stores shrink, the raw ones still read back.
+    s.set_policy(shuffle=1)
+    qs = [pages.floats(rng) for _ in range(8)]
+    for i, p in enumerate(qs):
+        s.put(20 + i, p, owner=11, index=200 + i)
+    assert [s.kind(20 + i) for i in range(8)] == ["plain"] * 8
+    assert [s.get(20 + i) for i in range(8)] == qs
+    assert [s.get(i) for i in range(9)] == ps

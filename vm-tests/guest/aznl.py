@@ -44,6 +44,7 @@ ATTRS = (
     (16, "POLICY_XDELTA", "uint8"),
     (17, "POLICY_SIM_EFFORT", "uint32"),
     (18, "POLICY_DELTA_MAX_PCT", "uint32"),
+    (19, "POLICY_SHUFFLE", "uint8"),
     (20, "ST_PAGES", "uint64"),
     (21, "ST_ORIG_BYTES", "uint64"),
     (22, "ST_EXCLUSIVE_BYTES", "uint64"),

@@ -92,6 +92,7 @@ def test_owners_and_errors(nl) -> None:
         ("POLICY_SET", [("POLICY_SIM_EFFORT", 65)], errno.EINVAL, ""),
         ("POLICY_SET", [("POLICY_LEVEL", 10)], errno.EINVAL, ""),
         ("POLICY_SET", [("POLICY_DELTA_MAX_PCT", 0)], errno.EINVAL, ""),
+        ("POLICY_SET", [("POLICY_SHUFFLE", 2)], errno.EINVAL, ""),
         ("POLICY_SET", [("POLICY_CODEC", 2)], errno.EINVAL, ""),
         ("POLICY_SET", [("POLICY_DEDUP", 2), ("POLICY_XDELTA", 0)], errno.EINVAL, ""),
         # Reply-only attributes are not accepted in requests.
@@ -175,6 +176,10 @@ def test_owners_and_errors(nl) -> None:
     assert ag.Dev(0).read("sim_effort") == "8"
     # The codec changes live over netlink (stored objects keep their encoding);
     # sysfs comp_algorithm keeps zram's EBUSY (test_device.py).
+    nl.request("POLICY_SET", [("POLICY_SHUFFLE", 0)])
+    (p,) = nl.request("POLICY_GET")
+    assert p["POLICY_SHUFFLE"] == 0 and ag.Dev(0).read("shuffle") == "0"
+    nl.request("POLICY_SET", [("POLICY_SHUFFLE", 1)])
     nl.request("POLICY_SET", [("POLICY_CODEC", 1), ("POLICY_LEVEL", 5)])
     (p,) = nl.request("POLICY_GET")
     assert (p["POLICY_CODEC"], p["POLICY_LEVEL"]) == (1, 5)
