@@ -37,7 +37,7 @@ from .. import replay as rp
 from ..trace import PAGE_SIZE, ROLE_TEMPLATE, Trace, read_trace
 from . import hostbench
 from .record import STYLES, run_and_record
-from .swapbench import SYSTEMS
+from .swapbench import DEFAULT_SYSTEMS, SYSTEMS
 
 TOP = Path(__file__).resolve().parents[2]
 
@@ -298,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--size", default="default")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--styles", default=",".join(STYLES))
-    ap.add_argument("--systems", default=",".join(SYSTEMS))
+    ap.add_argument("--systems", default=",".join(DEFAULT_SYSTEMS))
     ap.add_argument("--memory", default="3G")
     ap.add_argument("--scale", default="1,2,4,8,16")
     ap.add_argument("--reuse-traces", action="store_true")

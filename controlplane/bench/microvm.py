@@ -72,7 +72,8 @@ RUN = Path("/run/azvm")
 VM_BASE = 0x2000_0000_0000  # guest RAM's address in every VMM process (page index VM_BASE >> 12)
 GROUP = 1
 STYLES = ("private", "anon")
-SYSTEMS = ("azswap-lz4", "azswap-zstd", "zram-lz4", "zram-zstd", "zswap-lz4", "zswap-zstd")
+SYSTEMS = ("azswap-lz4", "azswap-zstd", "zram-lz4", "zram-zstd", "zswap-lz4", "zswap-zstd",
+           "azswap-lz4-noshuf", "azswap-zstd-noshuf")
 CHUNK = 1024  # pages per socket write
 
 
@@ -406,7 +407,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--dir", type=Path, default=TOP / "vm-tests" / "out" / "microvm")
     ap.add_argument("--styles", default=",".join(STYLES))
-    ap.add_argument("--systems", default=",".join(SYSTEMS))
+    ap.add_argument("--systems", default=",".join(s for s in SYSTEMS if not s.endswith("-noshuf")))
     ap.add_argument("--vms", type=int, default=0, help="use only the first N recorded VMs")
     ap.add_argument("--json", type=Path, default=None)
     a = ap.parse_args(argv)

@@ -3,14 +3,15 @@
     vm-tests/run --memory 3G -- .venv/bin/python -m controlplane.bench.swapbench \\
         [--trace T.aztrace ...] [--record fork,fresh-aslr,fresh-noaslr --n 8 --size default] \\
         [--systems none,zram-lz4,zram-zstd,zswap-lz4,zswap-zstd,azswap-lz4,azswap-zstd,
-                   azdev-lz4,azdev-zstd]
+                   azswap-lz4-noshuf,azswap-zstd-noshuf,azdev-lz4,azdev-zstd]
 
 For every trace (recorded beforehand with ``python -m controlplane.bench.record``, or here with
 --record) and every system, in this one guest:
 
  1. the system is set up as the only swap device (zram: /dev/zram0 with lz4/zstd; zswap: enabled
     with zsmalloc and lz4/zstd in front of a brd ramdisk swap device; azswap: /dev/azswap0 with the
-    template and the sandboxes registered in one trust group over netlink; azdev: /dev/azswap0
+    template and the sandboxes registered in one trust group over netlink, "-noshuf" with the
+    shuffle policy off; azdev: /dev/azswap0
     with nothing registered, i.e. same-filled + per-page lz4/zstd only, the zram-parity setup;
     none: no swap);
  2. the trace is played into live processes (vm-tests/workloads/player.c), each in its own memory
@@ -65,9 +66,13 @@ SYSTEMS = (
     "zswap-zstd",
     "azswap-lz4",
     "azswap-zstd",
+    "azswap-lz4-noshuf",
+    "azswap-zstd-noshuf",
     "azdev-lz4",
     "azdev-zstd",
 )
+# What runs unless --systems says otherwise: the "-noshuf" variants are on request.
+DEFAULT_SYSTEMS = tuple(s for s in SYSTEMS if not s.endswith("-noshuf"))
 GROUP = 1
 MULTS = (np.arange(1, 513, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)) | np.uint64(1)
 
@@ -200,7 +205,9 @@ class Azswap(System):
 
     def __init__(self, algo: str) -> None:
         self.name = f"azswap-{algo}"
-        self.algo = algo
+        # "-noshuf": policy shuffle=0 (float pages raw, as zram; faster loads).
+        self.shuffle = 0 if algo.endswith("-noshuf") else 1
+        self.algo = algo.removesuffix("-noshuf")
         self.swap = True
         self.ids: dict[str, int] = {}
 
@@ -216,6 +223,7 @@ class Azswap(System):
         with contextlib.suppress(OSError):
             wfile(self.B / "reset", "1")
         wfile(self.B / "comp_algorithm", self.algo)
+        wfile(self.B / "shuffle", str(self.shuffle))
         wfile(self.B / "disksize", str(nbytes))
         sh("mkswap", "/dev/azswap0")
         sh("swapon", "-p", "100", "/dev/azswap0")
@@ -710,7 +718,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n", type=int, default=8)
     ap.add_argument("--size", default="default")
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--systems", default=",".join(SYSTEMS))
+    ap.add_argument("--systems", default=",".join(DEFAULT_SYSTEMS))
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
     if os.geteuid() != 0:
