@@ -42,7 +42,7 @@ int LLVMFuzzerTestOneInput(const u8 *data, size_t size);
 int LLVMFuzzerTestOneInput(const u8 *data, size_t size)
 {
 	struct az_policy pol = { .codec = AZ_CODEC_LZ4, .level = 3,
-				 .delta_max_pct = 100 };
+				 .delta_max_pct = 100, .shuffle = 1 };
 	u8 *copy;
 	size_t i;
 	int n, r;
@@ -76,6 +76,7 @@ int LLVMFuzzerTestOneInput(const u8 *data, size_t size)
 			pol.codec = AZ_CODEC_ZSTD;
 			pol.level = 1 + (data[1] >> 1) % AZ_ZSTD_LEVEL_MAX;
 		}
+		pol.shuffle = !(data[1] & 0x80);
 		n = az_debug_encode(ctx, &pol, page, NULL, obj);
 		if (n <= 0 || az_decode(ctx, obj, n, NULL, out) ||
 		    memcmp(out, page, AZ_PAGE_SIZE))
