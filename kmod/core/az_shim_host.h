@@ -32,10 +32,6 @@ void az_vfree(const void *p);
 
 #define az_likely(x)	__builtin_expect(!!(x), 1)
 #define az_unlikely(x)	__builtin_expect(!!(x), 0)
-#ifndef __always_inline
-#define __always_inline	inline __attribute__((always_inline))
-#endif
-
 static inline u32 az_get_le32(const void *p)
 {
 	u32 v;

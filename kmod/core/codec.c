@@ -46,28 +46,29 @@ static void az_xor_page(u8 *dst, const u8 *a, const u8 *b)
 /*
  * One stage of a 32x32 bit-matrix transpose (Hacker's Delight 7-3): swap
  * the off-diagonal @j x @j blocks.  Rows are u64 holding two matrices, one
- * per 32-bit half; @m keeps each swap inside its half.
+ * per 32-bit half; @m keeps each swap inside its half.  A macro so that @j
+ * is a constant in each expansion (the loops unroll; ~2x faster here).
  */
-static __always_inline void az_tr_stage(u64 *a, unsigned int j, u64 m)
-{
-	unsigned int k;
-	u64 t;
-
-	for (k = 0; k < 32; k = (k + j + 1) & ~j) {
-		t = ((a[k] >> j) ^ a[k + j]) & m;
-		a[k + j] ^= t;
-		a[k] ^= t << j;
-	}
-}
+#define AZ_TR_STAGE(a, j, m)						\
+	do {								\
+		unsigned int k_;					\
+		u64 t_;							\
+									\
+		for (k_ = 0; k_ < 32; k_ = (k_ + (j) + 1) & ~(j)) {	\
+			t_ = (((a)[k_] >> (j)) ^ (a)[k_ + (j)]) & (m);	\
+			(a)[k_ + (j)] ^= t_;				\
+			(a)[k_] ^= t_ << (j);				\
+		}							\
+	} while (0)
 
 /* Transpose two 32x32 bit matrices at once (row i = a[i], bit j = column). */
 static void az_transpose32x2(u64 *a)
 {
-	az_tr_stage(a, 16, 0x0000ffff0000ffffULL);
-	az_tr_stage(a, 8, 0x00ff00ff00ff00ffULL);
-	az_tr_stage(a, 4, 0x0f0f0f0f0f0f0f0fULL);
-	az_tr_stage(a, 2, 0x3333333333333333ULL);
-	az_tr_stage(a, 1, 0x5555555555555555ULL);
+	AZ_TR_STAGE(a, 16, 0x0000ffff0000ffffULL);
+	AZ_TR_STAGE(a, 8, 0x00ff00ff00ff00ffULL);
+	AZ_TR_STAGE(a, 4, 0x0f0f0f0f0f0f0f0fULL);
+	AZ_TR_STAGE(a, 2, 0x3333333333333333ULL);
+	AZ_TR_STAGE(a, 1, 0x5555555555555555ULL);
 }
 
 /*
