@@ -92,10 +92,18 @@ static void az_fill_page(void *page, u64 v)
 
 static unsigned long az_pool_alloc2(struct az_store *s, u32 size);
 
-/* Bytes of @o in its first pool allocation. */
+/*
+ * Bytes of @o in its first pool allocation.  A split object's first part
+ * is half a page, a size zsmalloc packs two to a page with nothing lost;
+ * the rest (1/4..7/16 page) goes to an ordinary class.  Equal halves of
+ * ~1.7-1.9 KiB fell in merged classes and cost 7% more pool than payload
+ * (measured on the microVM trace); this split costs ~1.5%.
+ */
+#define AZ_SPLIT_HEAD	(AZ_PAGE_SIZE / 2)
+
 static inline u32 az_obj_head(const struct az_obj *o)
 {
-	return o->handle2 ? o->size / 2 : o->size;
+	return o->handle2 ? AZ_SPLIT_HEAD : o->size;
 }
 
 static struct az_obj *az_obj_alloc(struct az_store *s, u32 size)
@@ -108,7 +116,7 @@ static struct az_obj *az_obj_alloc(struct az_store *s, u32 size)
 	if (!o)
 		return NULL;
 	if (size > AZ_SPLIT_MIN && size < AZ_PAGE_SIZE) {
-		head = size / 2;
+		head = AZ_SPLIT_HEAD;
 		o->handle2 = az_pool_alloc2(s, size - head);
 		if (!o->handle2)
 			goto fail;
