@@ -66,8 +66,9 @@ static inline bool az_enc_is_delta(unsigned int enc)
  * Objects of registered owners (struct az_obj) are kept encoded up to
  * AZ_OBJ_MAX bytes; DIRECT ones, like zram, up to AZ_RAW_THRESHOLD.  An
  * object above AZ_RAW_THRESHOLD would fall in zsmalloc's huge class and
- * cost a whole page, so it is stored split in two pool allocations: half
- * a page, then the rest (az_obj.handle2 holds the second one).
+ * cost a whole page, so it is stored split in two pool allocations: what
+ * fills half a page in zsmalloc, then the rest (az_obj.handle2 holds the
+ * second one; see AZ_SPLIT_HEAD in store.c).
  */
 #define AZ_OBJ_MAX		(AZ_PAGE_SIZE * 15 / 16)
 #define AZ_SPLIT_MIN		AZ_RAW_THRESHOLD

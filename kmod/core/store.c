@@ -94,12 +94,14 @@ static unsigned long az_pool_alloc2(struct az_store *s, u32 size);
 
 /*
  * Bytes of @o in its first pool allocation.  A split object's first part
- * is half a page, a size zsmalloc packs two to a page with nothing lost;
- * the rest (1/4..7/16 page) goes to an ordinary class.  Equal halves of
- * ~1.7-1.9 KiB fell in merged classes and cost 7% more pool than payload
- * (measured on the microVM trace); this split costs ~1.5%.
+ * takes half a page in zsmalloc, which packs those two to a page with
+ * nothing lost (zs_malloc adds its 8-byte handle to every object: 6.1
+ * mm/zsmalloc.c:1412); the rest (1/4..7/16 page) goes to an ordinary
+ * class.  Equal halves fell in merged classes: the live microVM run's
+ * pool was 7% above the payload; a model of 6.1's classes puts this
+ * split at 2%.
  */
-#define AZ_SPLIT_HEAD	(AZ_PAGE_SIZE / 2)
+#define AZ_SPLIT_HEAD	(AZ_PAGE_SIZE / 2 - sizeof(unsigned long))
 
 static inline u32 az_obj_head(const struct az_obj *o)
 {

@@ -37,7 +37,7 @@ int az_store_debug_corrupt(struct az_store *s, u64 slot, u32 off, u8 xor)
 	o = (struct az_obj *)(unsigned long)sl->val;
 	/* The first part of a split object: enough to corrupt it. */
 	p = az_pool_map(s->pool, o->handle, true);
-	p[off % (o->handle2 ? AZ_PAGE_SIZE / 2 : o->size)] ^= xor;
+	p[off % (o->handle2 ? 1024 : o->size)] ^= xor;	/* in the first part */
 	az_pool_unmap(s->pool, o->handle);
 out:
 	az_bit_unlock(AZ_SLOT_LOCK_BIT, &sl->flags);
