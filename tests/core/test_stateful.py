@@ -114,14 +114,16 @@ class StoreMachine(RuleBasedStateMachine):
         xdelta=st.booleans(),
         effort=st.integers(0, 8),
         pct=st.integers(10, 100),
+        shuffle=st.booleans(),
     )
-    def policy(self, dedup, tdelta, xdelta, effort, pct):
+    def policy(self, dedup, tdelta, xdelta, effort, pct, shuffle):
         self.s.set_policy(
             dedup=int(dedup),
             tdelta=int(tdelta),
             xdelta=int(xdelta),
             sim_effort=effort,
             delta_max_pct=pct,
+            shuffle=int(shuffle),
         )
 
     @rule()
