@@ -58,15 +58,15 @@ static inline bool az_enc_is_delta(unsigned int enc)
  * when it compressed to more than AZ_SHUF_MIN_DELTA, a page without base
  * when it compressed to more than AZ_SHUF_MIN_PLAIN (shared objects only).
  */
-#define AZ_SHUF_WORD		4
 #define AZ_SHUF_MIN_DELTA	(AZ_PAGE_SIZE / 4)
 #define AZ_SHUF_MIN_PLAIN	(AZ_PAGE_SIZE / 2)
 
 /*
  * Objects of registered owners (struct az_obj) are kept encoded up to
  * AZ_OBJ_MAX bytes; DIRECT ones, like zram, up to AZ_RAW_THRESHOLD.  An
- * object above AZ_RAW_THRESHOLD would fall in zsmalloc's huge class and
- * cost a whole page, so it is stored split in two pool allocations: what
+ * object above AZ_RAW_THRESHOLD is near or in zsmalloc's huge class (6.1:
+ * from ~3.2 KiB, a whole page each, or a class holding one object per
+ * page and a bit), so it is stored split in two pool allocations: what
  * fills half a page in zsmalloc, then the rest (az_obj.handle2 holds the
  * second one; see AZ_SPLIT_HEAD in store.c).
  */

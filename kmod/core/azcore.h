@@ -69,13 +69,15 @@ struct az_page_info {
 /*
  * Store-wide policy; az_store_set_policy validates every field.
  * Defaults: lz4, level 3, dedup/tdelta/xdelta on, sim_effort 4,
- * delta_max_pct 80, verify on, shuffle on.  At most 12 similarity candidates exist
- * per page (3 super-features x 4 ways), so sim_effort > 12 acts as 12.
+ * delta_max_pct 80, verify on, shuffle on.  At most 12 similarity
+ * candidates exist per page (3 super-features x 4 ways), so sim_effort
+ * > 12 acts as 12.
  * With verify on, a load whose page does not hash to the
  * value recorded at store time fails with -EIO; costs ~10% of load
  * throughput on the host).  With shuffle on, pages of registered owners
- * that lz4/zstd cannot shrink below 3/4 page are also tried bit-shuffled
- * (float arrays) and kept encoded up to 15/16 page in split objects:
+ * that lz4/zstd cannot shrink below 1/2 page are also tried bit-shuffled
+ * (float arrays) and kept encoded up to 15/16 page, in split objects above
+ * 3/4 page:
  * smaller, at ~1.5 us more CPU per such page on store and on load (this
  * host); off, they are stored raw as zram would (docs/store.md).
  */
