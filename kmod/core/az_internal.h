@@ -73,6 +73,12 @@ static inline bool az_enc_is_delta(unsigned int enc)
 #define AZ_OBJ_MAX		(AZ_PAGE_SIZE * 15 / 16)
 #define AZ_SPLIT_MIN		AZ_RAW_THRESHOLD
 
+/* Largest encoded object a registered owner's page may become. */
+static inline u32 az_obj_max(const struct az_policy *pol)
+{
+	return pol->shuffle ? AZ_OBJ_MAX : AZ_RAW_THRESHOLD;
+}
+
 /* Similarity features: see az_sim_features() in index.c. */
 #ifndef AZ_NR_SF
 #define AZ_NR_SF		3	/* super-features (index keys) */

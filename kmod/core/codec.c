@@ -150,9 +150,11 @@ u32 az_encode_plain(struct az_ctx *ctx, const struct az_policy *pol,
 
 	n = az_compress(ctx, pol, page, out, max, AZ_ENC_LZ4, AZ_ENC_ZSTD,
 			enc);
-	/* Numeric arrays: the bit planes compress where the bytes do not. */
-	if (pol->shuffle && max > AZ_RAW_THRESHOLD &&
-	    (!n || n > AZ_SHUF_MIN_PLAIN)) {
+	/*
+	 * Numeric arrays: the bit planes compress where the bytes do not.
+	 * Only where the object may exceed zram's threshold (az_obj_max()).
+	 */
+	if (max > AZ_RAW_THRESHOLD && (!n || n > AZ_SHUF_MIN_PLAIN)) {
 		az_shuffle(ctx->sbuf, page);
 		m = az_compress(ctx, pol, ctx->sbuf, ctx->xbuf,
 				n ? n - 1 : max, AZ_ENC_SHUF_LZ4,
@@ -181,8 +183,7 @@ u32 az_encode_delta(struct az_ctx *ctx, const struct az_policy *pol,
 		    const void *page, const void *base, u8 *out, u32 limit,
 		    u8 *enc)
 {
-	u32 cap = az_min(limit, pol->shuffle ? (u32)AZ_OBJ_MAX :
-					   (u32)AZ_RAW_THRESHOLD) - 1;
+	u32 cap = az_min(limit, az_obj_max(pol)) - 1;
 	u32 n, m;
 	u8 e;
 	int r;

@@ -622,8 +622,7 @@ static void az_choose(struct az_store *s, struct az_ctx *ctx,
 	}
 	c->buf = ctx->obuf;
 	c->base = NULL;
-	c->size = az_encode_plain(ctx, pol, page, c->buf,
-				  pol->shuffle ? AZ_OBJ_MAX : AZ_RAW_THRESHOLD,
+	c->size = az_encode_plain(ctx, pol, page, c->buf, az_obj_max(pol),
 				  &c->enc);
 	c->kind = c->size == AZ_PAGE_SIZE ? AZ_KIND_RAW : AZ_KIND_PLAIN;
 	/* Template pages must stay bases: never deltas. */

@@ -70,9 +70,7 @@ int az_debug_encode(struct az_ctx *ctx, const struct az_policy *pol,
 	u32 n;
 
 	if (!base) {
-		n = az_encode_plain(ctx, pol, page, out,
-				    pol->shuffle ? AZ_OBJ_MAX : AZ_RAW_THRESHOLD,
-				    &enc);
+		n = az_encode_plain(ctx, pol, page, out, az_obj_max(pol), &enc);
 		if (n == AZ_PAGE_SIZE)
 			memcpy(out, page, AZ_PAGE_SIZE);
 		return n;
