@@ -51,7 +51,7 @@ static inline bool az_enc_is_delta(unsigned int enc)
 /*
  * Bit shuffle (SHUF, XSHUF encodings): the page as 1024 4-byte words,
  * stored as 32 bit planes of 128 bytes (bit 0 of every word, then bit 1,
- * ...; the bitshuffle layout of HDF5/blosc).  Float32 arrays keep sign,
+ * ...; the order of the words in a plane: az_shuffle() in codec.c).  Float32 arrays keep sign,
  * exponent and high mantissa bits in a few nearly constant planes, and a
  * small update XORs to words whose high planes are zero: long runs lz4
  * can match, where the bytes are noise.  An XOR delta is tried shuffled

@@ -32,21 +32,21 @@ void az_vfree(const void *p);
 
 #define az_likely(x)	__builtin_expect(!!(x), 1)
 #define az_unlikely(x)	__builtin_expect(!!(x), 0)
-static inline u32 az_get_le32(const void *p)
+static inline u64 az_get_le64(const void *p)
 {
-	u32 v;
+	u64 v;
 
 	memcpy(&v, p, sizeof(v));
 #if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-	v = __builtin_bswap32(v);
+	v = __builtin_bswap64(v);
 #endif
 	return v;
 }
 
-static inline void az_put_le32(u32 v, void *p)
+static inline void az_put_le64(u64 v, void *p)
 {
 #if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-	v = __builtin_bswap32(v);
+	v = __builtin_bswap64(v);
 #endif
 	memcpy(p, &v, sizeof(v));
 }

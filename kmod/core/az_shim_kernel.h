@@ -64,8 +64,8 @@ static inline void az_vfree(const void *p)
 	kvfree(p);
 }
 
-#define az_get_le32(p)		get_unaligned_le32(p)
-#define az_put_le32(v, p)	put_unaligned_le32(v, p)
+#define az_get_le64(p)		get_unaligned_le64(p)
+#define az_put_le64(v, p)	put_unaligned_le64(v, p)
 #define az_likely(x)	likely(x)
 #define az_unlikely(x)	unlikely(x)
 #define az_min(a, b)	min(a, b)

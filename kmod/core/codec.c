@@ -44,77 +44,110 @@ static void az_xor_page(u8 *dst, const u8 *a, const u8 *b)
 }
 
 /*
- * One stage of a 32x32 bit-matrix transpose (Hacker's Delight 7-3): swap
- * the off-diagonal @j x @j blocks.  Rows are u64 holding two matrices, one
- * per 32-bit half; @m keeps each swap inside its half.  A macro so that @j
- * is a constant in each expansion (the loops unroll; ~2x faster here).
+ * Swap the off-diagonal @j x @j blocks of rows @x and @y (= row x + j) of a
+ * 32x32 bit-matrix transpose (Hacker's Delight 7-3).  Rows are u64 holding
+ * two matrices, one per 32-bit half; @m keeps each swap inside its half.
  */
-#define AZ_TR_STAGE(a, j, m)						\
+#define AZ_TR_SWAP(x, y, j, m)						\
 	do {								\
-		unsigned int k_;					\
-		u64 t_;							\
-									\
-		for (k_ = 0; k_ < 32; k_ = (k_ + (j) + 1) & ~(j)) {	\
-			t_ = (((a)[k_] >> (j)) ^ (a)[k_ + (j)]) & (m);	\
-			(a)[k_ + (j)] ^= t_;				\
-			(a)[k_] ^= t_ << (j);				\
-		}							\
+		u64 t_ = (((x) >> (j)) ^ (y)) & (m);			\
+		(y) ^= t_;						\
+		(x) ^= t_ << (j);					\
 	} while (0)
 
-/* Transpose two 32x32 bit matrices at once (row i = a[i], bit j = column). */
-static void az_transpose32x2(u64 *a)
+#define AZ_TR_M16	0x0000ffff0000ffffULL
+#define AZ_TR_M8	0x00ff00ff00ff00ffULL
+#define AZ_TR_M4	0x0f0f0f0f0f0f0f0fULL
+#define AZ_TR_M2	0x3333333333333333ULL
+#define AZ_TR_M1	0x5555555555555555ULL
+
+/*
+ * Transpose two 32x32 bit matrices (row i of each in one half of the
+ * 64-bit row i): rows are read at @src + i * @sstep and written at
+ * @dst + i * @dstep.  The five stages run in registers: stages 16 and 8
+ * touch only the rows k, k + 8, k + 16, k + 24, stages 4, 2 and 1 only the
+ * rows 8m .. 8m + 7; @a carries the rows between the two passes.  (One
+ * pass per stage over a 32-row array moved every row through memory five
+ * times: 2.5x slower natively, more under QEMU's TCG.)
+ */
+static void az_transpose32x2(u8 *dst, u32 dstep, const u8 *src, u32 sstep)
 {
-	AZ_TR_STAGE(a, 16, 0x0000ffff0000ffffULL);
-	AZ_TR_STAGE(a, 8, 0x00ff00ff00ff00ffULL);
-	AZ_TR_STAGE(a, 4, 0x0f0f0f0f0f0f0f0fULL);
-	AZ_TR_STAGE(a, 2, 0x3333333333333333ULL);
-	AZ_TR_STAGE(a, 1, 0x5555555555555555ULL);
+	u64 a[32], r0, r1, r2, r3, r4, r5, r6, r7;
+	unsigned int k;
+
+	for (k = 0; k < 8; k++) {
+		r0 = az_get_le64(src + sstep * k);
+		r1 = az_get_le64(src + sstep * (k + 8));
+		r2 = az_get_le64(src + sstep * (k + 16));
+		r3 = az_get_le64(src + sstep * (k + 24));
+		AZ_TR_SWAP(r0, r2, 16, AZ_TR_M16);
+		AZ_TR_SWAP(r1, r3, 16, AZ_TR_M16);
+		AZ_TR_SWAP(r0, r1, 8, AZ_TR_M8);
+		AZ_TR_SWAP(r2, r3, 8, AZ_TR_M8);
+		a[k] = r0;
+		a[k + 8] = r1;
+		a[k + 16] = r2;
+		a[k + 24] = r3;
+	}
+	for (k = 0; k < 32; k += 8) {
+		r0 = a[k];
+		r1 = a[k + 1];
+		r2 = a[k + 2];
+		r3 = a[k + 3];
+		r4 = a[k + 4];
+		r5 = a[k + 5];
+		r6 = a[k + 6];
+		r7 = a[k + 7];
+		AZ_TR_SWAP(r0, r4, 4, AZ_TR_M4);
+		AZ_TR_SWAP(r1, r5, 4, AZ_TR_M4);
+		AZ_TR_SWAP(r2, r6, 4, AZ_TR_M4);
+		AZ_TR_SWAP(r3, r7, 4, AZ_TR_M4);
+		AZ_TR_SWAP(r0, r2, 2, AZ_TR_M2);
+		AZ_TR_SWAP(r1, r3, 2, AZ_TR_M2);
+		AZ_TR_SWAP(r4, r6, 2, AZ_TR_M2);
+		AZ_TR_SWAP(r5, r7, 2, AZ_TR_M2);
+		AZ_TR_SWAP(r0, r1, 1, AZ_TR_M1);
+		AZ_TR_SWAP(r2, r3, 1, AZ_TR_M1);
+		AZ_TR_SWAP(r4, r5, 1, AZ_TR_M1);
+		AZ_TR_SWAP(r6, r7, 1, AZ_TR_M1);
+		az_put_le64(r0, dst + dstep * k);
+		az_put_le64(r1, dst + dstep * (k + 1));
+		az_put_le64(r2, dst + dstep * (k + 2));
+		az_put_le64(r3, dst + dstep * (k + 3));
+		az_put_le64(r4, dst + dstep * (k + 4));
+		az_put_le64(r5, dst + dstep * (k + 5));
+		az_put_le64(r6, dst + dstep * (k + 6));
+		az_put_le64(r7, dst + dstep * (k + 7));
+	}
 }
 
 /*
- * Bit shuffle (see az_internal.h): the page is 32 blocks of 32 little
- * endian words; transposing a block as a 32x32 bit matrix gives 32 words,
- * word p of block b holding bit p of the block's words, stored at plane p
- * (128 bytes), offset 4 * b.  Two blocks go through one transpose.
+ * Bit shuffle (see az_internal.h): the page is 16 groups of 64 little
+ * endian 4-byte words.  A group is read as 32 64-bit rows (row i = words
+ * 2i and 2i + 1), i.e. two 32x32 bit matrices, the even words and the odd
+ * ones; transposed, row p holds bit p of the 32 even words (low half) and
+ * of the 32 odd words (high half) and is stored at plane p (128 bytes),
+ * offset 8 * group.  The unshuffle is the same transpose the other way.
  */
 #define AZ_SHUF_PLANE	(AZ_PAGE_SIZE / 32)
+#define AZ_SHUF_GROUP	(64 * 4)
 
 static void az_shuffle(u8 *dst, const u8 *src)
 {
-	unsigned int b, i;
-	u64 a[32];
+	unsigned int g;
 
-	for (b = 0; b < 32; b += 2) {
-		for (i = 0; i < 32; i++)
-			a[i] = az_get_le32(src + AZ_SHUF_PLANE * b + 4 * i) |
-			       (u64)az_get_le32(src + AZ_SHUF_PLANE * (b + 1) +
-						4 * i) << 32;
-		az_transpose32x2(a);
-		for (i = 0; i < 32; i++) {
-			az_put_le32((u32)a[i], dst + AZ_SHUF_PLANE * i + 4 * b);
-			az_put_le32(a[i] >> 32,
-				    dst + AZ_SHUF_PLANE * i + 4 * (b + 1));
-		}
-	}
+	for (g = 0; g < AZ_PAGE_SIZE / AZ_SHUF_GROUP; g++)
+		az_transpose32x2(dst + 8 * g, AZ_SHUF_PLANE,
+				 src + AZ_SHUF_GROUP * g, 8);
 }
 
 static void az_unshuffle(u8 *dst, const u8 *src)
 {
-	unsigned int b, i;
-	u64 a[32];
+	unsigned int g;
 
-	for (b = 0; b < 32; b += 2) {
-		for (i = 0; i < 32; i++)
-			a[i] = az_get_le32(src + AZ_SHUF_PLANE * i + 4 * b) |
-			       (u64)az_get_le32(src + AZ_SHUF_PLANE * i +
-						4 * (b + 1)) << 32;
-		az_transpose32x2(a);
-		for (i = 0; i < 32; i++) {
-			az_put_le32((u32)a[i], dst + AZ_SHUF_PLANE * b + 4 * i);
-			az_put_le32(a[i] >> 32,
-				    dst + AZ_SHUF_PLANE * (b + 1) + 4 * i);
-		}
-	}
+	for (g = 0; g < AZ_PAGE_SIZE / AZ_SHUF_GROUP; g++)
+		az_transpose32x2(dst + AZ_SHUF_GROUP * g, 8,
+				 src + 8 * g, AZ_SHUF_PLANE);
 }
 
 /* Compress @src into @out + header; returns object size or 0. */

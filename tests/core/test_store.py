@@ -5,6 +5,8 @@ from __future__ import annotations
 import errno
 import random
 
+import lz4.block
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -335,6 +337,25 @@ def test_bit_shuffled_plain_for_float_pages(make_store, pol, enc):
         with pytest.raises(CoreError) as e:
             s.decode(obj[:n])
         assert e.value.errno == errno.EIO
+
+
+def _bit_shuffle_reference(page: bytes) -> bytes:
+    """The SHUF layout (docs/store.md) computed independently with numpy."""
+    w = np.frombuffer(page, dtype="<u4").reshape(16, 32, 2)  # group, row, even/odd
+    bits = (w[..., None] >> np.arange(32, dtype=np.uint32)) & 1  # group, row, half, bit
+    planes = bits.transpose(3, 0, 2, 1).astype(np.uint8)  # bit, group, half, row
+    return np.packbits(planes.reshape(32, -1), axis=1, bitorder="little").tobytes()
+
+
+@pytest.mark.parametrize("seed", [4, 8])
+def test_bit_shuffle_layout(store, seed):
+    """An lz4 SHUF object holds exactly the documented bit planes of the page."""
+    p = pages.make("floats", seed)
+    obj = store.encode(p)
+    assert obj[0] == 8, obj[0]
+    planes = lz4.block.decompress(obj[4:], uncompressed_size=PAGE_SIZE)
+    assert planes == _bit_shuffle_reference(p)
+    assert store.decode(obj) == p
 
 
 @pytest.mark.parametrize("pol", CODECS[:2])
