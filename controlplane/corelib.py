@@ -146,6 +146,8 @@ def load_lib(path: str | os.PathLike[str] | None = None) -> ctypes.CDLL:
         "az_store_set_mem_limit": (None, [vp, u64]),
         "az_store_set_base_cache": (ctypes.c_int, [vp, u32]),
         "az_store_get_base_cache": (u32, [vp]),
+        "az_store_set_sim_slots": (ctypes.c_int, [vp, u32]),
+        "az_store_get_sim_slots": (u32, [vp]),
         "az_store_set_policy": (ctypes.c_int, [vp, ctypes.POINTER(Policy)]),
         "az_store_get_policy": (None, [vp, ctypes.POINTER(Policy)]),
         "az_store_put": (ctypes.c_int, [vp, vp, u64, cp, ctypes.POINTER(PageInfo)]),
@@ -321,6 +323,16 @@ class Store:
 
     def base_cache(self) -> int:
         return int(self.lib.az_store_get_base_cache(self._s))
+
+    def set_sim_slots(self, slots: int) -> None:
+        """Swap slots per similarity index entry (power of two, 1..64).
+
+        CoreError EINVAL for other values, EBUSY once an owner registered (the indexes exist).
+        """
+        _check(self.lib.az_store_set_sim_slots(self._s, slots), "set_sim_slots")
+
+    def sim_slots(self) -> int:
+        return int(self.lib.az_store_get_sim_slots(self._s))
 
     def policy(self) -> dict[str, int]:
         p = Policy()

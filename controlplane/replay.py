@@ -84,14 +84,22 @@ def _ordered(tr: Trace) -> list[tuple[Owner, PageRun]]:
     return tmpl + rest
 
 
-def replay(tr: Trace, strategy: Strategy, lib: str | None = None) -> dict[str, Any]:
-    """Store every page of ``tr`` with ``strategy``; verify; return figures."""
+def replay(
+    tr: Trace, strategy: Strategy, lib: str | None = None, slots: int = 0, sim_slots: int = 1
+) -> dict[str, Any]:
+    """Store every page of ``tr`` with ``strategy``; verify; return figures.
+
+    The store has one slot per page (at least ``slots``: a device sized as in a live run, whose
+    per-slot tables and similarity index are sized by it) and ``sim_slots`` slots per
+    similarity index entry.
+    """
     runs = _ordered(tr)
     if not runs:
         raise TraceError("the trace holds no pages")
     nr = sum(len(r) for _, r in runs)
-    st = Store(nr + 1, name=f"replay-{strategy.name}", lib=lib)
+    st = Store(max(nr + 1, slots), name=f"replay-{strategy.name}", lib=lib)
     try:
+        st.set_sim_slots(sim_slots)
         st.set_policy(**strategy.policy)
         if strategy.register:
             for o in tr.owners.values():
@@ -175,9 +183,11 @@ def replay(tr: Trace, strategy: Strategy, lib: str | None = None) -> dict[str, A
     }
 
 
-def run(path: str, names: list[str], lib: str | None = None) -> dict[str, Any]:
+def run(
+    path: str, names: list[str], lib: str | None = None, slots: int = 0, sim_slots: int = 1
+) -> dict[str, Any]:
     tr = read_trace(path)
-    res = [replay(tr, STRATEGIES[n], lib) for n in names]
+    res = [replay(tr, STRATEGIES[n], lib, slots, sim_slots) for n in names]
     return {"trace": path, "meta": tr.meta, "pages": tr.nr_pages, "results": res}
 
 
@@ -192,6 +202,7 @@ def print_table(rep: dict[str, Any], file: Any = None) -> None:
         "vs lz4",
         "total ratio",
         "tmpl stored MiB",
+        "meta MiB",
         "put MB/s",
         "get MB/s",
         "sandbox pages by kind",
@@ -208,6 +219,7 @@ def print_table(rep: dict[str, Any], file: Any = None) -> None:
                 f"{r['ratio'] / base['ratio']:.2f}x" if base else "-",
                 f"{r['total_ratio']:.2f}",
                 f"{r['template_stored_bytes'] / 2**20:.2f}",
+                f"{r['meta_bytes'] / 2**20:.2f}",
                 f"{r['put_mbps']:.0f}",
                 f"{r['get_mbps']:.0f}",
                 kinds,
@@ -248,6 +260,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--json", help="write the results as JSON here")
     ap.add_argument("--lib", help="store core library (default build/libazcore.so)")
+    ap.add_argument(
+        "--slots",
+        type=int,
+        default=0,
+        help="size the store to at least this many slots (default: one per page)",
+    )
+    ap.add_argument(
+        "--sim-slots",
+        type=int,
+        default=1,
+        choices=[1, 2, 4, 8, 16, 32, 64],
+        help="slots per similarity index entry (the device's sim_slots, default 1)",
+    )
     a = ap.parse_args(argv)
     names = [n.strip() for n in a.strategies.split(",") if n.strip()]
     bad = [n for n in names if n not in STRATEGIES]
@@ -259,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     reports = []
     for p in a.traces:
         try:
-            rep = run(p, names, a.lib)
+            rep = run(p, names, a.lib, a.slots, a.sim_slots)
         except (TraceError, CoreError, FileNotFoundError) as exc:
             print(f"replay: {exc}", file=sys.stderr)
             return 1

@@ -409,6 +409,8 @@ int azswap_dev_init_store(struct azswap_dev *dev, u64 disksize)
 	/* The store starts with the default cache: resize only if told to. */
 	if (!ret && az_store_get_base_cache(s) != dev->base_cache)
 		ret = az_store_set_base_cache(s, dev->base_cache);
+	if (!ret)
+		ret = az_store_set_sim_slots(s, dev->sim_slots);
 	if (ret) {
 		az_store_destroy(s);
 		return ret;
@@ -486,6 +488,7 @@ int azswap_dev_add(struct azswap_dev *dev, int id)
 		.shuffle = 1,
 	};
 	dev->base_cache = 256;
+	dev->sim_slots = 1;
 
 	disk = blk_alloc_disk(NUMA_NO_NODE);
 	if (!disk)

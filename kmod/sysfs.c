@@ -407,6 +407,42 @@ static ssize_t base_cache_store(struct device *d, struct device_attribute *attr,
 }
 static DEVICE_ATTR_RW(base_cache);
 
+static ssize_t sim_slots_show(struct device *d, struct device_attribute *attr,
+			      char *buf)
+{
+	struct azswap_dev *dev = dev_to_az(d);
+	u32 v;
+
+	down_read(&dev->init_lock);
+	v = dev->store ? az_store_get_sim_slots(dev->store) : dev->sim_slots;
+	up_read(&dev->init_lock);
+	return sysfs_emit(buf, "%u\n", v);
+}
+
+/*
+ * Swap slots per similarity index entry (a power of two up to
+ * AZ_SIM_SLOTS_MAX): fixed once the first owner registered (-EBUSY).
+ */
+static ssize_t sim_slots_store(struct device *d, struct device_attribute *attr,
+			       const char *buf, size_t len)
+{
+	struct azswap_dev *dev = dev_to_az(d);
+	unsigned int v;
+	int ret = 0;
+
+	if (azswap_parse_uint(buf, AZ_SIM_SLOTS_MAX, &v) || !v ||
+	    (v & (v - 1)))
+		return -EINVAL;
+	down_write(&dev->init_lock);
+	if (dev->store)
+		ret = az_store_set_sim_slots(dev->store, v);
+	if (!ret)
+		dev->sim_slots = v;
+	up_write(&dev->init_lock);
+	return ret ? ret : len;
+}
+static DEVICE_ATTR_RW(sim_slots);
+
 /* "1": compact the pool now (it also compacts itself after frees). */
 static ssize_t compact_store(struct device *d, struct device_attribute *attr,
 			     const char *buf, size_t len)
@@ -524,6 +560,7 @@ static struct attribute *azswap_disk_attrs[] = {
 	&dev_attr_mem_limit.attr,
 	&dev_attr_mem_used_max.attr,
 	&dev_attr_base_cache.attr,
+	&dev_attr_sim_slots.attr,
 	&dev_attr_compact.attr,
 	&dev_attr_dedup.attr,
 	&dev_attr_tdelta.attr,

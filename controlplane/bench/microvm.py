@@ -54,6 +54,7 @@ from ..trace import PAGE_SIZE, ROLE_TEMPLATE, Vma, read_trace
 from . import record
 from .swapbench import (
     CG,
+    Azswap,
     Player,
     build_player,
     cg_stat,
@@ -289,8 +290,11 @@ def azswap_unregister(ids: dict[str, int], tid: int) -> None:
 
 
 # ------------------------------------------------------------------ one run
-def run_one(rec: Recording, style: str, sysname: str, exe: Path, tmp: Path) -> dict[str, Any]:
+def run_one(rec: Recording, style: str, sysname: str, exe: Path, tmp: Path,
+            sim_slots: int = 1) -> dict[str, Any]:
     system = make_system(sysname)
+    if isinstance(system, Azswap):
+        system.sim_slots = sim_slots
     remove_cgroups()
     cgs = make_cgroups([v.name for v in rec.vms])
     if style == "private":
@@ -302,6 +306,8 @@ def run_one(rec: Recording, style: str, sysname: str, exe: Path, tmp: Path) -> d
     nbytes = (pages * PAGE_SIZE * 11 // 10 + (16 << 20)) // PAGE_SIZE * PAGE_SIZE
     res: dict[str, Any] = {"system": sysname, "style": style, "ok": False, "vms": {},
                            "disksize": nbytes, "meta_order": "sandboxes-first"}
+    if isinstance(system, Azswap):
+        res["sim_slots"] = sim_slots
     az = sysname.startswith("azswap")
     ids: dict[str, int] = {}
     vmms: dict[str, Vmm] = {}
@@ -410,6 +416,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--systems", default=",".join(s for s in SYSTEMS if not s.endswith("-noshuf")))
     ap.add_argument("--vms", type=int, default=0, help="use only the first N recorded VMs")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument(
+        "--sim-slots", type=int, default=4, choices=[1, 2, 4, 8, 16, 32, 64],
+        help="azswap sysfs sim_slots: swap slots per similarity index entry (default 4: most "
+             "slots of restored VMs are duplicates of template bases and need no entry; "
+             "docs/store.md)")
     a = ap.parse_args(argv)
     if os.geteuid() != 0:
         print("microvm: needs root (run it through vm-tests/run)", file=sys.stderr)
@@ -460,7 +471,7 @@ def main(argv: list[str] | None = None) -> int:
         for s in systems:
             t1 = time.monotonic()
             try:
-                r = run_one(rec, style, s, exe, tmp)
+                r = run_one(rec, style, s, exe, tmp, a.sim_slots)
             except Exception as exc:
                 r = {"system": s, "style": style, "error": f"{type(exc).__name__}: {exc}"}
             r["wall_s"] = time.monotonic() - t1

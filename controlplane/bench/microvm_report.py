@@ -189,6 +189,10 @@ def fleet_view(live: dict[str, Any], projections: tuple[int, ...]) -> list[dict[
         pool = r["pool_bytes"]
         tmpl_pool = r.get("template_pool_bytes", 0)
         tmpl_meta = template_meta(r)
+        # The decoded-base cache has one size for any number of VMs (runs since session 4
+        # record it; its few bytes of bookkeeping per page stay in the per-VM cost).
+        bcache = r.get("stats_before", {}).get("base_cache_pages", 0) * PAGE_SIZE
+        tmpl_meta += bcache
         if r["style"] == "private":
             fixed = tmpl_raw + tmpl_pool + tmpl_meta
             spent = tmpl_raw + pool + meta
@@ -282,7 +286,8 @@ def markdown(live: dict[str, Any], owned: list[dict[str, Any]], fleet: list[dict
         "## Fleet (sum of each VM's non-zero guest RAM / what the host spends)",
         "",
         "| style | system | non-zero MiB | template page cache MiB | template bases MiB "
-        "| sandboxes MiB | metadata MiB (template's) | host spends MiB | fleet | "
+        "| sandboxes MiB | metadata MiB (fixed: template's + base cache) | host spends MiB "
+        "| fleet | "
         + " | ".join(f"N={k} (proj.)" for k in projections) + " |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * len(projections),
     ]

@@ -208,6 +208,8 @@ class Azswap(System):
         # "-noshuf": policy shuffle=0 (float pages raw, as zram; faster loads).
         self.shuffle = 0 if algo.endswith("-noshuf") else 1
         self.algo = algo.removesuffix("-noshuf")
+        # Swap slots per similarity index entry (sysfs sim_slots, docs/store.md).
+        self.sim_slots = 1
         self.swap = True
         self.ids: dict[str, int] = {}
 
@@ -224,6 +226,7 @@ class Azswap(System):
             wfile(self.B / "reset", "1")
         wfile(self.B / "comp_algorithm", self.algo)
         wfile(self.B / "shuffle", str(self.shuffle))
+        wfile(self.B / "sim_slots", str(self.sim_slots))
         wfile(self.B / "disksize", str(nbytes))
         sh("mkswap", "/dev/azswap0")
         sh("swapon", "-p", "100", "/dev/azswap0")
@@ -260,6 +263,7 @@ class Azswap(System):
     def stats(self) -> dict[str, int]:
         f = [int(x) for x in rfile(self.B / "mm_stat").split()]
         k = [int(x) for x in rfile(self.B / "kind_stat").split()]
+        o = [int(x) for x in rfile(self.B / "obj_stat").split()]
         out = {
             "orig": f[0],
             "payload": f[1],
@@ -267,6 +271,7 @@ class Azswap(System):
             "meta": f[7],
             "index": f[8],
             "template_bytes": f[9],
+            "base_cache_pages": o[6],
         }
         for name, v in zip(("same", "dup", "tdelta", "xdelta", "plain", "raw"), k, strict=False):
             out[f"kind_{name}"] = v

@@ -86,6 +86,9 @@ static inline u32 az_obj_max(const struct az_policy *pol)
 #ifndef AZ_SIM_PER_SF
 #define AZ_SIM_PER_SF		2	/* min-hash features per super-feature */
 #endif
+#ifndef AZ_SIM_DENSITY
+#define AZ_SIM_DENSITY		1	/* default slots per similarity entry */
+#endif
 #ifndef AZ_SIM_BLOCK_SIZE
 #define AZ_SIM_BLOCK_SIZE	32	/* bytes per hashed block */
 #endif
@@ -240,6 +243,7 @@ struct az_store {
 
 	az_spinlock_t idx_lock;		/* everything in @idx */
 	struct az_index idx;
+	u32 sim_slots;			/* slots per similarity entry (reg_lock) */
 
 	struct az_defer defer;		/* objects waiting to be freed */
 

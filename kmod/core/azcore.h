@@ -200,6 +200,16 @@ int az_store_slot_info(struct az_store *s, u64 slot, u32 *bytes);
 int az_store_set_base_cache(struct az_store *s, u32 pages);
 u32 az_store_get_base_cache(struct az_store *s);
 
+/*
+ * Similarity index size (index.c): swap slots per similarity entry, a
+ * power of two from 1 (the default) to AZ_SIM_SLOTS_MAX.  The indexes are
+ * allocated when the first owner registers; until then this may change,
+ * afterwards it is -EBUSY.  -EINVAL for other values.
+ */
+#define AZ_SIM_SLOTS_MAX	64
+int az_store_set_sim_slots(struct az_store *s, u32 slots);
+u32 az_store_get_sim_slots(struct az_store *s);
+
 void az_store_get_stats(struct az_store *s, struct az_stats *st);
 u64 az_store_nr_slots(struct az_store *s);
 

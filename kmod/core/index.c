@@ -25,16 +25,16 @@
 #include "az_internal.h"
 
 /*
- * Sizing, fixed at create time from the number of slots: one dedup
- * bucket per 4 slots (8 bytes each) and one similarity entry per slot
- * (16 bytes each; every non-delta object takes AZ_NR_SF entries, the
- * oldest drop out).  Measured with tests/core/bench_core.py: halving the
- * similarity table halves the similar pages found on a full device.
+ * Sizing, fixed when the first owner registers, from the number of slots:
+ * one dedup bucket per 4 slots (8 bytes each) and one similarity entry
+ * per s->sim_slots slots (16 bytes each; every non-delta object takes
+ * AZ_NR_SF entries, the oldest drop out).  Measured with
+ * tests/core/bench_core.py: halving the similarity table halves the
+ * similar pages found on a full device of distinct pages.  A fleet of
+ * snapshot-restored VMs, whose slots are mostly duplicates of template
+ * bases (no index entry), needs fewer (docs/store.md: sim_slots).
  */
 #define AZ_DEDUP_LOAD	4
-#ifndef AZ_SIM_DENSITY
-#define AZ_SIM_DENSITY	1
-#endif
 
 static u32 az_pow2_below(u64 n, u32 min, u32 max)
 {
@@ -71,8 +71,9 @@ int az_index_ensure(struct az_store *s)
 		return 0;
 	nd = az_pow2_below(s->nr_slots / AZ_DEDUP_LOAD, 256, 1U << 22);
 	nt = az_pow2_below(s->nr_slots / 8, 256, 1U << 20);
-	ns = az_pow2_below(s->nr_slots / AZ_SIM_DENSITY / AZ_SIM_WAYS, 64,
-			   1U << 22);
+	/* A racing az_store_set_sim_slots() only changes the size. */
+	ns = az_pow2_below(s->nr_slots / AZ_READ_ONCE(s->sim_slots) /
+			   AZ_SIM_WAYS, 64, 1U << 22);
 	x.dbuckets = az_valloc(nd * sizeof(*x.dbuckets));
 	x.tbuckets = az_valloc(nt * sizeof(*x.tbuckets));
 	x.sim = az_valloc((size_t)ns * AZ_SIM_WAYS * sizeof(*x.sim));
@@ -96,6 +97,26 @@ int az_index_ensure(struct az_store *s)
 	az_spin_unlock(&s->reg_lock);
 	az_index_free(&x);
 	return 0;
+}
+
+int az_store_set_sim_slots(struct az_store *s, u32 slots)
+{
+	int ret = 0;
+
+	if (!slots || slots > AZ_SIM_SLOTS_MAX || (slots & (slots - 1)))
+		return -EINVAL;
+	az_spin_lock(&s->reg_lock);
+	if (s->idx.dbuckets)
+		ret = slots == s->sim_slots ? 0 : -EBUSY;
+	else
+		AZ_WRITE_ONCE(s->sim_slots, slots);
+	az_spin_unlock(&s->reg_lock);
+	return ret;
+}
+
+u32 az_store_get_sim_slots(struct az_store *s)
+{
+	return AZ_READ_ONCE(s->sim_slots);
 }
 
 void az_index_destroy(struct az_store *s)

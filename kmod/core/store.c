@@ -423,6 +423,7 @@ struct az_store *az_store_create(u64 nr_slots, const char *name)
 	s->pol.delta_max_pct = 80;
 	s->pol.verify = 1;
 	s->pol.shuffle = 1;
+	s->sim_slots = AZ_SIM_DENSITY;
 	/* The cache is an optimisation: without memory for it, run without. */
 	if (az_store_set_base_cache(s, AZ_BC_DEFAULT_PAGES))
 		az_warn("no memory for the base cache, running without\n");

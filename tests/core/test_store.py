@@ -431,3 +431,32 @@ def test_shuffle_off_stores_float_pages_raw(make_store, pol):
     assert [s.kind(20 + i) for i in range(8)] == ["plain"] * 8
     assert [s.get(20 + i) for i in range(8)] == qs
     assert [s.get(i) for i in range(9)] == ps
+
+
+def test_sim_slots_sizes_the_similarity_index(make_store):
+    """sim_slots: power of two 1..64, fixed once an owner registered; smaller index, same pages."""
+    sizes = {}
+    for n in (1, 4):
+        s = make_store(4096)
+        assert s.sim_slots() == 1
+        for bad in (0, 3, 6, 128, 1 << 31):
+            with pytest.raises(CoreError) as e:
+                s.set_sim_slots(bad)
+            assert e.value.errno == errno.EINVAL
+        s.set_sim_slots(n)
+        assert s.stats()["index_bytes"] == 0  # nothing allocated before an owner
+        s.add_sandbox(11, 1)
+        sizes[n] = s.stats()["index_bytes"]
+        with pytest.raises(CoreError) as e:
+            s.set_sim_slots(2 * n)
+        assert e.value.errno == errno.EBUSY
+        s.set_sim_slots(n)  # the size in force is accepted
+        rng = random.Random(n)
+        base = pages.make("text", 1)
+        want = {k: pages.mutate(base, rng, 4) for k in range(64)}
+        for k, p in want.items():
+            s.put(k, p, owner=11, index=k)
+        assert s.kind(1) == "xdelta"  # the index still finds near-duplicates
+        assert all(s.get(k) == p for k, p in want.items())
+    # 4096 slots: 4096 -> 1024 similarity entries of 16 bytes
+    assert sizes[1] - sizes[4] == (4096 - 1024) * 16

@@ -193,6 +193,7 @@ BAD: dict[str, list[bytes]] = {
     "sim_effort": [b"", b"65", b"-1", b"abc", b"4294967296", b"99999999999999999999"],
     "delta_max_pct": [b"", b"0", b"101", b"-1", b"abc", b"4294967297"],
     "base_cache": [b"", b"65537", b"-1", b"abc", b"1M", b"4294967296", b"99999999999999999999"],
+    "sim_slots": [b"", b"0", b"3", b"6", b"128", b"-1", b"abc", b"4294967296"],
 }
 READ_ONLY = ["initstate", "mm_stat", "io_stat", "kind_stat", "obj_stat"]
 
@@ -239,6 +240,8 @@ def test_bad_input_every_attribute(dev0, initialised: bool) -> None:
         ("mem_used_max", "0", d.read("mem_used_max")),
         ("base_cache", "0", "0"),
         ("base_cache", "256", "256"),
+        ("sim_slots", "64", "64"),
+        ("sim_slots", "1", "1"),
     ]:
         d.set(attr, good)
         assert d.read(attr) == shown, attr

@@ -246,3 +246,36 @@ def test_events(nl) -> None:
     got = [(e["cmd"], e.get("CGROUP_ID"), e.get("GROUP"), e.get("PHASE")) for e in ev]
     assert got == [(2, cg.id, 5, None), (10, cg.id, None, 3), (3, cg.id, 5, None)], got
     assert all(e.get("DEV") == 0 for e in ev)
+
+
+def test_sim_slots_fixed_once_an_owner_registers(dev0) -> None:
+    """sim_slots sizes the similarity index: free to change until it exists, EBUSY after."""
+    dev0.set("sim_slots", "4")  # before disksize: kept and applied
+    dev0.set("disksize", "64M")
+    assert dev0.read("sim_slots") == "4"
+    meta_small = int(dev0.read("mm_stat").split()[8])  # index_bytes: none yet
+    assert meta_small == 0
+    dev0.set("sim_slots", "8")
+    c = Client()
+    try:
+        cg = ag.Cgroup("nl-simslots")
+        c.request("SANDBOX_ADD", [("CGROUP_PATH", cg.rel), ("GROUP", 3)])
+        idx8 = int(dev0.read("mm_stat").split()[8])
+        assert idx8 > 0
+        assert dev0.write("sim_slots", "1") == errno.EBUSY
+        assert dev0.write("sim_slots", "8") == 0  # the value in force is accepted
+        assert dev0.read("sim_slots") == "8"
+        assert dev0.write("sim_slots", "5") == errno.EINVAL
+    finally:
+        c.close()
+    # A reset frees the indexes: the next store may be sized again, and a
+    # similarity table of one entry per slot is larger than one per 8 slots.
+    dev0.set("reset", "1")
+    dev0.set("sim_slots", "1")
+    dev0.set("disksize", "64M")
+    c = Client()
+    try:
+        c.request("SANDBOX_ADD", [("CGROUP_PATH", ag.Cgroup("nl-simslots2").rel), ("GROUP", 3)])
+        assert int(dev0.read("mm_stat").split()[8]) > idx8
+    finally:
+        c.close()
