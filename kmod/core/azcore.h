@@ -99,7 +99,7 @@ struct az_stats {
 	u64 orig_bytes;		/* pages_stored * PAGE_SIZE */
 	u64 stored_bytes;	/* payload bytes of live objects */
 	u64 pool_bytes;		/* bytes the allocator holds */
-	u64 meta_bytes;		/* slot table + objects + indexes */
+	u64 meta_bytes;		/* slots + owners + objects + indexes + cache */
 	u64 index_bytes;	/* dedup + similarity index part of meta_bytes */
 	u64 template_bytes;	/* stored bytes of template bases */
 	u64 kind_pages[AZ_NR_KINDS];	/* slots per representation now */

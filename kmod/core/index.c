@@ -126,15 +126,17 @@ void az_index_destroy(struct az_store *s)
 }
 
 /*
- * Index memory: the tables, the template nodes and the per-object index
- * fields (hash, chain link, similarity positions) of indexed objects.
+ * Index memory: the tables and the template nodes (@own_bytes, memory of
+ * the index itself), plus the per-object index fields (hash, chain link,
+ * similarity positions) of indexed objects, which live in struct az_obj.
  */
-u64 az_index_bytes(struct az_store *s)
+u64 az_index_bytes(struct az_store *s, u64 *own_bytes)
 {
 	struct az_index *x = &s->idx;
 
-	return AZ_READ_ONCE(x->table_bytes) +
-	       AZ_READ_ONCE(x->tnodes) * sizeof(struct az_tnode) +
+	*own_bytes = AZ_READ_ONCE(x->table_bytes) +
+		     AZ_READ_ONCE(x->tnodes) * sizeof(struct az_tnode);
+	return *own_bytes +
 	       AZ_READ_ONCE(x->indexed) * (sizeof(u64) + sizeof(void *) +
 					    AZ_NR_SF * sizeof(u32));
 }

@@ -915,18 +915,20 @@ out:
 void az_store_get_stats(struct az_store *s, struct az_stats *st)
 {
 	unsigned int k;
+	u64 idx_own;
 
 	memset(st, 0, sizeof(*st));
 	st->pages_stored = az_atomic64_read(&s->pages_stored);
 	st->orig_bytes = st->pages_stored * AZ_PAGE_SIZE;
 	st->stored_bytes = az_atomic64_read(&s->stored_bytes);
 	st->pool_bytes = az_pool_bytes(s->pool);
-	st->index_bytes = az_index_bytes(s);
+	st->index_bytes = az_index_bytes(s, &idx_own);
 	st->objects = az_atomic64_read(&s->objects);
+	/* The objects' index fields are in sizeof(struct az_obj): once. */
 	st->meta_bytes = s->nr_slots * sizeof(struct az_slot) +
 			 AZ_MAX_OWNERS * sizeof(struct az_owner) +
 			 (st->objects - az_atomic64_read(&s->direct)) *
-			 sizeof(struct az_obj) + st->index_bytes;
+			 sizeof(struct az_obj) + idx_own;
 	st->base_cache_pages = az_store_get_base_cache(s);
 	st->base_cache_hits = az_atomic64_read(&s->bc_hits);
 	st->base_cache_misses = az_atomic64_read(&s->bc_misses);
