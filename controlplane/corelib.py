@@ -170,6 +170,7 @@ def load_lib(path: str | os.PathLike[str] | None = None) -> ctypes.CDLL:
         "az_debug_decode": (ctypes.c_int, [vp, cp, u32, cp, cp]),
         "az_debug_encode": (ctypes.c_int, [vp, ctypes.POINTER(Policy), cp, cp, cp]),
         "az_store_debug_check": (ctypes.c_int, [vp]),
+        "az_debug_obj_size": (u64, []),
         "az_host_put_batch": (ctypes.c_int, [vp, vp, u64, cp, u32, ctypes.POINTER(PageInfo)]),
         "az_host_get_batch": (ctypes.c_int, [vp, vp, u64, vp, u32]),
     }

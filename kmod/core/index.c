@@ -64,16 +64,17 @@ static void az_index_free(struct az_index *x)
  */
 int az_index_ensure(struct az_store *s)
 {
-	struct az_index x = { 0 };
-	u32 nd, nt, ns;
+	struct az_index x;
+	u32 nd, nt, ns, slots;
 
+again:
 	if (s->idx.dbuckets)	/* racy peek; installed once, never freed */
 		return 0;
+	memset(&x, 0, sizeof(x));
 	nd = az_pow2_below(s->nr_slots / AZ_DEDUP_LOAD, 256, 1U << 22);
 	nt = az_pow2_below(s->nr_slots / 8, 256, 1U << 20);
-	/* A racing az_store_set_sim_slots() only changes the size. */
-	ns = az_pow2_below(s->nr_slots / AZ_READ_ONCE(s->sim_slots) /
-			   AZ_SIM_WAYS, 64, 1U << 22);
+	slots = AZ_READ_ONCE(s->sim_slots);
+	ns = az_pow2_below(s->nr_slots / slots / AZ_SIM_WAYS, 64, 1U << 22);
 	x.dbuckets = az_valloc(nd * sizeof(*x.dbuckets));
 	x.tbuckets = az_valloc(nt * sizeof(*x.tbuckets));
 	x.sim = az_valloc((size_t)ns * AZ_SIM_WAYS * sizeof(*x.sim));
@@ -88,6 +89,12 @@ int az_index_ensure(struct az_store *s)
 			(u64)ns * AZ_SIM_WAYS * sizeof(*x.sim);
 
 	az_spin_lock(&s->reg_lock);
+	if (!s->idx.dbuckets && slots != s->sim_slots) {
+		/* az_store_set_sim_slots() ran meanwhile: size it again. */
+		az_spin_unlock(&s->reg_lock);
+		az_index_free(&x);
+		goto again;
+	}
 	if (!s->idx.dbuckets) {
 		s->idx = x;
 		x.dbuckets = NULL;

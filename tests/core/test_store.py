@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import random
+import threading
 
 import lz4.block
 import numpy as np
@@ -458,5 +460,57 @@ def test_sim_slots_sizes_the_similarity_index(make_store):
             s.put(k, p, owner=11, index=k)
         assert s.kind(1) == "xdelta"  # the index still finds near-duplicates
         assert all(s.get(k) == p for k, p in want.items())
-    # 4096 slots: 4096 -> 1024 similarity entries of 16 bytes
-    assert sizes[1] - sizes[4] == (4096 - 1024) * 16
+    # 4096 slots: 4096 -> 1024 similarity entries (a 64-bit key and an object pointer)
+    assert sizes[1] - sizes[4] == (4096 - 1024) * (8 + ctypes.sizeof(ctypes.c_void_p))
+
+
+def test_meta_bytes_count_index_fields_once(make_store):
+    """meta_bytes holds the index tables once and each object's header once.
+
+    The objects' index fields (hash, chain link, similarity positions) live in the header:
+    index_bytes reports them, meta_bytes must not add them again (it did until session 4).
+    """
+    s = make_store(1024)
+    obj_size = s.lib.az_debug_obj_size()
+    m0, i0 = s.stats()["meta_bytes"], s.stats()["index_bytes"]
+    s.add_sandbox(11, 1)
+    st = s.stats()
+    assert st["meta_bytes"] - m0 == st["index_bytes"] - i0 > 0  # the tables, once
+    m1, i1, n1 = st["meta_bytes"], st["index_bytes"], st["objects"]
+    for k in range(32):
+        s.put(k, pages.make("text", 100 + k), owner=11, index=k)
+    st = s.stats()
+    assert st["objects"] - n1 == 32
+    assert st["index_bytes"] - i1 == 32 * (8 + ctypes.sizeof(ctypes.c_void_p) + 3 * 4)
+    assert st["meta_bytes"] - m1 == 32 * obj_size
+
+
+def test_sim_slots_racing_the_first_registration(make_store):
+    """A sim_slots change racing the index allocation: the index is sized by what get reports."""
+    want: dict[int, int] = {}
+    for n in (1, 64):  # reference sizes, sequential
+        ref = make_store(1 << 16)
+        ref.set_sim_slots(n)
+        ref.add_sandbox(11, 1)
+        want[n] = ref.stats()["index_bytes"]
+        ref.close()
+    assert want[1] > want[64]
+    for _ in range(200):
+        s = make_store(1 << 16)
+        res: list[int] = []
+
+        def change(s: Store = s, res: list[int] = res) -> None:
+            try:
+                s.set_sim_slots(64)
+                res.append(0)
+            except CoreError as e:
+                res.append(e.errno)
+
+        t = threading.Thread(target=change)
+        t.start()
+        s.add_sandbox(11, 1)
+        t.join()
+        assert res[0] in (0, errno.EBUSY)
+        assert s.stats()["index_bytes"] == want[s.sim_slots()]
+        assert res[0] == 0 or s.sim_slots() == 1
+        s.close()

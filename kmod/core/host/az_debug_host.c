@@ -123,6 +123,11 @@ static int az_ptr_cmp(const void *a, const void *b)
 	}								\
 } while (0)
 
+u64 az_debug_obj_size(void)
+{
+	return sizeof(struct az_obj);
+}
+
 int az_store_debug_check(struct az_store *s)
 {
 	struct az_chk refs = { 0 }, objs = { 0 };
