@@ -68,7 +68,7 @@ static void az_xor_page(u8 *dst, const u8 *a, const u8 *b)
  * touch only the rows k, k + 8, k + 16, k + 24, stages 4, 2 and 1 only the
  * rows 8m .. 8m + 7; @a carries the rows between the two passes.  (One
  * pass per stage over a 32-row array moved every row through memory five
- * times: 2.5x slower natively, more under QEMU's TCG.)
+ * times: 2.2x slower natively and under QEMU's TCG.)
  */
 static void az_transpose32x2(u8 *dst, u32 dstep, const u8 *src, u32 sstep)
 {
