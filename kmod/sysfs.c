@@ -430,8 +430,8 @@ static ssize_t sim_slots_store(struct device *d, struct device_attribute *attr,
 	unsigned int v;
 	int ret = 0;
 
-	if (azswap_parse_uint(buf, AZ_SIM_SLOTS_MAX, &v) || !v ||
-	    (v & (v - 1)))
+	if (azswap_parse_uint(buf, AZ_SIM_SLOTS_MAX, &v) ||
+	    !az_sim_slots_valid(v))
 		return -EINVAL;
 	down_write(&dev->init_lock);
 	if (dev->store)

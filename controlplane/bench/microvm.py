@@ -296,8 +296,6 @@ def azswap_unregister(ids: dict[str, int], tid: int) -> None:
 def run_one(rec: Recording, style: str, sysname: str, exe: Path, tmp: Path,
             sim_slots: int = 1) -> dict[str, Any]:
     system = make_system(sysname)
-    if isinstance(system, Azswap):
-        system.sim_slots = sim_slots
     remove_cgroups()
     cgs = make_cgroups([v.name for v in rec.vms])
     if style == "private":
@@ -310,7 +308,7 @@ def run_one(rec: Recording, style: str, sysname: str, exe: Path, tmp: Path,
     res: dict[str, Any] = {"system": sysname, "style": style, "ok": False, "vms": {},
                            "disksize": nbytes, "meta_order": "sandboxes-first"}
     if isinstance(system, Azswap):
-        res["sim_slots"] = sim_slots
+        system.sim_slots = res["sim_slots"] = sim_slots
     az = sysname.startswith("azswap")
     ids: dict[str, int] = {}
     vmms: dict[str, Vmm] = {}

@@ -207,6 +207,10 @@ u32 az_store_get_base_cache(struct az_store *s);
  * afterwards it is -EBUSY.  -EINVAL for other values.
  */
 #define AZ_SIM_SLOTS_MAX	64
+static inline bool az_sim_slots_valid(u32 slots)
+{
+	return slots && slots <= AZ_SIM_SLOTS_MAX && !(slots & (slots - 1));
+}
 int az_store_set_sim_slots(struct az_store *s, u32 slots);
 u32 az_store_get_sim_slots(struct az_store *s);
 

@@ -110,7 +110,7 @@ int az_store_set_sim_slots(struct az_store *s, u32 slots)
 {
 	int ret = 0;
 
-	if (!slots || slots > AZ_SIM_SLOTS_MAX || (slots & (slots - 1)))
+	if (!az_sim_slots_valid(slots))
 		return -EINVAL;
 	az_spin_lock(&s->reg_lock);
 	if (s->idx.dbuckets)
