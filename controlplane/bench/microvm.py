@@ -21,11 +21,16 @@ style and every system:
                pages written at their offsets (CoW: page->index = file page offset);
       anon     anonymous memory with the whole image copied in (QEMU's restore from a file),
                then the VM's differing pages: only non-zero pages are written;
+      private-reclaim  as private, but the image is a copy on tmpfs charged to its own cgroup
+               (azvm/image, for azswap registered as a sandbox of the template's group), which
+               the host reclaims too once the VMs are in swap: the snapshot file in host memory
+               is swapped like the VMs (azswap keeps its pages as duplicates of the bases);
     then memory.reclaim pushes the cgroup to swap (one VM after the other);
  3. stored bytes are read from the system (pool bytes; azswap: payload, metadata, per-owner and
     per-representation stats over netlink);
  4. restore: each VM touches every page it wrote (the swap-in faults), timed, and every page is
-    checked against the recording (checksums).
+    checked against the recording (checksums); private-reclaim then reads the whole image back
+    (tmpfs swap-in, timed) and checks every page of it.
 
 Figures go to $AZSWAP_OUT/microvm-live.json; `python -m controlplane.bench.microvm_report` joins
 them with the host replay's unlimited-search limit and prints both views (docs/microvm.md).
@@ -72,7 +77,9 @@ CGROOT = CG / "azvm"
 RUN = Path("/run/azvm")
 VM_BASE = 0x2000_0000_0000  # guest RAM's address in every VMM process (page index VM_BASE >> 12)
 GROUP = 1
-STYLES = ("private", "anon")
+STYLES = ("private", "anon", "private-reclaim")
+PRIVATE = ("private", "private-reclaim")  # styles that map the image MAP_PRIVATE
+IMAGE_CG = "image"  # private-reclaim: the cgroup the image's tmpfs pages are charged to
 SYSTEMS = ("azswap-lz4", "azswap-zstd", "zram-lz4", "zram-zstd", "zswap-lz4", "zswap-zstd",
            "azswap-lz4-noshuf", "azswap-zstd-noshuf", "azswap-zstd:6")
 # On request only: "-noshuf" (policy shuffle=0), "azswap-zstd:6" (zstd level 6, the level for
@@ -180,20 +187,21 @@ class Vmm:
             raise RuntimeError(f"expected VMM {name}, got {got}")
         self.expect = np.zeros(0, np.uint64)
 
-    def map(self, rec: Recording, style: str) -> None:
+    def map(self, rec: Recording, image: Path | None) -> None:
+        """Guest RAM: @image mapped MAP_PRIVATE, or anonymous memory when None."""
         end = VM_BASE + rec.npages * PAGE_SIZE
-        path = str(rec.image) if style == "private" else ""
+        path = str(image) if image else ""
         rc = self.p.map(Vma(VM_BASE, end, 0, 3, path))
         if rc != 0:
             raise RuntimeError(f"{self.p.name}: mapping guest RAM failed ({rc})")
         maps = Path(f"/proc/{self.proc.pid}/maps").read_text()
         line = next((ln for ln in maps.splitlines() if ln.startswith(f"{VM_BASE:x}-")), "")
-        if (style == "private") != (str(rec.image) in line):
+        if bool(image) != (path != "" and path in line):
             raise RuntimeError(f"{self.p.name}: guest RAM is not mapped as asked: {line!r}")
 
     def fill(self, rec: Recording, vm: Vm, style: str) -> int:
         """Write the VM's pages; remember the expected checksum of each written page."""
-        if style == "private":
+        if style in PRIVATE:
             self._write(vm.offs, vm.data)
             self.expect = vm.sums
             return len(vm.offs)
@@ -253,7 +261,7 @@ def azswap_template(rec: Recording, style: str) -> dict[str, Any]:
 
     from ..netlink import AzswapNetlink
 
-    base = 0 if style == "private" else VM_BASE // PAGE_SIZE
+    base = 0 if style in PRIVATE else VM_BASE // PAGE_SIZE
     t0 = time.perf_counter()
     with AzswapNetlink() as nl:
         nl.template_add(GROUP, cgroup_id=rec.template_id)
@@ -292,16 +300,55 @@ def azswap_unregister(ids: dict[str, int], tid: int) -> None:
             nl.template_del(tid)
 
 
+# ------------------------------------------------------------------ private-reclaim: the image
+def image_copy(src: Path, dst: Path, cg: Path) -> None:
+    """Copy the image to @dst (tmpfs) from a process in @cg, so that its pages are charged there
+    (zero pages stay holes, as in the image)."""
+
+    def enter() -> None:
+        (cg / "cgroup.procs").write_text(str(os.getpid()))
+
+    subprocess.run(["cp", "--sparse=always", str(src), str(dst)], check=True,
+                   preexec_fn=enter)
+
+
+def image_readback(rec: Recording, path: Path) -> tuple[float, int]:
+    """Read the whole image (tmpfs swap-in of what was reclaimed); returns the seconds spent
+    reading and the number of pages whose checksum differs from the recording's."""
+    chunk = 256  # pages per read
+    buf = bytearray(chunk * PAGE_SIZE)
+    view = memoryview(buf)
+    spent = 0.0
+    bad = 0
+    with open(path, "rb", buffering=0) as f:
+        for first in range(0, rec.npages, chunk):
+            n = min(chunk, rec.npages - first)
+            got = 0
+            t0 = time.perf_counter()
+            while got < n * PAGE_SIZE:
+                k = f.readinto(view[got : n * PAGE_SIZE])
+                if not k:
+                    raise RuntimeError(f"{path}: short read at page {first}")
+                got += k
+            spent += time.perf_counter() - t0
+            sums = checksums(bytes(view[: n * PAGE_SIZE]))
+            bad += int((sums != rec.tmpl_sums[first : first + n]).sum())
+    return spent, bad
+
+
 # ------------------------------------------------------------------ one run
 def run_one(rec: Recording, style: str, sysname: str, exe: Path, tmp: Path,
             sim_slots: int = 1) -> dict[str, Any]:
     system = make_system(sysname)
     remove_cgroups()
-    cgs = make_cgroups([v.name for v in rec.vms])
-    if style == "private":
+    reclaim_image = style == "private-reclaim"
+    cgs = make_cgroups([v.name for v in rec.vms] + ([IMAGE_CG] if reclaim_image else []))
+    if style in PRIVATE:
         pages = sum(len(v.offs) for v in rec.vms)
     else:
         pages = sum(max(v.nonzero_pages, len(v.offs)) for v in rec.vms)
+    if reclaim_image:
+        pages += int(rec.tmpl_nonzero.sum())
     # Sized as an operator would for this fleet (what it swaps + 10%): azswap's slot table and
     # indexes are provisioned per slot and counted in its metadata.
     nbytes = (pages * PAGE_SIZE * 11 // 10 + (16 << 20)) // PAGE_SIZE * PAGE_SIZE
@@ -319,6 +366,8 @@ def run_one(rec: Recording, style: str, sysname: str, exe: Path, tmp: Path,
     lsock.bind(sock_path)
     lsock.listen(64)
     lsock.settimeout(120)
+    image = rec.image if style == "private" else None
+    img_mnt = tmp / "image"
     try:
         system.setup(nbytes)
         if az:
@@ -330,12 +379,18 @@ def run_one(rec: Recording, style: str, sysname: str, exe: Path, tmp: Path,
         if az:
             res["template_load"] = azswap_template(rec, style)
         s1 = system.stats()
+        if reclaim_image:
+            img_mnt.mkdir(exist_ok=True)
+            sh("mount", "-t", "tmpfs", "-o", f"size={rec.npages * PAGE_SIZE + (1 << 20)}",
+               "azvm-image", str(img_mnt))
+            image = img_mnt / "template.ram"
+            image_copy(rec.image, image, cgs[IMAGE_CG])
         t_fill = t_out = 0.0
         for vm in rec.vms:
             t0 = time.perf_counter()
             v = Vmm(exe, lsock, sock_path, vm.name, cgs[vm.name])
             vmms[vm.name] = v
-            v.map(rec, style)
+            v.map(rec, image)
             written = v.fill(rec, vm, style)
             t_fill += time.perf_counter() - t0
             anon = cg_stat(cgs[vm.name]).get("anon", 0)
@@ -349,19 +404,36 @@ def run_one(rec: Recording, style: str, sysname: str, exe: Path, tmp: Path,
         s2 = system.stats()
         res["fill_s"], res["swapout_s"] = t_fill, t_out
         res["stats_before"], res["stats_after_template"], res["stats_after"] = s0, s1, s2
+        sf = s2
+        if reclaim_image:
+            # the host reclaims the snapshot file's pages too, once the VMs are in swap
+            cg = cgs[IMAGE_CG]
+            shmem = cg_stat(cg).get("shmem", 0)
+            spent = reclaim(cg, "shmem")
+            sf = system.stats()
+            res["stats_after_image"] = sf
+            res["image"] = {
+                "pages": int(rec.tmpl_nonzero.sum()), "shmem_bytes": shmem,
+                "shmem_after_reclaim": cg_stat(cg).get("shmem", 0), "reclaim_s": spent,
+                "swap_current": int(rfile(cg / "memory.swap.current")),
+                "pool_bytes": sf.get("pool", 0) - s2.get("pool", 0),
+                "meta_bytes": sf.get("meta", 0) - s2.get("meta", 0)}
+            log(f"{style}/{sysname}: image: {(shmem - res['image']['shmem_after_reclaim']) >> 20}"
+                f" MiB swapped out in {spent:.1f}s, "
+                f"{res['image']['pool_bytes'] / 2**20:.1f} MiB in the pool")
         for vm in rec.vms:
             res["vms"][vm.name]["swap_current"] = int(rfile(cgs[vm.name] / "memory.swap.current"))
         swapped = sum(r["anon_bytes"] - r["anon_after_reclaim"] for r in res["vms"].values())
         res["swapped_out_bytes"] = swapped
-        res["pool_bytes"] = s2.get("pool", 0)
+        res["pool_bytes"] = sf.get("pool", 0)
         res["template_pool_bytes"] = s1.get("pool", 0) - s0.get("pool", 0)
         res["sandbox_pool_bytes"] = s2.get("pool", 0) - s1.get("pool", 0)
         if "payload" in s2:
-            res["payload_bytes"] = s2["payload"]
+            res["payload_bytes"] = sf["payload"]
             res["sandbox_payload_bytes"] = s2["payload"] - s1.get("payload", 0)
         if az:
-            res["meta_bytes"] = s2.get("meta", 0)
-            res["template_bytes"] = s2.get("template_bytes", 0)
+            res["meta_bytes"] = sf.get("meta", 0)
+            res["template_bytes"] = sf.get("template_bytes", 0)
             res["owners"] = azswap_owner_stats(ids, rec.template_id)
         # restore: every VM faults all its pages back, one VM after the other
         lats = []
@@ -382,12 +454,18 @@ def run_one(rec: Recording, style: str, sysname: str, exe: Path, tmp: Path,
         res["load_p99_us"] = pct(lat_all, 99) / 1e3
         res["bad_pages"] = bad
         res["ok"] = bad == 0
+        if reclaim_image and image is not None:
+            spent, nbad = image_readback(rec, image)
+            res["image"].update(restore_s=spent, bad_pages=nbad)
+            res["ok"] = res["ok"] and nbad == 0
         return res
     finally:
         for v in vmms.values():
             with contextlib.suppress(Exception):
                 v.quit()
         lsock.close()
+        if reclaim_image and img_mnt.is_mount():
+            sh("umount", str(img_mnt), check=False)
         if az:
             azswap_unregister(ids, rec.template_id)
         try:

@@ -14,11 +14,14 @@ offset; raw bytes / bytes each system stores for them (payload = compressed obje
 the allocator holds). Fleet: the sum of each VM's non-zero guest RAM / what the host spends:
   private  template image in page cache (raw, once) + everything in swap (azswap: its template
            bases too) + azswap metadata;
-  anon     everything in swap (azswap: the template's compressed bases, loaded once) + metadata.
+  anon     everything in swap (azswap: the template's compressed bases, loaded once) + metadata;
+  private-reclaim  as private, but the image's page cache (tmpfs) is reclaimed too: what stays
+           resident + what the image's pages cost in swap (azswap: duplicates of its bases) +
+           everything else in swap + metadata.
 Projection to N VMs: fixed cost F (the template: raw image and/or bases, and the bases'
-metadata when the run tells it apart) + N x the measured mean per-VM cost (everything else, the
-per-slot tables included, divided by the recorded N), against N x the mean per-VM non-zero RAM:
-fleet(N) = N*R / (F + N*C).
+metadata when the run tells it apart; the reclaimed image's residue and swap cost) + N x the
+measured mean per-VM cost (everything else, the per-slot tables included, divided by the
+recorded N), against N x the mean per-VM non-zero RAM: fleet(N) = N*R / (F + N*C).
 """
 
 from __future__ import annotations
@@ -193,15 +196,20 @@ def fleet_view(live: dict[str, Any], projections: tuple[int, ...]) -> list[dict[
         # record it; its few bytes of bookkeeping per page stay in the per-VM cost).
         bcache = r.get("stats_before", {}).get("base_cache_pages", 0) * PAGE_SIZE
         tmpl_meta += bcache
+        img = r.get("image") or {}
+        # what the template image costs in swap once reclaimed (pool and, azswap, slots)
+        img_swap = img.get("pool_bytes", 0) + img.get("meta_bytes", 0)
         if r["style"] == "private":
-            fixed = tmpl_raw + tmpl_pool + tmpl_meta
-            spent = tmpl_raw + pool + meta
+            page_cache = tmpl_raw
+        elif r["style"] == "private-reclaim":
+            page_cache = img.get("shmem_after_reclaim", 0)
         else:
-            fixed = tmpl_pool + tmpl_meta
-            spent = pool + meta
+            page_cache = 0
+        fixed = page_cache + img_swap + tmpl_pool + tmpl_meta
+        spent = page_cache + pool + meta
         per_vm = (spent - fixed) / n
         row = {"style": r["style"], "system": r["system"], "vms": n, "nonzero_bytes": nonzero,
-               "template_page_cache_bytes": tmpl_raw if r["style"] == "private" else 0,
+               "template_page_cache_bytes": page_cache, "image_swap_bytes": img_swap,
                "template_bases_bytes": tmpl_pool, "sandbox_pool_bytes": r["sandbox_pool_bytes"],
                "meta_bytes": meta, "template_meta_bytes": tmpl_meta,
                "spent_bytes": spent, "fleet": nonzero / spent,
@@ -224,6 +232,13 @@ def restore_view(live: dict[str, Any]) -> list[dict[str, Any]]:
                      "pages": r["restored_pages"], "p50_us": r["load_p50_us"],
                      "p99_us": r["load_p99_us"], "swapout_s": r["swapout_s"],
                      "bad_pages": r["bad_pages"], "verified": r["ok"]})
+        img = r.get("image")
+        if img and "restore_s" in img:  # private-reclaim: the image read back (tmpfs swap-in)
+            rows.append({"style": f"{r['style']} (image)", "system": r["system"],
+                         "guest": r.get("guest", ""), "restore_s": img["restore_s"],
+                         "pages": img["pages"], "p50_us": None, "p99_us": None,
+                         "swapout_s": img["reclaim_s"], "bad_pages": img["bad_pages"],
+                         "verified": img["bad_pages"] == 0})
     # restore times compare only within one guest run (same boot, same load on the host)
     for x in rows:
         base = next((b for b in rows if b["style"] == x["style"] and b["system"] == "zram-lz4"
@@ -285,16 +300,18 @@ def markdown(live: dict[str, Any], owned: list[dict[str, Any]], fleet: list[dict
         "",
         "## Fleet (sum of each VM's non-zero guest RAM / what the host spends)",
         "",
-        "| style | system | non-zero MiB | template page cache MiB | template bases MiB "
+        "| style | system | non-zero MiB | template page cache MiB | template image in swap MiB "
+        "| template bases MiB "
         "| sandboxes MiB | metadata MiB (fixed: template's + base cache) | host spends MiB "
         "| fleet | "
         + " | ".join(f"N={k} (proj.)" for k in projections) + " |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * len(projections),
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * len(projections),
     ]
     for x in fleet:
         lines.append(
             f"| {x['style']} | {x['system']} | {_f(x['nonzero_bytes'], '.1f', MiB)} | "
             f"{_f(x['template_page_cache_bytes'], '.1f', MiB)} | "
+            f"{_f(x.get('image_swap_bytes', 0), '.1f', MiB)} | "
             f"{_f(x['template_bases_bytes'], '.1f', MiB)} | "
             f"{_f(x['sandbox_pool_bytes'], '.1f', MiB)} | {_f(x['meta_bytes'], '.1f', MiB)} "
             f"({_f(x['template_meta_bytes'], '.1f', MiB)}) | "
@@ -315,7 +332,7 @@ def markdown(live: dict[str, Any], owned: list[dict[str, Any]], fleet: list[dict
         lines.append(
             f"| {x['style']} | {x['system']} | {x.get('guest', '')} | {x['pages']} | "
             f"{x['restore_s']:.2f} | "
-            f"{_f(x.get('vs_zram_lz4'))} | {x['p50_us']:.1f} | {x['p99_us']:.1f} | "
+            f"{_f(x.get('vs_zram_lz4'))} | {_f(x['p50_us'], '.1f')} | {_f(x['p99_us'], '.1f')} | "
             f"{x['swapout_s']:.1f} | {x['bad_pages']} |")
     return "\n".join(lines) + "\n"
 

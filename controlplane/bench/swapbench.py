@@ -488,16 +488,17 @@ def remove_cgroups() -> None:
     record.remove_cgroups(CGROOT)
 
 
-def reclaim(cg: Path) -> float:
-    """Push the cgroup's anonymous memory to swap; returns seconds spent in memory.reclaim."""
+def reclaim(cg: Path, kind: str = "anon") -> float:
+    """Push the cgroup's anonymous memory (or its tmpfs pages: kind="shmem") to swap; returns
+    seconds spent in memory.reclaim."""
     spent = 0.0
     for _ in range(12):
-        anon = cg_stat(cg).get("anon", 0)
-        if anon < 64 * 1024:
+        left = cg_stat(cg).get(kind, 0)
+        if left < 64 * 1024:
             break
         t0 = time.perf_counter()
         try:
-            wfile(cg / "memory.reclaim", str(anon + (1 << 20)))
+            wfile(cg / "memory.reclaim", str(left + (1 << 20)))
         except OSError as exc:
             if exc.errno != errno.EAGAIN:
                 raise

@@ -215,6 +215,46 @@ def test_fleet_template_metadata_is_fixed_only_when_measured_apart() -> None:
     assert b["projected"]["32"] > a["projected"]["32"]
 
 
+def test_fleet_private_reclaim_counts_the_image_once() -> None:
+    """private-reclaim: the image's resident residue and its swap cost are fixed; the image
+    read-back is its own restore row, compared with zram-lz4's in the same guest."""
+    live = _live()
+    img = {"pages": 900, "shmem_bytes": 900 * PAGE, "shmem_after_reclaim": 10 * PAGE,
+           "pool_bytes": 6 * PAGE, "meta_bytes": 2 * PAGE, "reclaim_s": 0.5,
+           "restore_s": 3.0, "bad_pages": 0}
+    zimg = dict(img, pool_bytes=450 * PAGE, meta_bytes=0, restore_s=2.0)
+    az = {"style": "private-reclaim", "system": "azswap-lz4", "ok": True,
+          "swapped_out_bytes": 200 * PAGE, "pool_bytes": (40 + 300 + 6) * PAGE,
+          "template_pool_bytes": 300 * PAGE, "sandbox_pool_bytes": 40 * PAGE,
+          "meta_bytes": 12 * PAGE, "stats_after": {}, "restore_s": 1.0, "restored_pages": 200,
+          "load_p50_us": 5.0, "load_p99_us": 50.0, "swapout_s": 1.0, "bad_pages": 0,
+          "image": img}
+    zr = dict(az, system="zram-lz4", pool_bytes=(100 + 450) * PAGE, template_pool_bytes=0,
+              sandbox_pool_bytes=100 * PAGE, image=zimg)
+    del zr["meta_bytes"]
+    live["runs"] += [az, zr]
+    fleet = {(x["style"], x["system"]): x for x in microvm_report.fleet_view(live, (2, 32))}
+    a = fleet[("private-reclaim", "azswap-lz4")]
+    # resident residue (10) + everything in swap (346) + metadata (12)
+    assert a["spent_bytes"] == (10 + 346 + 12) * PAGE
+    assert a["template_page_cache_bytes"] == 10 * PAGE
+    assert a["image_swap_bytes"] == 8 * PAGE
+    # fixed: residue + image in swap + bases; the rest (40 pool + 10 meta) is per VM
+    assert a["fixed_bytes"] == (10 + 8 + 300) * PAGE
+    assert a["per_vm_bytes"] == (40 + 10) * PAGE / 2
+    assert a["projected"]["2"] == pytest.approx(a["fleet"])
+    z = fleet[("private-reclaim", "zram-lz4")]
+    assert z["spent_bytes"] == (10 + 550) * PAGE and z["fixed_bytes"] == (10 + 450) * PAGE
+    rest = microvm_report.restore_view(live)
+    ri = next(x for x in rest if x["style"] == "private-reclaim (image)"
+              and x["system"] == "azswap-lz4")
+    assert ri["pages"] == 900 and ri["vs_zram_lz4"] == pytest.approx(1.5)
+    assert ri["p50_us"] is None
+    md = microvm_report.markdown(live, microvm_report.owned_view(live, {"results": {}}),
+                                 list(fleet.values()), rest, (2, 32))
+    assert "private-reclaim (image)" in md and "template image in swap MiB" in md
+
+
 @pytest.mark.skipif(not default_lib_path().exists(), reason="make hostlib first")
 def test_limit_on_a_small_recording(record: ModuleType, tmp_path: Path) -> None:
     results = _fake_recording(tmp_path, record)

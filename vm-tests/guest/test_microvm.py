@@ -3,7 +3,8 @@
 A template image and two "recorded" VMs (edited, fresh and zeroed pages) go through
 controlplane/bench/microvm.py exactly as a recording does: VMM-like processes (private mapping of
 the image, or an anonymous copy) in their own cgroups, memory.reclaim, every page faulted back and
-verified. With azswap the image is a snapshot-file template (TEMPLATE_ADD + TEMPLATE_LOAD).
+verified; private-reclaim also swaps the image's own tmpfs pages and reads them back. With azswap
+the image is a snapshot-file template (TEMPLATE_ADD + TEMPLATE_LOAD).
 """
 
 from __future__ import annotations
@@ -82,8 +83,16 @@ def test_restore_styles_verify(recording: microvm.Recording, tmp_path: Path, sty
     assert r["bad_pages"] == 0
     owned = sum(len(v.offs) for v in recording.vms)
     assert r["swapped_out_bytes"] >= owned * PAGE * 9 // 10
-    if style == "private":
+    if style in microvm.PRIVATE:
         assert r["restored_pages"] == owned
+    if style == "private-reclaim":
+        # the image's tmpfs pages went to swap and came back intact
+        img = r["image"]
+        nz = int(recording.tmpl_nonzero.sum())
+        assert img["shmem_bytes"] >= nz * PAGE
+        assert img["shmem_after_reclaim"] < img["shmem_bytes"] // 10
+        assert img["swap_current"] >= nz * PAGE * 9 // 10
+        assert img["bad_pages"] == 0
     if system.startswith("azswap"):
         assert r["template_load"]["pages_loaded"] == int(recording.tmpl_nonzero.sum())
         kinds: dict[str, int] = {}
@@ -91,9 +100,15 @@ def test_restore_styles_verify(recording: microvm.Recording, tmp_path: Path, sty
             if str(o.get("name", "")).startswith("vm"):
                 for k, v in o["kinds"].items():
                     kinds[k] = kinds.get(k, 0) + v
-        if style == "private":
+        if style in microvm.PRIVATE:
             # in-place edits of a CoW page of the image: same-offset template deltas
             assert kinds.get("tdelta", 0) > 0, kinds
-        else:
+        if style == "private-reclaim":
+            # the image's own pages are the bases: each is stored as a duplicate of one
+            image = next(o for o in r["owners"] if o.get("name") == microvm.IMAGE_CG)
+            nz = int(recording.tmpl_nonzero.sum())
+            assert image["kinds"].get("dup", 0) >= nz * 9 // 10, image
+            assert r["image"]["pool_bytes"] < nz * PAGE // 20, r["image"]
+        if style == "anon":
             # an anonymous copy: the pages equal to the image are duplicates of its bases
             assert kinds.get("dup", 0) >= int(recording.tmpl_nonzero.sum()), kinds
