@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from ..replay import STRATEGIES, replay
-from ..trace import PAGE_SIZE, ROLE_TEMPLATE, read_trace
+from ..trace import PAGE_SIZE, ROLE_TEMPLATE, Trace, read_trace
 
 TOP = Path(__file__).resolve().parents[2]
 LIMIT_STRATEGIES = ("lz4", "zstd", "xdelta", "all", "limit-lz4", "limit-zstd")
@@ -51,9 +51,46 @@ def limit_figures(trace: Path) -> dict[str, Any]:
     # per-VM owned bytes straight from the trace
     out["owned_pages"] = {o.name: o.nr_pages for o in tr.owners.values()
                           if o.role != ROLE_TEMPLATE}
+    out["per_vm_lz4"] = per_vm_lz4(tr)
     del tr
     out["composition"] = composition(trace)
     return out
+
+
+def per_vm_lz4(tr: Trace) -> dict[str, Any]:
+    """What per-page lz4 (the replay's "lz4" strategy: zram's rule) stores of each VM's owned
+    pages, one VM at a time: the per-VM baseline a live zram run cannot tell apart."""
+    out: dict[str, Any] = {}
+    for o in tr.owners.values():
+        if o.role == ROLE_TEMPLATE or not o.runs:
+            continue
+        one = Trace(tr.meta, {o.id: o}, [(o.id, k) for k in range(len(o.runs))], o.nr_pages)
+        r = replay(one, STRATEGIES["lz4"])
+        out[o.name] = {"task": o.info.get("task", "?"), "owned_bytes": r["sandbox_orig_bytes"],
+                       "lz4_bytes": r["sandbox_stored_bytes"]}
+    return out
+
+
+def per_vm_view(live: dict[str, Any], lim: dict[str, Any]) -> list[dict[str, Any]]:
+    """Owned pages per VM: per-page lz4 (host) against each azswap system of the private style
+    (the owner's stored bytes: its exclusive objects + the ones it shares)."""
+    base = lim.get("per_vm_lz4") or {}
+    runs: dict[str, dict[str, Any]] = {}
+    for r in live["runs"]:
+        if r.get("style") == "private" and r["system"].startswith("azswap") and "error" not in r:
+            runs.setdefault(r["system"], r)
+    rows = []
+    for name, b in base.items():
+        row: dict[str, Any] = {"vm": name, "task": b["task"], "owned_bytes": b["owned_bytes"],
+                               "lz4_ratio": b["owned_bytes"] / b["lz4_bytes"]
+                               if b["lz4_bytes"] else None, "systems": {}}
+        for sysname, r in runs.items():
+            ow = next((o for o in r.get("owners", []) if o.get("name") == name), None)
+            if ow:
+                stored = ow["exclusive_bytes"] + ow["shared_bytes"]
+                row["systems"][sysname] = b["owned_bytes"] / stored if stored else None
+        rows.append(row)
+    return rows
 
 
 def composition(trace: Path) -> dict[str, Any]:
@@ -256,7 +293,8 @@ def _f(v: Any, fmt: str = ".2f", scale: float = 1.0) -> str:
 
 def markdown(live: dict[str, Any], owned: list[dict[str, Any]], fleet: list[dict[str, Any]],
              restore: list[dict[str, Any]], projections: tuple[int, ...],
-             lim: dict[str, Any] | None = None) -> str:
+             lim: dict[str, Any] | None = None,
+             per_vm: list[dict[str, Any]] | None = None) -> str:
     lim = lim or {}
     m = live["manifest"]
     lines = [
@@ -296,6 +334,25 @@ def markdown(live: dict[str, Any], owned: list[dict[str, Any]], fleet: list[dict
         for name, c in comp.items():
             lines.append(f"| {name} | {c['task']} | {c['pages']} | {c['zero']} | "
                          f"{c['template_other_offset']} | {c['other_vm']} | {c['unique']} |")
+    per_vm = per_vm or []
+    systems = sorted({k for x in per_vm for k in x["systems"]})
+    if per_vm and systems:
+        lines += [
+            "",
+            "Per VM (owned raw / stored; azswap: the owner's exclusive + shared objects, "
+            "so objects shared between VMs count for each; per-page lz4 from the host replay):",
+            "",
+            "| VM | task | owned MiB | per-page lz4 | " + " | ".join(systems)
+            + f" | {systems[0]} / per-page lz4 |",
+            "|---|---|---:|---:|" + "---:|" * (len(systems) + 1),
+        ]
+        for x in per_vm:
+            first = x["systems"].get(systems[0])
+            lines.append(
+                f"| {x['vm']} | {x['task']} | {_f(x['owned_bytes'], '.1f', MiB)} | "
+                f"{_f(x['lz4_ratio'])} | "
+                + " | ".join(_f(x["systems"].get(k)) for k in systems)
+                + f" | {_f(first / x['lz4_ratio'] if first and x['lz4_ratio'] else None)} |")
     lines += [
         "",
         "## Fleet (sum of each VM's non-zero guest RAM / what the host spends)",
@@ -357,8 +414,10 @@ def main(argv: list[str] | None = None) -> int:
     lpath = a.limit_json or a.dir / "limit.json"
     lim = json.loads(lpath.read_text()) if lpath.exists() else {}
     if lim.get("trace") == str(a.dir / "microvm.aztrace"):
-        if "composition" not in lim:
-            lim["composition"] = composition(a.dir / "microvm.aztrace")
+        if "composition" not in lim or "per_vm_lz4" not in lim:
+            lim.setdefault("composition", composition(a.dir / "microvm.aztrace"))
+            if "per_vm_lz4" not in lim:
+                lim["per_vm_lz4"] = per_vm_lz4(read_trace(a.dir / "microvm.aztrace"))
             lpath.write_text(json.dumps(lim, indent=1, default=float))
     else:
         lim = limit_figures(a.dir / "microvm.aztrace")
@@ -367,11 +426,13 @@ def main(argv: list[str] | None = None) -> int:
     owned = owned_view(live, lim)
     fleet = fleet_view(live, proj)
     restore = restore_view(live)
-    md = markdown(live, owned, fleet, restore, proj, lim)
+    per_vm = per_vm_view(live, lim)
+    md = markdown(live, owned, fleet, restore, proj, lim, per_vm)
     print(md)
     (a.md or a.dir / "report.md").write_text(md)
     (a.json or a.dir / "report.json").write_text(json.dumps(
-        {"owned": owned, "fleet": fleet, "restore": restore, "limit": lim}, indent=1,
+        {"owned": owned, "per_vm": per_vm, "fleet": fleet, "restore": restore, "limit": lim},
+        indent=1,
         default=float))
     return 0
 

@@ -264,6 +264,25 @@ def test_limit_on_a_small_recording(record: ModuleType, tmp_path: Path) -> None:
     # edited pages are template deltas, so the store beats per-page lz4 on owned pages
     assert res["limit-lz4"]["ratio"] > 2 * res["lz4"]["ratio"]
     assert res["limit-lz4"]["sandbox_kinds"]["tdelta"] > 0
+    # the per-VM per-page lz4 baseline adds up to the whole replay's
+    per_vm = lim["per_vm_lz4"]
+    assert set(per_vm) == set(lim["owned_pages"])
+    assert sum(v["owned_bytes"] for v in per_vm.values()) == res["lz4"]["sandbox_orig_bytes"]
+    assert sum(v["lz4_bytes"] for v in per_vm.values()) == res["lz4"]["sandbox_stored_bytes"]
+
+
+def test_per_vm_view() -> None:
+    live = _live()
+    lim = {"per_vm_lz4": {"vm0": {"task": "train", "owned_bytes": 100 * PAGE,
+                                  "lz4_bytes": 80 * PAGE},
+                          "vm1": {"task": "eval", "owned_bytes": 100 * PAGE,
+                                  "lz4_bytes": 50 * PAGE}}}
+    rows = {x["vm"]: x for x in microvm_report.per_vm_view(live, lim)}
+    assert rows["vm0"]["lz4_ratio"] == pytest.approx(1.25)
+    # owners in _live(): 30 pages stored each, private azswap-lz4 only
+    assert rows["vm1"]["systems"] == {"azswap-lz4": pytest.approx(100 / 30)}
+    md = microvm_report.markdown(live, [], [], [], (2,), lim, list(rows.values()))
+    assert "| vm1 | eval | 0.4 | 2.00 | 3.33 | 1.67 |" in md
 
 
 def test_merge_live_tags_guests(tmp_path: Path) -> None:
