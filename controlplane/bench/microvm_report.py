@@ -199,6 +199,10 @@ def owned_view(live: dict[str, Any], lim: dict[str, Any]) -> list[dict[str, Any]
     for x in rows:
         if base and x.get("ratio_pool") and base["ratio_pool"]:
             x["vs_zram_lz4_pool"] = x["ratio_pool"] / base["ratio_pool"]
+            # the other reading of "reduction": bytes saved (owned - pool), vs zram-lz4's
+            saved_zram = base["owned_bytes"] - base["pool_bytes"]
+            if saved_zram > 0:
+                x["saved_vs_zram_lz4"] = (x["owned_bytes"] - x["pool_bytes"]) / saved_zram
         if base and x.get("ratio_payload") and base.get("ratio_payload"):
             x["vs_zram_lz4_payload"] = x["ratio_payload"] / base["ratio_payload"]
     return rows
@@ -309,8 +313,9 @@ def markdown(live: dict[str, Any], owned: list[dict[str, Any]], fleet: list[dict
         "## Owned pages (private-mapping restore)",
         "",
         "| system | owned MiB | stored payload MiB | pool MiB | ratio (payload) | ratio (pool) "
-        "| vs zram-lz4 (pool) | vs zram-lz4 (payload) | % of limit | kinds | verified |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
+        "| vs zram-lz4 (pool) | vs zram-lz4 (payload) | MiB saved vs zram-lz4's (pool) "
+        "| % of limit | kinds | verified |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
     ]
     for x in owned:
         kinds = " ".join(f"{k}={v}" for k, v in x["kinds"].items() if v)
@@ -319,6 +324,7 @@ def markdown(live: dict[str, Any], owned: list[dict[str, Any]], fleet: list[dict
             f"{_f(x['payload_bytes'], '.1f', MiB)} | {_f(x['pool_bytes'], '.1f', MiB)} | "
             f"{_f(x['ratio_payload'])} | {_f(x['ratio_pool'])} | "
             f"{_f(x.get('vs_zram_lz4_pool'))} | {_f(x.get('vs_zram_lz4_payload'))} | "
+            f"{_f(x.get('saved_vs_zram_lz4'))} | "
             f"{_f(x.get('pct_of_limit'), '.0f')} | {kinds} | "
             f"{'-' if 'verified' not in x else ('yes' if x['verified'] else 'NO')} |")
     comp = lim.get("composition") or {}

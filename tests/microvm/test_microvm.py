@@ -175,6 +175,8 @@ def test_views_arithmetic() -> None:
     assert zr["ratio_pool"] == pytest.approx(2.0)
     assert az["ratio_pool"] == pytest.approx(5.0)
     assert az["vs_zram_lz4_pool"] == pytest.approx(2.5)
+    # bytes saved: (200 - 40) vs zram's (200 - 100)
+    assert az["saved_vs_zram_lz4"] == pytest.approx(1.6)
     assert az["ratio_payload"] == pytest.approx(200 / 60)
     assert az["pct_of_limit"] == pytest.approx(100 * (200 / 60) / 4.0)
     assert az["owner_bytes"] == 60 * PAGE
