@@ -81,10 +81,12 @@ STYLES = ("private", "anon", "private-reclaim")
 PRIVATE = ("private", "private-reclaim")  # styles that map the image MAP_PRIVATE
 IMAGE_CG = "image"  # private-reclaim: the cgroup the image's tmpfs pages are charged to
 SYSTEMS = ("azswap-lz4", "azswap-zstd", "zram-lz4", "zram-zstd", "zswap-lz4", "zswap-zstd",
-           "azswap-lz4-noshuf", "azswap-zstd-noshuf", "azswap-zstd:6")
+           "azswap-lz4-noshuf", "azswap-zstd-noshuf", "azswap-zstd:6", "azswap-lz4/zstd:6")
 # On request only: "-noshuf" (policy shuffle=0), "azswap-zstd:6" (zstd level 6, the level for
-# sandboxes that idle long enough to pay twice the compression time of level 3).
-ON_REQUEST = ("azswap-lz4-noshuf", "azswap-zstd-noshuf", "azswap-zstd:6")
+# sandboxes that idle long enough to pay twice the compression time of level 3),
+# "azswap-lz4/zstd:6" (the template's bases in zstd level 6, loaded once and shared; then the
+# policy switches to lz4 for the VMs' pages, which are restored often).
+ON_REQUEST = ("azswap-lz4-noshuf", "azswap-zstd-noshuf", "azswap-zstd:6", "azswap-lz4/zstd:6")
 CHUNK = 1024  # pages per socket write
 
 
@@ -376,8 +378,9 @@ def run_one(rec: Recording, style: str, sysname: str, exe: Path, tmp: Path,
             # s1 - s0 the template's own (its bases, their objects and index entries).
             ids = azswap_register(cgs)
         s0 = system.stats()
-        if az:
+        if isinstance(system, Azswap):
             res["template_load"] = azswap_template(rec, style)
+            system.after_template()
         s1 = system.stats()
         if reclaim_image:
             img_mnt.mkdir(exist_ok=True)

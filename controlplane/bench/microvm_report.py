@@ -181,7 +181,7 @@ def owned_view(live: dict[str, Any], lim: dict[str, Any]) -> list[dict[str, Any]
         if r["system"].startswith("azswap"):
             sb = _sb_owners(r)
             row["owner_bytes"] = sum(o["exclusive_bytes"] + o["shared_bytes"] for o in sb)
-            codec = r["system"].split("-")[1]
+            codec = r["system"].split("-")[1].split("/")[0]  # "lz4/zstd:6": the VMs' codec
             limv = lim["results"].get(f"limit-{codec}")
             if limv and payload:
                 row["limit_ratio"] = limv["ratio"]

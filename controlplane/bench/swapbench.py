@@ -50,6 +50,7 @@ from typing import Any
 
 import numpy as np
 
+from ..abi import Codec
 from ..trace import PAGE_SIZE, ROLE_TEMPLATE, Owner, Trace, Vma, read_trace
 from . import record
 from .record import cg_stat
@@ -207,7 +208,10 @@ class Azswap(System):
         self.name = f"azswap-{algo}"
         # "-noshuf": policy shuffle=0 (float pages raw, as zram; faster loads).
         self.shuffle = 0 if algo.endswith("-noshuf") else 1
-        self.algo = algo.removesuffix("-noshuf")
+        # "lz4/zstd:6": template bases in the codec after the slash (the device starts with it),
+        # sandboxes in the first one (after_template() switches the policy, live).
+        self.algo, _, base = algo.removesuffix("-noshuf").partition("/")
+        self.base_algo = base or self.algo
         # Swap slots per similarity index entry (sysfs sim_slots, docs/store.md).
         self.sim_slots = 1
         self.swap = True
@@ -224,12 +228,25 @@ class Azswap(System):
             sh("insmod", str(ko))
         with contextlib.suppress(OSError):
             wfile(self.B / "reset", "1")
-        wfile(self.B / "comp_algorithm", self.algo)
+        wfile(self.B / "comp_algorithm", self.base_algo)
         wfile(self.B / "shuffle", str(self.shuffle))
         wfile(self.B / "sim_slots", str(self.sim_slots))
         wfile(self.B / "disksize", str(nbytes))
         sh("mkswap", "/dev/azswap0")
         sh("swapon", "-p", "100", "/dev/azswap0")
+
+    def after_template(self) -> None:
+        """Once the template's bases are stored: the sandboxes' codec, when it differs."""
+        if self.base_algo == self.algo:
+            return
+        from ..netlink import AzswapNetlink
+
+        codec, _, level = self.algo.partition(":")
+        fields = {"codec": int(Codec.ZSTD if codec == "zstd" else Codec.LZ4)}
+        if codec == "zstd":
+            fields["level"] = int(level or 3)
+        with AzswapNetlink() as nl:
+            nl.policy_set(**fields)
 
     def register(self, cgroups: dict[str, Path], owners: list[Owner]) -> None:
         from ..netlink import AzswapNetlink

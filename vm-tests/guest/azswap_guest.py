@@ -49,7 +49,19 @@ def insmod(**params: object) -> None:
 
 
 def rmmod(check: bool = True) -> subprocess.CompletedProcess[str]:
-    return sh("rmmod", "azswap", check=check)
+    """rmmod azswap. A new block device is probed by udev (blkid opens it, which holds a module
+    reference for a moment), so "in use" is retried for up to 5 s after udev settles; a reference
+    that stays (a leak) still fails."""
+    r = sh("rmmod", "azswap", check=False)
+    deadline = time.monotonic() + 5
+    while r.returncode and "in use" in (r.stderr or "") and time.monotonic() < deadline:
+        with contextlib.suppress(FileNotFoundError):
+            sh("udevadm", "settle", "--timeout=2", check=False)
+        time.sleep(0.1)
+        r = sh("rmmod", "azswap", check=False)
+    if check and r.returncode:
+        raise OSError(f"rmmod azswap: exit {r.returncode}: {(r.stderr or r.stdout).strip()}")
+    return r
 
 
 def disable_zswap() -> None:

@@ -112,3 +112,19 @@ def test_restore_styles_verify(recording: microvm.Recording, tmp_path: Path, sty
         if style == "anon":
             # an anonymous copy: the pages equal to the image are duplicates of its bases
             assert kinds.get("dup", 0) >= int(recording.tmpl_nonzero.sum()), kinds
+
+
+def test_template_bases_in_another_codec(recording: microvm.Recording, tmp_path: Path) -> None:
+    """azswap-lz4/zstd:6: the image's bases are stored with zstd level 6, then the policy switches
+    to lz4 live: the bases are smaller, the VMs' objects exactly what azswap-lz4 stores, and every
+    page (VMs' and image's) verifies."""
+    if not _azswap_ok():
+        pytest.skip("kmod/azswap.ko not built")
+    exe = build_player(tmp_path)
+    plain = microvm.run_one(recording, "private-reclaim", "azswap-lz4", exe, tmp_path)
+    mixed = microvm.run_one(recording, "private-reclaim", "azswap-lz4/zstd:6", exe, tmp_path)
+    assert plain["ok"] and mixed["ok"], (plain, mixed)
+    assert mixed["image"]["bad_pages"] == 0
+    assert mixed["template_pool_bytes"] < plain["template_pool_bytes"]
+    assert mixed["stats_after_template"]["payload"] < plain["stats_after_template"]["payload"]
+    assert mixed["sandbox_payload_bytes"] == plain["sandbox_payload_bytes"]
