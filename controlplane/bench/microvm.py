@@ -198,7 +198,8 @@ class Vmm:
             raise RuntimeError(f"{self.p.name}: mapping guest RAM failed ({rc})")
         maps = Path(f"/proc/{self.proc.pid}/maps").read_text()
         line = next((ln for ln in maps.splitlines() if ln.startswith(f"{VM_BASE:x}-")), "")
-        if bool(image) != (path != "" and path in line):
+        fields = line.split(maxsplit=5)
+        if not fields or (fields[5] if len(fields) > 5 else "") != path:
             raise RuntimeError(f"{self.p.name}: guest RAM is not mapped as asked: {line!r}")
 
     def fill(self, rec: Recording, vm: Vm, style: str) -> int:
