@@ -1,7 +1,7 @@
 """microVM sandboxes, live: recorded guest memory replayed into VMM-like processes in a guest.
 
     vm-tests/run --memory 4G -- .venv/bin/python -m controlplane.bench.microvm \\
-        [--dir vm-tests/out/microvm] [--styles private,anon] \\
+        [--dir vm-tests/out/microvm] [--styles private,anon,private-reclaim] \\
         [--systems azswap-lz4,azswap-zstd,zram-lz4,zram-zstd,zswap-lz4,zswap-zstd] [--json OUT]
 
 Input: what vm-tests/microvm/record.py wrote (DIR/microvm.aztrace: the snapshot template's
@@ -307,35 +307,36 @@ def azswap_unregister(ids: dict[str, int], tid: int) -> None:
 def image_copy(src: Path, dst: Path, cg: Path) -> None:
     """Copy the image to @dst (tmpfs) from a process in @cg, so that its pages are charged there
     (zero pages stay holes, as in the image)."""
-
-    def enter() -> None:
-        (cg / "cgroup.procs").write_text(str(os.getpid()))
-
     subprocess.run(["cp", "--sparse=always", str(src), str(dst)], check=True,
-                   preexec_fn=enter)
+                   preexec_fn=record._join(cg))
 
 
 def image_readback(rec: Recording, path: Path) -> tuple[float, int]:
-    """Read the whole image (tmpfs swap-in of what was reclaimed); returns the seconds spent
-    reading and the number of pages whose checksum differs from the recording's."""
-    chunk = 256  # pages per read
+    """Read the image's non-zero pages back (tmpfs swap-in of what was reclaimed; the holes were
+    never swapped and are not read); returns the seconds spent reading and the number of pages
+    whose checksum differs from the recording's."""
+    chunk = 256  # pages per read at most
     buf = bytearray(chunk * PAGE_SIZE)
     view = memoryview(buf)
     spent = 0.0
     bad = 0
-    with open(path, "rb", buffering=0) as f:
-        for first in range(0, rec.npages, chunk):
-            n = min(chunk, rec.npages - first)
-            got = 0
-            t0 = time.perf_counter()
-            while got < n * PAGE_SIZE:
-                k = f.readinto(view[got : n * PAGE_SIZE])
-                if not k:
+    nz = np.flatnonzero(rec.tmpl_nonzero)
+    # runs of consecutive non-zero pages, cut at @chunk pages
+    cuts = np.flatnonzero(np.diff(nz) != 1) + 1
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        for run in np.split(nz, cuts):
+            for first in range(int(run[0]), int(run[-1]) + 1, chunk):
+                n = min(chunk, int(run[-1]) + 1 - first)
+                t0 = time.perf_counter()
+                got = os.preadv(fd, [view[: n * PAGE_SIZE]], first * PAGE_SIZE)
+                spent += time.perf_counter() - t0
+                if got != n * PAGE_SIZE:
                     raise RuntimeError(f"{path}: short read at page {first}")
-                got += k
-            spent += time.perf_counter() - t0
-            sums = checksums(bytes(view[: n * PAGE_SIZE]))
-            bad += int((sums != rec.tmpl_sums[first : first + n]).sum())
+                sums = checksums(view[: n * PAGE_SIZE])
+                bad += int((sums != rec.tmpl_sums[first : first + n]).sum())
+    finally:
+        os.close(fd)
     return spent, bad
 
 
@@ -469,7 +470,8 @@ def run_one(rec: Recording, style: str, sysname: str, exe: Path, tmp: Path,
                 v.quit()
         lsock.close()
         if reclaim_image and img_mnt.is_mount():
-            sh("umount", str(img_mnt), check=False)
+            # the next run mounts here again: a tmpfs left behind would be stacked under it
+            sh("umount", str(img_mnt))
         if az:
             azswap_unregister(ids, rec.template_id)
         try:

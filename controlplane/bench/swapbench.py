@@ -99,7 +99,7 @@ def rfile(path: str | Path) -> str:
         return f.read().strip()
 
 
-def checksums(data: bytes) -> np.ndarray:
+def checksums(data: bytes | memoryview) -> np.ndarray:
     w = np.frombuffer(data, dtype="<u8").reshape(-1, 512)
     with np.errstate(over="ignore"):
         return (w * MULTS).sum(axis=1, dtype=np.uint64)
@@ -242,7 +242,7 @@ class Azswap(System):
         from ..netlink import AzswapNetlink
 
         codec, _, level = self.algo.partition(":")
-        fields = {"codec": int(Codec.ZSTD if codec == "zstd" else Codec.LZ4)}
+        fields = {"codec": int(Codec[codec.upper()])}
         if codec == "zstd":
             fields["level"] = int(level or 3)
         with AzswapNetlink() as nl:

@@ -304,6 +304,16 @@ def test_merge_live_tags_guests(tmp_path: Path) -> None:
         microvm_report.merge_live([tmp_path / "ga.json", tmp_path / "gc.json"])
 
 
+def test_restore_pairs_each_run_with_the_zram_run_before_it() -> None:
+    live = _live()
+    r = next(x for x in live["runs"] if x["style"] == "private" and x["system"] == "zram-lz4")
+    a = next(x for x in live["runs"] if x["style"] == "private" and x["system"] == "azswap-lz4")
+    live["runs"] = [dict(a, restore_s=3.0), dict(r, restore_s=1.0), dict(a, restore_s=1.5),
+                    dict(r, restore_s=2.0), dict(a, restore_s=2.5)]
+    rest = microvm_report.restore_view(live)
+    assert [x.get("vs_zram_lz4") for x in rest] == pytest.approx([3.0, 1.0, 1.5, 1.0, 1.25])
+
+
 def test_composition_of_owned_pages(record: ModuleType, tmp_path: Path) -> None:
     results = _fake_recording(tmp_path, record)
     record.write_trace(tmp_path, results, {"style": "microvm-snapshot"})

@@ -48,12 +48,12 @@ def insmod(**params: object) -> None:
         raise OSError(f"insmod {' '.join(args)} failed: {r.stderr.strip()}")
 
 
-def rmmod(check: bool = True) -> subprocess.CompletedProcess[str]:
+def rmmod(check: bool = True, settle: bool = True) -> subprocess.CompletedProcess[str]:
     """rmmod azswap. A new block device is probed by udev (blkid opens it, which holds a module
-    reference for a moment), so "in use" is retried for up to 5 s after udev settles; a reference
-    that stays (a leak) still fails."""
+    reference for a moment), so with @settle "in use" is retried for up to 5 s after udev
+    settles; a reference that stays (a leak) still fails."""
     r = sh("rmmod", "azswap", check=False)
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + (5 if settle else 0)
     while r.returncode and "in use" in (r.stderr or "") and time.monotonic() < deadline:
         with contextlib.suppress(FileNotFoundError):
             sh("udevadm", "settle", "--timeout=2", check=False)

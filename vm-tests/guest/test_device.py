@@ -60,7 +60,7 @@ def test_swapon_pins_module_and_device(dev0) -> None:
     assert d.read("disksize") == str(64 << 20)
     # Swapped on: rmmod refused (the open device holds a module reference),
     # reset and disksize refused.
-    r = ag.rmmod(check=False)
+    r = ag.rmmod(check=False, settle=False)
     assert r.returncode != 0 and ag.loaded(), r.stderr
     assert d.write("reset", "1") == EBUSY
     assert d.write("disksize", "128M") == EBUSY

@@ -116,8 +116,8 @@ def test_restore_styles_verify(recording: microvm.Recording, tmp_path: Path, sty
 
 def test_template_bases_in_another_codec(recording: microvm.Recording, tmp_path: Path) -> None:
     """azswap-lz4/zstd:6: the image's bases are stored with zstd level 6, then the policy switches
-    to lz4 live: the bases are smaller, the VMs' objects exactly what azswap-lz4 stores, and every
-    page (VMs' and image's) verifies."""
+    to lz4 live: the bases are smaller, the VMs' objects the same as azswap-lz4's, and every page
+    (VMs' and image's) verifies."""
     if not _azswap_ok():
         pytest.skip("kmod/azswap.ko not built")
     exe = build_player(tmp_path)
@@ -127,4 +127,11 @@ def test_template_bases_in_another_codec(recording: microvm.Recording, tmp_path:
     assert mixed["image"]["bad_pages"] == 0
     assert mixed["template_pool_bytes"] < plain["template_pool_bytes"]
     assert mixed["stats_after_template"]["payload"] < plain["stats_after_template"]["payload"]
-    assert mixed["sandbox_payload_bytes"] == plain["sandbox_payload_bytes"]
+    # the VMs' own objects: the same representations, the same bytes (the device totals also
+    # hold a stray page or two of unregistered processes)
+    def vms(r: dict) -> list[tuple]:
+        return sorted((o["name"], o["exclusive_bytes"] + o["shared_bytes"],
+                       sorted(o["kinds"].items()))
+                      for o in r["owners"] if str(o.get("name", "")).startswith("vm"))
+
+    assert vms(mixed) == vms(plain)
