@@ -269,7 +269,13 @@ def template_add(
     batch: int,
     as_json: bool,
 ) -> None:
-    """Register template NAME from a cgroup or load it from a snapshot file."""
+    """Register template NAME from a cgroup or load it from a snapshot file.
+
+    A snapshot file kept in host memory (tmpfs) that VMs map privately can be swapped too:
+    register the cgroup its pages are charged to (the one that wrote it) as a sandbox of the
+    same group (azctl sandbox add), and each of its pages swaps out as a duplicate of its base
+    (docs/microvm.md, private-reclaim).
+    """
     if (cgroup is None) == (image is None):
         raise click.UsageError("give exactly one of --cgroup and --from-file")
     env = _env(ctx)
