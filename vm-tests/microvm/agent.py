@@ -4,12 +4,13 @@ Builds the ML sandbox state of vm-tests/workloads/mlsandbox.py (a transformer's 
 state, a tokenized dataset, a tokenizer, documents and example records, a warmed interpreter),
 freezes it (gc.freeze, as a zygote), reports TEMPLATE_READY on the control port (/dev/ttyS1) and
 blocks there: the quiescent point the recorder snapshots. Each guest restored from the snapshot
-receives one line ``TASK <name> <seed> [inproc|fork]``, runs that trajectory, reports
+receives one line ``TASK <name> <seed> [inproc|fork|worker]``, runs that trajectory, reports
 ``LLM_WAIT`` and blocks again (waiting for the LLM's answer, which never comes): the recorder saves
 its RAM then. ``inproc`` (default) runs the task in the agent process; ``fork`` runs it as a tool
 call does in most agent sandboxes: in a child process (forked from the warmed agent, so the child
 starts with the template's heap), which returns a short result over a pipe and exits before the
-LLM wait.
+LLM wait; ``worker`` runs it in such a child that stays alive at the LLM wait, as a persistent
+tool process does (a code interpreter's kernel): its copy-on-write pages stay in use.
 
 Kernel command line: azagent.size=<mlsandbox size> azagent.seed=<n>. Messages on the control port
 are single lines; logs go to the console.
@@ -59,8 +60,9 @@ class Port:
         return line.decode(errors="replace").strip()
 
 
-def tool_call(mlsandbox: object, st: object, task: str, seed: int) -> None:
-    """Run the task in a forked child (a tool call); it reports a one-line result and exits."""
+def tool_call(mlsandbox: object, st: object, task: str, seed: int, stay: bool = False) -> None:
+    """Run the task in a forked child (a tool call); it reports a one-line result and exits, or
+    with @stay blocks (a persistent tool process, idle while the agent waits for the LLM)."""
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:
@@ -69,13 +71,19 @@ def tool_call(mlsandbox: object, st: object, task: str, seed: int) -> None:
             os.close(r)
             mlsandbox.run_task(st, task, seed)  # type: ignore[attr-defined]
             os.write(w, f"ok {task}\n".encode())
+            os.close(w)
             code = 0
+            while stay:  # the next tool call never comes
+                time.sleep(3600)
         finally:
             os._exit(code)
     os.close(w)
     with os.fdopen(r) as f:
         result = f.read().strip()
-    _, status = os.waitpid(pid, 0)
+    if not stay:
+        _, status = os.waitpid(pid, 0)
+    else:
+        status = 0 if os.waitpid(pid, os.WNOHANG) == (0, 0) else -1
     if status != 0 or not result.startswith("ok"):
         raise RuntimeError(f"tool call {task} failed (status {status})")
 
@@ -105,8 +113,8 @@ def main() -> None:
             mode = parts[3] if len(parts) == 4 else "inproc"
             t1 = time.monotonic()
             try:
-                if mode == "fork":
-                    tool_call(mlsandbox, st, parts[1], int(parts[2]))
+                if mode in ("fork", "worker"):
+                    tool_call(mlsandbox, st, parts[1], int(parts[2]), stay=mode == "worker")
                 else:
                     mlsandbox.run_task(st, parts[1], int(parts[2]))
             except Exception as exc:  # report, keep the guest alive for the recorder

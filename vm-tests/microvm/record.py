@@ -379,9 +379,10 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=900, help="per boot / per task, seconds")
     ap.add_argument("--out", type=Path, default=TOP / "vm-tests" / "out" / "microvm")
     ap.add_argument("--keep-ram", action="store_true", help="keep the guests' RAM files")
-    ap.add_argument("--task-mode", choices=("inproc", "fork"), default="inproc",
-                    help="run each task in the agent process, or in a forked child that exits "
-                         "before the LLM wait (a tool call)")
+    ap.add_argument("--task-mode", choices=("inproc", "fork", "worker"), default="inproc",
+                    help="run each task in the agent process, in a forked child that exits "
+                         "before the LLM wait (a tool call), or in a forked child that stays "
+                         "alive (a persistent tool process)")
     ap.add_argument("--reuse-template", action="store_true",
                     help="reuse DIR/template.ram + template.vmstate from an earlier run")
     a = ap.parse_args()
