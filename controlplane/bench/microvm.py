@@ -321,6 +321,8 @@ def image_readback(rec: Recording, path: Path) -> tuple[float, int]:
     spent = 0.0
     bad = 0
     nz = np.flatnonzero(rec.tmpl_nonzero)
+    if not len(nz):
+        return spent, bad
     # runs of consecutive non-zero pages, cut at @chunk pages
     cuts = np.flatnonzero(np.diff(nz) != 1) + 1
     fd = os.open(path, os.O_RDONLY)
