@@ -127,11 +127,16 @@ def test_template_bases_in_another_codec(recording: microvm.Recording, tmp_path:
     assert mixed["image"]["bad_pages"] == 0
     assert mixed["template_pool_bytes"] < plain["template_pool_bytes"]
     assert mixed["stats_after_template"]["payload"] < plain["stats_after_template"]["payload"]
-    # the VMs' own objects: the same representations, the same bytes (the device totals also
-    # hold a stray page or two of unregistered processes)
-    def vms(r: dict) -> list[tuple]:
-        return sorted((o["name"], o["exclusive_bytes"] + o["shared_bytes"],
-                       sorted(o["kinds"].items()))
-                      for o in r["owners"] if str(o.get("name", "")).startswith("vm"))
+    # the VMs' own objects: the same representations and, within 0.5%, the same bytes. Not
+    # exactly the same: each VM's cgroup also holds its player process's stack and heap, whose
+    # pointers move with ASLR, so those pages compress a few bytes differently run to run (CI saw
+    # 4 bytes in 53.7 KB). Objects stored in zstd instead of lz4 would differ by kilobytes.
+    def vms(r: dict) -> dict[str, tuple[int, list]]:
+        return {o["name"]: (o["exclusive_bytes"] + o["shared_bytes"], sorted(o["kinds"].items()))
+                for o in r["owners"] if str(o.get("name", "")).startswith("vm")}
 
-    assert vms(mixed) == vms(plain)
+    got, want = vms(mixed), vms(plain)
+    assert sorted(got) == sorted(want) and want
+    for name, (nbytes, kinds) in want.items():
+        assert got[name][1] == kinds, (name, got[name], want[name])
+        assert abs(got[name][0] - nbytes) <= nbytes // 200, (name, got[name], want[name])
