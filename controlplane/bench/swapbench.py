@@ -288,6 +288,7 @@ class Azswap(System):
             "meta": f[7],
             "index": f[8],
             "template_bytes": f[9],
+            "compacted": f[10] if len(f) > 10 else 0,
             "base_cache_pages": o[6],
         }
         for name, v in zip(("same", "dup", "tdelta", "xdelta", "plain", "raw"), k, strict=False):
