@@ -43,14 +43,12 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import socket
 import struct
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -345,31 +343,8 @@ def image_readback(rec: Recording, path: Path) -> tuple[float, int]:
 
 
 # ------------------------------------------------------------------ one run
-@contextlib.contextmanager
-def perf_recording(out: Path | None) -> Iterator[None]:
-    """`perf record -a -g` (all CPUs, call graphs) while the block runs, into @out; then a
-    flat report of it next to it (@out with .txt). Nothing when @out is None."""
-    if out is None:
-        yield
-        return
-    p = subprocess.Popen(["perf", "record", "-q", "-a", "-g", "-F", "4000", "-o", str(out)],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    time.sleep(1.0)  # perf opens its events before the block starts
-    try:
-        yield
-    finally:
-        p.send_signal(signal.SIGINT)
-        _, err = p.communicate(timeout=300)
-        if p.returncode not in (0, -signal.SIGINT):
-            raise RuntimeError(f"perf record failed ({p.returncode}): {err.decode()[-300:]}")
-        rep = subprocess.run(["perf", "report", "-i", str(out), "--stdio", "--no-children",
-                              "--sort", "sym", "-g", "none", "--percent-limit", "0.3"],
-                             capture_output=True, text=True)
-        out.with_suffix(".txt").write_text(rep.stdout + rep.stderr[-2000:])
-
-
 def run_one(rec: Recording, style: str, sysname: str, exe: Path, tmp: Path,
-            sim_slots: int = 1, perf_out: Path | None = None) -> dict[str, Any]:
+            sim_slots: int = 1) -> dict[str, Any]:
     system = make_system(sysname)
     remove_cgroups()
     reclaim_image = style == "private-reclaim"
@@ -471,15 +446,14 @@ def run_one(rec: Recording, style: str, sysname: str, exe: Path, tmp: Path,
         lats = []
         t_in = 0
         bad = 0
-        with perf_recording(perf_out):
-            for vm in rec.vms:
-                v = vmms[vm.name]
-                total, lat, sums = v.p.touch()
-                nbad = int((sums != v.expect).sum())
-                bad += nbad
-                lats.append(lat)
-                t_in += total
-                res["vms"][vm.name].update(restore_ms=total / 1e6, bad_pages=nbad)
+        for vm in rec.vms:
+            v = vmms[vm.name]
+            total, lat, sums = v.p.touch()
+            nbad = int((sums != v.expect).sum())
+            bad += nbad
+            lats.append(lat)
+            t_in += total
+            res["vms"][vm.name].update(restore_ms=total / 1e6, bad_pages=nbad)
         lat_all = np.concatenate(lats) if lats else np.zeros(0)
         res["restore_s"] = t_in / 1e9
         res["restored_pages"] = len(lat_all)
@@ -531,10 +505,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--systems", default=",".join(s for s in SYSTEMS if s not in ON_REQUEST))
     ap.add_argument("--vms", type=int, default=0, help="use only the first N recorded VMs")
     ap.add_argument("--json", type=Path, default=None)
-    ap.add_argument("--perf-restore", type=Path, default=None, metavar="DIR",
-                    help="profile each run's restore (the VMs faulting their pages back) with "
-                         "`perf record -a -g` into DIR/<style>-<system>-<n>.data, and a flat "
-                         "report of it (.txt); the restore is slower while it records")
     ap.add_argument(
         "--anon-sim-slots", type=int, default=4, choices=[1, 2, 4, 8, 16, 32, 64],
         help="azswap sysfs sim_slots (swap slots per similarity index entry) in the anonymous "
@@ -587,21 +557,12 @@ def main(argv: list[str] | None = None) -> int:
     }
     with contextlib.suppress(OSError):
         report["mem_total_kb"] = int(Path("/proc/meminfo").read_text().split()[1])
-    if a.perf_restore:
-        if shutil.which("perf") is None:
-            print("microvm: --perf-restore needs perf (apt install linux-perf)", file=sys.stderr)
-            return 1
-        a.perf_restore.mkdir(parents=True, exist_ok=True)
     for style in styles:
         for s in systems:
             t1 = time.monotonic()
-            perf_out = None
-            if a.perf_restore:
-                perf_out = a.perf_restore / (f"{style}-{s.replace('/', '_')}-"
-                                             f"{len(report['runs'])}.data")
             try:
                 r = run_one(rec, style, s, exe, tmp,
-                            a.anon_sim_slots if style == "anon" else 1, perf_out)
+                            a.anon_sim_slots if style == "anon" else 1)
             except Exception as exc:
                 r = {"system": s, "style": style, "error": f"{type(exc).__name__}: {exc}"}
             r["wall_s"] = time.monotonic() - t1
