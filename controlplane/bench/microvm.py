@@ -43,12 +43,14 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import socket
 import struct
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -343,8 +345,45 @@ def image_readback(rec: Recording, path: Path) -> tuple[float, int]:
 
 
 # ------------------------------------------------------------------ one run
+@contextlib.contextmanager
+def perf_recording(out: Path | None) -> Iterator[None]:
+    """Profile the block: `perf record -a -e cpu-clock` (all CPUs; a timer event, QEMU's TCG has
+    no PMU), started disabled and enabled through its control FIFO just before the block (perf
+    takes seconds to start under TCG), into @out; a flat report of it goes next to it (.txt).
+    Nothing when @out is None."""
+    if out is None:
+        yield
+        return
+    work = Path(tempfile.mkdtemp(prefix="azperf-"))  # not the 9p share: perf drops samples there
+    ctl, ack, data = work / "ctl", work / "ack", work / "perf.data"
+    os.mkfifo(ctl)
+    os.mkfifo(ack)
+    p = subprocess.Popen(["perf", "record", "-q", "-a", "-e", "cpu-clock", "-F", "1000", "-D",
+                          "-1", "--control", f"fifo:{ctl},{ack}", "-o", str(data)],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        with open(ctl, "w") as cf, open(ack) as af:
+            cf.write("enable\n")
+            cf.flush()
+            af.readline()
+            try:
+                yield
+            finally:
+                cf.write("disable\n")
+                cf.flush()
+                af.readline()
+    finally:
+        p.send_signal(signal.SIGINT)
+        p.wait(timeout=600)
+    rep = subprocess.run(["perf", "report", "-i", str(data), "--stdio", "--sort", "dso,sym",
+                          "--percent-limit", "0.2"], capture_output=True, text=True)
+    out.with_suffix(".txt").write_text(rep.stdout + rep.stderr[-2000:])
+    shutil.move(data, out)
+    shutil.rmtree(work, ignore_errors=True)
+
+
 def run_one(rec: Recording, style: str, sysname: str, exe: Path, tmp: Path,
-            sim_slots: int = 1) -> dict[str, Any]:
+            sim_slots: int = 1, perf_out: Path | None = None) -> dict[str, Any]:
     system = make_system(sysname)
     remove_cgroups()
     reclaim_image = style == "private-reclaim"
@@ -446,14 +485,15 @@ def run_one(rec: Recording, style: str, sysname: str, exe: Path, tmp: Path,
         lats = []
         t_in = 0
         bad = 0
-        for vm in rec.vms:
-            v = vmms[vm.name]
-            total, lat, sums = v.p.touch()
-            nbad = int((sums != v.expect).sum())
-            bad += nbad
-            lats.append(lat)
-            t_in += total
-            res["vms"][vm.name].update(restore_ms=total / 1e6, bad_pages=nbad)
+        with perf_recording(perf_out):
+            for vm in rec.vms:
+                v = vmms[vm.name]
+                total, lat, sums = v.p.touch()
+                nbad = int((sums != v.expect).sum())
+                bad += nbad
+                lats.append(lat)
+                t_in += total
+                res["vms"][vm.name].update(restore_ms=total / 1e6, bad_pages=nbad)
         lat_all = np.concatenate(lats) if lats else np.zeros(0)
         res["restore_s"] = t_in / 1e9
         res["restored_pages"] = len(lat_all)
@@ -505,6 +545,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--systems", default=",".join(s for s in SYSTEMS if s not in ON_REQUEST))
     ap.add_argument("--vms", type=int, default=0, help="use only the first N recorded VMs")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--perf-restore", type=Path, default=None, metavar="DIR",
+                    help="profile each run's restore (the VMs faulting their pages back) with "
+                         "`perf record -a -e cpu-clock` into DIR/<style>-<system>-<n>.data and "
+                         "a flat report of it (.txt); the restore is slower while it records")
     ap.add_argument(
         "--anon-sim-slots", type=int, default=4, choices=[1, 2, 4, 8, 16, 32, 64],
         help="azswap sysfs sim_slots (swap slots per similarity index entry) in the anonymous "
@@ -557,12 +601,21 @@ def main(argv: list[str] | None = None) -> int:
     }
     with contextlib.suppress(OSError):
         report["mem_total_kb"] = int(Path("/proc/meminfo").read_text().split()[1])
+    if a.perf_restore:
+        if shutil.which("perf") is None:
+            print("microvm: --perf-restore needs perf (apt install linux-perf)", file=sys.stderr)
+            return 1
+        a.perf_restore.mkdir(parents=True, exist_ok=True)
     for style in styles:
         for s in systems:
             t1 = time.monotonic()
+            perf_out = None
+            if a.perf_restore:
+                perf_out = a.perf_restore / (f"{style}-{s.replace('/', '_')}-"
+                                             f"{len(report['runs'])}.data")
             try:
                 r = run_one(rec, style, s, exe, tmp,
-                            a.anon_sim_slots if style == "anon" else 1)
+                            a.anon_sim_slots if style == "anon" else 1, perf_out)
             except Exception as exc:
                 r = {"system": s, "style": style, "error": f"{type(exc).__name__}: {exc}"}
             r["wall_s"] = time.monotonic() - t1

@@ -314,6 +314,24 @@ def test_restore_pairs_each_run_with_the_zram_run_before_it() -> None:
     assert [x.get("vs_zram_lz4") for x in rest] == pytest.approx([3.0, 1.0, 1.5, 1.0, 1.25])
 
 
+def test_restore_of_owned_pages_and_image_together() -> None:
+    """private-reclaim: the image's read-back and the VMs' own pages also as one restore, paired
+    with zram-lz4's sum in the same guest."""
+    def run(system: str, owned_s: float, image_s: float) -> dict:
+        return {"style": "private-reclaim", "system": system, "restore_s": owned_s,
+                "restored_pages": 100, "load_p50_us": 1.0, "load_p99_us": 2.0, "swapout_s": 0.5,
+                "bad_pages": 0, "ok": True,
+                "image": {"restore_s": image_s, "pages": 50, "reclaim_s": 0.25, "bad_pages": 0}}
+
+    live = {"runs": [run("zram-lz4", 1.0, 2.0), run("azswap-lz4", 1.5, 2.1)]}
+    rows = {(x["style"], x["system"]): x for x in microvm_report.restore_view(live)}
+    whole = rows[("private-reclaim (owned + image)", "azswap-lz4")]
+    assert whole["restore_s"] == pytest.approx(3.6) and whole["pages"] == 150
+    assert whole["vs_zram_lz4"] == pytest.approx(3.6 / 3.0)
+    assert rows[("private-reclaim", "azswap-lz4")]["vs_zram_lz4"] == pytest.approx(1.5)
+    assert rows[("private-reclaim (image)", "azswap-lz4")]["vs_zram_lz4"] == pytest.approx(1.05)
+
+
 def test_composition_of_owned_pages(record: ModuleType, tmp_path: Path) -> None:
     results = _fake_recording(tmp_path, record)
     record.write_trace(tmp_path, results, {"style": "microvm-snapshot"})
