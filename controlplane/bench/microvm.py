@@ -42,6 +42,7 @@ import argparse
 import contextlib
 import json
 import os
+import select
 import shutil
 import signal
 import socket
@@ -360,21 +361,31 @@ def perf_recording(out: Path | None) -> Iterator[None]:
     os.mkfifo(ack)
     p = subprocess.Popen(["perf", "record", "-q", "-a", "-e", "cpu-clock", "-F", "1000", "-D",
                           "-1", "--control", f"fifo:{ctl},{ack}", "-o", str(data)],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    # O_RDWR: neither open waits for perf, so a perf that never starts cannot hang the bench
+    cfd = os.open(ctl, os.O_RDWR)
+    afd = os.open(ack, os.O_RDWR | os.O_NONBLOCK)
+
+    def command(cmd: bytes) -> None:
+        os.write(cfd, cmd + b"\n")
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and p.poll() is None:
+            if select.select([afd], [], [], 0.5)[0] and os.read(afd, 64).startswith(b"ack"):
+                return
+        err = p.stderr.read().decode()[-300:] if p.poll() is not None and p.stderr else ""
+        raise RuntimeError(f"perf did not take {cmd.decode()!r} (exit {p.poll()}): {err}")
+
     try:
-        with open(ctl, "w") as cf, open(ack) as af:
-            cf.write("enable\n")
-            cf.flush()
-            af.readline()
-            try:
-                yield
-            finally:
-                cf.write("disable\n")
-                cf.flush()
-                af.readline()
+        command(b"enable")
+        try:
+            yield
+        finally:
+            command(b"disable")
     finally:
         p.send_signal(signal.SIGINT)
         p.wait(timeout=600)
+        os.close(cfd)
+        os.close(afd)
     rep = subprocess.run(["perf", "report", "-i", str(data), "--stdio", "--sort", "dso,sym",
                           "--percent-limit", "0.2"], capture_output=True, text=True)
     out.with_suffix(".txt").write_text(rep.stdout + rep.stderr[-2000:])
