@@ -346,6 +346,22 @@ def image_readback(rec: Recording, path: Path) -> tuple[float, int]:
 
 
 # ------------------------------------------------------------------ one run
+RESTORE_VMSTAT = ("pgfault", "pgmajfault", "pswpin", "swap_ra", "pgalloc_normal")
+
+
+def restore_counters() -> dict[str, int]:
+    """Context switches (/proc/stat ctxt) and the /proc/vmstat counters of a swap-in."""
+    out = {}
+    for line in Path("/proc/stat").read_text().splitlines():
+        if line.startswith("ctxt "):
+            out["context_switches"] = int(line.split()[1])
+    for line in Path("/proc/vmstat").read_text().splitlines():
+        k, _, v = line.partition(" ")
+        if k in RESTORE_VMSTAT:
+            out[k] = int(v)
+    return out
+
+
 @contextlib.contextmanager
 def perf_recording(out: Path | None) -> Iterator[None]:
     """Profile the block: `perf record -a -e cpu-clock` (all CPUs; a timer event, QEMU's TCG has
@@ -496,6 +512,7 @@ def run_one(rec: Recording, style: str, sysname: str, exe: Path, tmp: Path,
         lats = []
         t_in = 0
         bad = 0
+        counters0 = restore_counters()
         with perf_recording(perf_out):
             for vm in rec.vms:
                 v = vmms[vm.name]
@@ -505,6 +522,8 @@ def run_one(rec: Recording, style: str, sysname: str, exe: Path, tmp: Path,
                 lats.append(lat)
                 t_in += total
                 res["vms"][vm.name].update(restore_ms=total / 1e6, bad_pages=nbad)
+        res["restore_counters"] = {k: v - counters0.get(k, 0)
+                                   for k, v in restore_counters().items()}
         lat_all = np.concatenate(lats) if lats else np.zeros(0)
         res["restore_s"] = t_in / 1e9
         res["restored_pages"] = len(lat_all)

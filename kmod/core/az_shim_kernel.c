@@ -17,7 +17,8 @@
 
 static void az_defer_work(struct work_struct *work)
 {
-	struct az_defer *d = container_of(work, struct az_defer, work);
+	struct az_defer *d = container_of(to_delayed_work(work),
+					  struct az_defer, work);
 
 	d->fn(d->arg);
 }
@@ -25,7 +26,7 @@ static void az_defer_work(struct work_struct *work)
 void az_defer_init(struct az_defer *d, void (*fn)(void *arg), void *arg)
 {
 	init_llist_head(&d->list);
-	INIT_WORK(&d->work, az_defer_work);
+	INIT_DELAYED_WORK(&d->work, az_defer_work);
 	d->fn = fn;
 	d->arg = arg;
 }
@@ -33,7 +34,7 @@ void az_defer_init(struct az_defer *d, void (*fn)(void *arg), void *arg)
 void az_defer_add(struct az_defer *d, struct az_defer_node *n)
 {
 	if (llist_add(&n->node, &d->list))
-		schedule_work(&d->work);
+		schedule_delayed_work(&d->work, AZ_DEFER_DELAY);
 }
 
 struct az_defer_node *az_defer_take(struct az_defer *d)
@@ -45,12 +46,12 @@ struct az_defer_node *az_defer_take(struct az_defer *d)
 
 void az_defer_sync(struct az_defer *d)
 {
-	flush_work(&d->work);
+	flush_delayed_work(&d->work);
 }
 
 void az_defer_destroy(struct az_defer *d)
 {
-	cancel_work_sync(&d->work);
+	cancel_delayed_work_sync(&d->work);
 	WARN_ON_ONCE(!llist_empty(&d->list));
 }
 
