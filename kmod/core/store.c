@@ -234,8 +234,9 @@ static void az_store_run_deferred(void *arg)
 			o = container_of(n, struct az_obj, dnode);
 			if (az_test_bit(AZ_OBJ_INDEXED, &o->flags))
 				az_index_remove(s, o);
-			az_atomic64_dec(&s->deferred);
 			az_obj_destroy(s, o);
+			/* after: "deferred" 0 means every figure is final */
+			az_atomic64_dec(&s->deferred);
 		}
 		az_cond_resched();
 	}

@@ -237,9 +237,11 @@ def test_controlplane_end_to_end(dev0: ag.Dev, azpages: Any, workers: list) -> N
         assert module_owner(cg2.id).phase.label == "tool"
 
         # -- azctl status --json agrees with the module's own stats ---------------------------
-        # (sb1 compressed and quiet, sb2 stopped and quiet: nothing moves while we compare)
+        # (sb1 compressed and quiet, sb2 stopped and quiet: nothing moves while we compare, once
+        # the deferred frees, batched 10 ms after the first, have run)
         from controlplane.netlink import AzswapNetlink
 
+        dev0.wait_drained()
         with AzswapNetlink() as nl:
             owners = {o.cgroup_id: o for o in nl.stats()}
         r = subprocess.run(

@@ -24,6 +24,9 @@ def _owner_sums(owners: list[dict]) -> dict[str, int]:
 
 
 def _check_sums(d: ag.Dev, nl: Client) -> list[dict]:
+    # The per-owner and the global figures are read apart: they agree once nothing moves, i.e.
+    # when the deferred frees (batched, 10 ms after the first) have run.
+    d.wait_drained()
     owners = nl.request("STATS_GET", dump=True)
     sums = _owner_sums(owners)
     obj, mm, kinds = d.obj(), d.mm(), d.kinds()
