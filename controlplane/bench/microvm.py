@@ -372,41 +372,46 @@ def perf_recording(out: Path | None) -> Iterator[None]:
         yield
         return
     work = Path(tempfile.mkdtemp(prefix="azperf-"))  # not the 9p share: perf drops samples there
-    ctl, ack, data = work / "ctl", work / "ack", work / "perf.data"
+    ctl, ack, data, log_path = work / "ctl", work / "ack", work / "perf.data", work / "perf.log"
     os.mkfifo(ctl)
     os.mkfifo(ack)
-    p = subprocess.Popen(["perf", "record", "-q", "-a", "-e", "cpu-clock", "-F", "1000", "-D",
-                          "-1", "--control", f"fifo:{ctl},{ack}", "-o", str(data)],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     # O_RDWR: neither open waits for perf, so a perf that never starts cannot hang the bench
     cfd = os.open(ctl, os.O_RDWR)
     afd = os.open(ack, os.O_RDWR | os.O_NONBLOCK)
-
-    def command(cmd: bytes) -> None:
-        os.write(cfd, cmd + b"\n")
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and p.poll() is None:
-            if select.select([afd], [], [], 0.5)[0] and os.read(afd, 64).startswith(b"ack"):
-                return
-        err = p.stderr.read().decode()[-300:] if p.poll() is not None and p.stderr else ""
-        raise RuntimeError(f"perf did not take {cmd.decode()!r} (exit {p.poll()}): {err}")
-
     try:
-        command(b"enable")
+        with open(log_path, "wb") as log_f:
+            p = subprocess.Popen(["perf", "record", "-q", "-a", "-e", "cpu-clock", "-F", "1000",
+                                  "-D", "-1", "--control", f"fifo:{ctl},{ack}", "-o", str(data)],
+                                 stdout=subprocess.DEVNULL, stderr=log_f)
+
+        def command(cmd: bytes) -> None:
+            os.write(cfd, cmd + b"\n")
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline and p.poll() is None:
+                if select.select([afd], [], [], 0.5)[0] and os.read(afd, 64).startswith(b"ack"):
+                    return
+            raise RuntimeError(f"perf did not take {cmd.decode()!r} (exit {p.poll()}): "
+                               f"{log_path.read_text(errors='replace')[-300:]}")
+
         try:
+            command(b"enable")
             yield
+            command(b"disable")  # not after a failed block: its error is the one to see
         finally:
-            command(b"disable")
+            p.send_signal(signal.SIGINT)
+            try:
+                p.wait(timeout=600)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        rep = subprocess.run(["perf", "report", "-i", str(data), "--stdio", "--sort", "dso,sym",
+                              "--percent-limit", "0.2"], capture_output=True, text=True)
+        out.with_suffix(".txt").write_text(rep.stdout + rep.stderr[-2000:])
+        shutil.move(data, out)
     finally:
-        p.send_signal(signal.SIGINT)
-        p.wait(timeout=600)
         os.close(cfd)
         os.close(afd)
-    rep = subprocess.run(["perf", "report", "-i", str(data), "--stdio", "--sort", "dso,sym",
-                          "--percent-limit", "0.2"], capture_output=True, text=True)
-    out.with_suffix(".txt").write_text(rep.stdout + rep.stderr[-2000:])
-    shutil.move(data, out)
-    shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def run_one(rec: Recording, style: str, sysname: str, exe: Path, tmp: Path,
@@ -512,8 +517,8 @@ def run_one(rec: Recording, style: str, sysname: str, exe: Path, tmp: Path,
         lats = []
         t_in = 0
         bad = 0
-        counters0 = restore_counters()
         with perf_recording(perf_out):
+            counters0 = restore_counters()  # after perf's start-up, which switches a lot
             for vm in rec.vms:
                 v = vmms[vm.name]
                 total, lat, sums = v.p.touch()
@@ -522,8 +527,8 @@ def run_one(rec: Recording, style: str, sysname: str, exe: Path, tmp: Path,
                 lats.append(lat)
                 t_in += total
                 res["vms"][vm.name].update(restore_ms=total / 1e6, bad_pages=nbad)
-        res["restore_counters"] = {k: v - counters0.get(k, 0)
-                                   for k, v in restore_counters().items()}
+            res["restore_counters"] = {k: v - counters0.get(k, 0)
+                                       for k, v in restore_counters().items()}
         lat_all = np.concatenate(lats) if lats else np.zeros(0)
         res["restore_s"] = t_in / 1e9
         res["restored_pages"] = len(lat_all)

@@ -5,8 +5,9 @@
 
 A reference point for the owned-pages view, not a page store: every VM's owned pages (the pages
 it dirtied, vm0 first, each VM in page-offset order) are written as ONE stream and compressed by
-zstd with the whole template image as a prefix (`zstd --patch-from=IMAGE`), long-distance matching
-and a window that holds the image and the stream together. So the compressor sees every match a
+zstd with the whole template image as a prefix (`zstd --patch-from=IMAGE`) and long-distance
+matching (in this mode zstd sizes its window so that the whole image stays reachable; --long
+lets the decompressor use it). So the compressor sees every match a
 page store looks for (the template at the same or any other offset, other pages of the same VM,
 other VMs' pages) and more (matches across page boundaries, one entropy model for the whole
 stream), without paying for random access. The stream is decompressed again and compared with
@@ -42,7 +43,9 @@ def zstd_patch_size(image: Path, stream: Path, level: int, work: Path) -> int:
     if shutil.which("zstd") is None:
         raise SystemExit("microvm_bound: the zstd command is missing (scripts/setup.sh apt)")
     span = image.stat().st_size + stream.stat().st_size
-    wlog = max(20, min(31, (span - 1).bit_length()))  # the window covers image + stream
+    # long-distance matching, and the decompressor's window limit; for compression,
+    # --patch-from sizes the window itself to keep the whole image reachable
+    wlog = max(20, min(31, (span - 1).bit_length()))
     packed, back = work / (stream.name + ".zst"), work / (stream.name + ".back")
     common = ["zstd", "-q", "-f", "--single-thread", f"--long={wlog}", f"--patch-from={image}"]
     subprocess.run([*common, "--ultra", f"-{level}", str(stream), "-o", str(packed)], check=True)

@@ -112,8 +112,8 @@ static inline u64 az_xxh64(const void *buf, size_t len, u64 seed)
  * Deferral: an llist drained by a work item that runs AZ_DEFER_DELAY
  * after the first node of a batch.  A restore frees an object on every
  * swap-in; queued at once, the work ran every few dozen pages (the live
- * microVM restore of 49,000 pages: 2,300 context switches, 970 with the
- * delay, and about 5% less restore time).
+ * microVM restore of 49,000 pages: 2,300 context switches, 900-1,000
+ * with the delay).
  */
 #define AZ_DEFER_DELAY	msecs_to_jiffies(10)
 

@@ -227,8 +227,10 @@ static void az_store_run_deferred(void *arg)
 	struct az_store *s = arg;
 	struct az_defer_node *n, *next;
 	struct az_obj *o;
+	unsigned int k = 0;
 
 	while ((n = az_defer_take(&s->defer))) {
+		/* a batch (10 ms of frees, a process exit) can be long */
 		for (; n; n = next) {
 			next = az_defer_next(n);
 			o = container_of(n, struct az_obj, dnode);
@@ -237,6 +239,8 @@ static void az_store_run_deferred(void *arg)
 			az_obj_destroy(s, o);
 			/* after: "deferred" 0 means every figure is final */
 			az_atomic64_dec(&s->deferred);
+			if (!(++k & 255))
+				az_cond_resched();
 		}
 		az_cond_resched();
 	}

@@ -195,9 +195,10 @@ class Dev:
         end = time.monotonic() + timeout
         while True:
             o = self.obj()
-            if o["deferred"] == 0 or time.monotonic() > end:
+            if o["deferred"] == 0:
                 return o
-            time.sleep(0.2)
+            assert time.monotonic() < end, f"{self.name}: deferred frees not done in {timeout}s {o}"
+            time.sleep(0.05)
 
 
 # -- cgroups ----------------------------------------------------------------------------------
