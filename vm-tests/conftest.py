@@ -5,6 +5,9 @@ kernel.  On the host this plugin collects them (their names come from a host-sid
 ``pytest --collect-only`` of those files), and the first guest test that runs boots the test
 kernel ONCE through vm-tests/run, runs every selected guest test inside, and hands each host item
 the outcome its twin had in the guest (pass, fail with the guest's traceback, skip with reason).
+One more item, ``vm-tests/run::guest kernel run``, runs last and fails whenever vm-tests/run exited
+non-zero (a kernel splat, a panic, a timeout, the guest's pytest failing), even when every guest
+test wrote a passing result; its report gives vm-tests/run's reason and the splat.
 
 Inside the guest (AZSWAP_IN_GUEST=1) and in the collect-only subprocess (AZSWAP_GUEST_COLLECT=1)
 this plugin stays out of the way and pytest collects the files normally.
@@ -46,6 +49,7 @@ class GuestRun:
     done: bool = False
     rc: int | None = None
     console_tail: str = ""
+    reasons: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
 
@@ -107,6 +111,7 @@ def _run_guest(session: pytest.Session) -> GuestRun:
     run.rc = proc.returncode
     text = log_file.read_text(errors="replace")
     run.console_tail = "\n".join(text.splitlines()[-60:])
+    run.reasons = [ln for ln in text.splitlines() if ln.startswith("vm-tests/run: ")]
     if results_file.exists():
         for line in results_file.read_text().splitlines():
             rec = json.loads(line)
@@ -144,6 +149,44 @@ class GuestItem(pytest.Item):
         return self.path, 0, f"[guest] {self.name}"
 
 
+class GuestRunItem(pytest.Item):
+    """The guest kernel run itself: passes only when vm-tests/run exited 0."""
+
+    def runtest(self) -> None:
+        run = _run_guest(self.session)
+        if run.rc != 0:
+            raise GuestFailure(_run_failure(run))
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style=None) -> str:
+        if isinstance(excinfo.value, GuestFailure):
+            return str(excinfo.value)
+        return super().repr_failure(excinfo, style=style)
+
+    def reportinfo(self) -> tuple[Path, int, str]:
+        return self.path, 0, "guest kernel run"
+
+
+def _run_failure(run: GuestRun) -> str:
+    """Why the run failed: vm-tests/run's own reason lines, the splat from the kernel log it
+    saved, then the console tail."""
+    failed = [n for n, r in run.results.items() if r["outcome"] != "passed"
+              and r["outcome"] != "skipped"]
+    why = run.reasons or [
+        f"the guest command exited {run.rc}"
+        + (f" ({len(failed)} guest tests failed, reported above)" if failed else "")
+    ]
+    out = [f"vm-tests/run exited {run.rc} after {run.seconds:.0f}s", *why]
+    dmesg = OUT / "last-dmesg.txt"
+    quoted = [r.split("kernel splat in dmesg: ", 1)[1].rsplit(" (full log:", 1)[0]
+              for r in run.reasons if "kernel splat in dmesg: " in r]
+    if quoted and dmesg.exists():
+        klog = dmesg.read_text(errors="replace").splitlines()
+        first = next((i for i, ln in enumerate(klog) if quoted[0] in ln), 0)
+        out += [f"--- the splat ({_rel(dmesg)}) ---", *klog[max(0, first - 5) : first + 40]]
+    out += ["--- console tail ---", run.console_tail]
+    return "\n".join(out)
+
+
 class GuestModule(pytest.File):
     def collect(self):
         for nodeid in _host_collect(self.config).get(_rel(self.path), []):
@@ -151,6 +194,18 @@ class GuestModule(pytest.File):
 
 
 if ACTIVE:
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(
+        session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
+    ) -> None:
+        """After selection (-k, -m): with any guest test left, the run itself is one more item,
+        the last one."""
+        if any(isinstance(it, GuestItem) for it in items):
+            items.append(GuestRunItem.from_parent(
+                session, name="guest kernel run", path=TOP / "vm-tests" / "run",
+                nodeid="vm-tests/run::guest kernel run",
+            ))
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_pycollect_makemodule(module_path: Path, parent: pytest.Collector):
