@@ -114,12 +114,81 @@ def test_no_sharing_across_groups_or_unregistered(rs):
     near = pages.mutate(p, random.Random(1), 2)
     rs.put(5, near, owner=C, index=7)
     rs.put(6, near, owner=U)
-    # Slot 5 may be a delta against C's own page (slot 1, group 2) only.
+    # Slot 5 is a delta against C's own page (slot 1, group 2): C pays for that base as shared
+    # bytes, A (group 1, holding the same page at slot 0) is nobody's base.
+    assert rs.kind(5) == "xdelta"
+    assert rs.owner_stats(C)["shared_bytes"] > 0
+    assert rs.owner_stats(A)["shared_bytes"] == 0
     assert rs.kind(6) == "plain"
     for i, q in enumerate([p, p, p, p, p, near, near]):
         assert rs.get(i) == q
     check_accounting(rs)
     empty_everything(rs, range(7))
+
+
+def kinds_of(s: Store, owner: int) -> dict[str, int]:
+    return {k: v for k, v in s.owner_stats(owner)["kind_pages"].items() if v}
+
+
+def test_trust_groups_isolate_near_and_exact_duplicates(rs):
+    """Black box: a page whose only near or exact duplicate lives in the other trust group is
+    stored plain (by the per-owner and per-group kind counts), both ways; the same copies from
+    the same group are shared (so the pages used here are ones the store does share)."""
+    rng = random.Random(8)
+    # pages 0-7 get near copies, 8-15 exact ones (a near and an exact copy of one page would be
+    # near each other, and the second may rightly share with the first in its own group)
+    g1 = [pages.make("heap", 3000 + i) for i in range(16)]  # only in group 1 (A)
+    g2 = [pages.make("heap", 4000 + i) for i in range(16)]  # only in group 2 (C)
+    for i in range(16):
+        rs.put(i, g1[i], owner=A, index=i)
+        rs.put(100 + i, g2[i], owner=C, index=i)
+    assert kinds_of(rs, A) == {"plain": 16} and kinds_of(rs, C) == {"plain": 16}
+    want = {i: g1[i] for i in range(16)} | {100 + i: g2[i] for i in range(16)}
+    # group 2 copies of group 1's pages, group 1 copies of group 2's, then group 1's (B) own
+    for slot0, owner, src in ((200, C, g1), (300, A, g2), (400, B, g1)):
+        for i in range(16):
+            want[slot0 + i] = pages.mutate(src[i], rng, 3) if i < 8 else src[i]
+            rs.put(slot0 + i, want[slot0 + i], owner=owner, index=5000 + slot0 + i)
+        if owner == C:
+            assert kinds_of(rs, C) == {"plain": 32}
+        if owner == A:
+            assert kinds_of(rs, A) == {"plain": 32}
+            groups = rs.group_stats()
+            for g in (1, 2):
+                assert {k: v for k, v in groups[g]["kind_pages"].items() if v} == {"plain": 32}
+                assert groups[g]["shared_bytes"] == 0
+            assert rs.owner_stats(A)["shared_bytes"] == rs.owner_stats(C)["shared_bytes"] == 0
+    # the control: B's copies of group 1's pages are shared with A's
+    b = kinds_of(rs, B)
+    assert b.get("dup") == 8 and b.get("xdelta", 0) >= 6, b
+    assert rs.owner_stats(A)["shared_bytes"] > 0 and rs.owner_stats(C)["shared_bytes"] == 0
+    for slot, page in want.items():
+        assert rs.get(slot) == page, slot
+    check_accounting(rs)
+    empty_everything(rs, want)
+
+
+def test_trust_groups_isolate_templates(rs):
+    """Black box: a group-2 sandbox's page whose near or exact twin is only in group 1's
+    template (same index) is stored plain; group 1's sandbox gets tdelta/dup against it."""
+    rng = random.Random(9)
+    tp = [pages.make("text", 7000 + i) for i in range(16)]
+    for i, p in enumerate(tp):
+        rs.template_load(T1, i, p)
+    mine = [pages.mutate(p, rng, 3) if i < 8 else p for i, p in enumerate(tp)]
+    t1 = rs.owner_stats(T1)
+    for i in range(16):
+        rs.put(i, mine[i], owner=C, index=i)
+    assert kinds_of(rs, C) == {"plain": 16}
+    assert rs.owner_stats(T1) == t1
+    for i in range(16):
+        rs.put(100 + i, mine[i], owner=A, index=i)
+    a = kinds_of(rs, A)
+    assert a.get("dup") == 8 and a.get("tdelta", 0) >= 6, a
+    for i in range(16):
+        assert rs.get(i) == rs.get(100 + i) == mine[i]
+    check_accounting(rs)
+    empty_everything(rs, [*range(16), *range(100, 116)])
 
 
 def test_cross_group_never_shares_even_with_identical_templates(rs):
