@@ -294,13 +294,102 @@ class FakeCgroup(Cgroup):
         return take == nbytes
 
 
-def skip_unless_others_can_reach(path: Path) -> None:
-    """Skip a test that runs code from ``path`` as an unprivileged user when the checkout sits
-    below a directory other users cannot enter (e.g. a ``mktemp -d`` clone, mode 0700)."""
-    import pytest
+class WorldReadableCopy:
+    """This checkout's Python code and its installed dependencies, copied (hard-linked where
+    the file system allows) into a fresh 0755 directory under /tmp, so that a process that
+    dropped to another uid can run it wherever the checkout lives (a ``mktemp -d`` clone sits
+    in a 0700 directory that only its owner can enter).  A context manager: the copy is removed
+    on exit.
 
-    p = Path(path).resolve()
-    for d in [*reversed(p.parents), p]:
+        with WorldReadableCopy(REPO) as cp:
+            subprocess.run(["setpriv", "--reuid=nobody", ..., *cp.azctl("sandbox", "ls")],
+                           env={**os.environ, **cp.env})
+    """
+
+    def __init__(self, top: Path, base: Path = Path("/tmp")) -> None:
+        import shutil
+        import sys
+        import tempfile
+        import tomllib
+
+        top = Path(top).resolve()
+        self.root = Path(tempfile.mkdtemp(prefix="azswap-unpriv-", dir=base))
+        self.root.chmod(0o755)
+        self.python = os.path.realpath(sys.executable)  # the venv's python is in the checkout
+        for what in (self.root, Path(self.python)):
+            _require_reachable(what)
+        project = tomllib.loads((top / "pyproject.toml").read_text())
+        for pkg, src in project["tool"]["setuptools"]["package-dir"].items():
+            shutil.copytree(top / src, self.root / pkg, copy_function=_link_or_copy)
+        for dist in _runtime_dists(project["project"]["name"]):
+            for f in dist.files or []:
+                if ".." in f.parts:  # console scripts and the like, outside site-packages
+                    continue
+                dst = self.root / f
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                if not dst.exists():
+                    _link_or_copy(str(dist.locate_file(f)), str(dst))
+        for d in [self.root, *self.root.rglob("*")]:
+            if d.is_dir():
+                d.chmod(0o755)
+        self.env = {"PYTHONPATH": str(self.root), "PYTHONDONTWRITEBYTECODE": "1"}
+
+    def azctl(self, *args: str) -> list[str]:
+        """argv running azctl from the copy."""
+        return [self.python, "-c", "import sys; from azctl.main import main; sys.exit(main())",
+                *args]
+
+    def script(self, rel: str, *args: str) -> list[str]:
+        """argv running one of the copied packages' files as a script, e.g. ebpf/faulttrace.py."""
+        return [self.python, str(self.root / rel), *args]
+
+    def close(self) -> None:
+        import shutil
+
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def __enter__(self) -> WorldReadableCopy:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _require_reachable(path: Path) -> None:
+    for d in [*reversed(Path(path).parents), Path(path)]:
         if d.is_dir() and not d.stat().st_mode & 0o001:
-            pytest.skip(f"{d} is not traversable by other users: an unprivileged process "
-                        "cannot run this checkout's code")
+            raise RuntimeError(f"{d} is not traversable by other users: cannot give an "
+                               f"unprivileged process {path}")
+
+
+def _link_or_copy(src: str, dst: str) -> str:
+    import shutil
+
+    if os.stat(src).st_mode & 0o004:  # a hard link shares the mode: only for world-readable
+        try:
+            os.link(src, dst)
+            return dst
+        except OSError:
+            pass
+    shutil.copy2(src, dst)
+    os.chmod(dst, os.stat(dst).st_mode | 0o444)
+    return dst
+
+
+def _runtime_dists(name: str) -> list:
+    """The installed distributions ``name`` needs at run time (no extras), recursively."""
+    import importlib.metadata as md
+
+    from packaging.requirements import Requirement
+
+    seen: dict[str, md.Distribution] = {}
+    todo = [name]
+    while todo:
+        for r in md.distribution(todo.pop()).requires or []:
+            req = Requirement(r)
+            key = req.name.lower().replace("_", "-")
+            if key in seen or (req.marker and not req.marker.evaluate({"extra": ""})):
+                continue
+            seen[key] = md.distribution(req.name)
+            todo.append(req.name)
+    return list(seen.values())

@@ -14,7 +14,7 @@ from azctl.env import Env
 
 from controlplane import errors
 from controlplane.netlink import MAX_LOAD_PAGES, PAGE_SIZE
-from controlplane.testing import skip_unless_others_can_reach
+from controlplane.testing import WorldReadableCopy
 
 from .conftest import World
 
@@ -268,22 +268,21 @@ def test_module_not_loaded_real_binary(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root + setpriv")
 def test_daemon_needs_root(tmp_path: Path) -> None:
-    skip_unless_others_can_reach(REPO)
-    p = subprocess.run(
-        [
-            "setpriv",
-            "--reuid=nobody",
-            "--regid=nogroup",
-            "--clear-groups",
-            str(AZCTL),
-            "--socket",
-            "/tmp/azswap-test-never.sock",
-            "daemon",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    with WorldReadableCopy(REPO) as cp:  # the checkout may sit in a 0700 directory
+        p = subprocess.run(
+            [
+                "setpriv",
+                "--reuid=nobody",
+                "--regid=nogroup",
+                "--clear-groups",
+                *cp.azctl("--socket", "/tmp/azswap-test-never.sock", "daemon"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd="/",
+            env={**os.environ, **cp.env},
+        )
     assert p.returncode == 4 and "needs root" in p.stderr and "Traceback" not in p.stderr
 
 
@@ -313,28 +312,25 @@ def test_shell_completion_script() -> None:
 
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root + setpriv")
 def test_non_root_against_a_root_only_socket_is_exit_4(world: World, tmp_path: Path) -> None:
-    skip_unless_others_can_reach(REPO)
     for p in (tmp_path, tmp_path.parent, tmp_path.parent.parent):
         os.chmod(p, os.stat(p).st_mode | 0o011)
     os.chmod(world.socket.parent, 0o711)  # reachable: the socket's 0600 is what refuses
     try:
-        p = subprocess.run(
-            [
-                "setpriv",
-                "--reuid=nobody",
-                "--regid=nogroup",
-                "--clear-groups",
-                str(AZCTL),
-                "--socket",
-                str(world.socket),
-                "sandbox",
-                "ls",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            cwd="/",
-        )
+        with WorldReadableCopy(REPO) as cp:  # the checkout may sit in a 0700 directory
+            p = subprocess.run(
+                [
+                    "setpriv",
+                    "--reuid=nobody",
+                    "--regid=nogroup",
+                    "--clear-groups",
+                    *cp.azctl("--socket", str(world.socket), "sandbox", "ls"),
+                ],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                cwd="/",
+                env={**os.environ, **cp.env},
+            )
     finally:
         os.chmod(world.socket.parent, 0o700)
     assert p.returncode == 4 and "permission denied" in p.stderr, p

@@ -74,6 +74,15 @@ def swaps() -> list[str]:
     return [ln.split()[0] for ln in Path("/proc/swaps").read_text().splitlines()[1:]]
 
 
+def assert_azswap_swap(dev: int = 0) -> None:
+    """Fail unless azswap<dev> is up (its block device in sysfs) and an active swap device: for
+    tests whose point is azswap, whatever the helper that brought a swap device up says."""
+    name = f"azswap{dev}"
+    assert Path(f"/sys/block/{name}").is_dir(), f"/sys/block/{name} missing: azswap is not up"
+    active = swaps()
+    assert f"/dev/{name}" in active, f"/dev/{name} is not an active swap device: {active}"
+
+
 def swapoff_all_azswap() -> None:
     for dev in swaps():
         if "azswap" in dev:

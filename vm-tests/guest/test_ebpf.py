@@ -22,18 +22,22 @@ KPROBES = Path("/sys/kernel/debug/kprobes/list")
 
 
 def run_cli(*args: str, uid: int | None = None) -> subprocess.CompletedProcess[str]:
-    if uid is not None:
-        from controlplane.testing import skip_unless_others_can_reach
-
-        skip_unless_others_can_reach(TOP)
+    if uid is None:
+        return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=300,
+                              cwd="/tmp")
+    from controlplane.testing import WorldReadableCopy
 
     def drop() -> None:
-        if uid is not None:
-            os.setgid(uid)
-            os.setuid(uid)
+        os.setgroups([])
+        os.setgid(uid)
+        os.setuid(uid)
 
-    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=300,
-                          preexec_fn=drop, cwd="/tmp")
+    # another uid runs the code from a world-readable copy: the checkout may sit in a 0700
+    # directory
+    with WorldReadableCopy(TOP) as cp:
+        return subprocess.run(cp.script("ebpf/faulttrace.py", *args), capture_output=True,
+                              text=True, timeout=300, preexec_fn=drop, cwd="/tmp",
+                              env={**os.environ, **cp.env})
 
 
 def assert_clear_error(r: subprocess.CompletedProcess[str], words: str) -> None:
@@ -59,10 +63,13 @@ def test_errors_before_loading() -> None:
 
 @pytest.fixture(scope="module")
 def swap() -> str:
+    import azswap_guest as ag
     from swapdev import session_swap
 
     kind = session_swap()
     print(f"swap device: {kind}")
+    assert kind == "azswap", f"these tests need azswap, the swap device that came up is {kind}"
+    ag.assert_azswap_swap()
     return kind
 
 
@@ -165,8 +172,7 @@ def test_exact_fault_sequence(tracer, swap: str) -> None:
 
 
 def test_module_tracepoints(tracer, swap: str) -> None:
-    if swap != "azswap" or not tracer.with_module:
-        pytest.skip(f"azswap tracepoints need the azswap device (swap device: {swap})")
+    assert tracer.with_module, "the tracer did not attach azswap's tracepoints"
     cg, sb = _sandbox("tp", 256, 9)
     try:
         tracer.add_sandbox("tp", cg.path)

@@ -26,11 +26,14 @@ NOISE = 40  # random extra pages per cycle (must not be learned)
 
 @pytest.fixture(params=["willneed", "populate"])
 def setup(request: pytest.FixtureRequest) -> tuple[object, str]:
+    import azswap_guest as ag
     from swapdev import session_swap, session_tracer
 
     from controlplane.prefetch import PrefetchConfig, Prefetcher
 
     kind = session_swap()
+    assert kind == "azswap", f"this test needs azswap, the swap device that came up is {kind}"
+    ag.assert_azswap_swap()
     tr = session_tracer()
     # events are fed by p.sync() after each phase: no polling thread, the tracer stays shared
     cfg = PrefetchConfig(history=3, window_s=60.0, method=request.param)
