@@ -207,6 +207,8 @@ def _json_obj(raw: bytes, what: str, off: int) -> dict[str, Any]:
         obj = json.loads(raw.decode("utf-8")) if raw else {}
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise TraceError(f"offset {off}: {what}: bad JSON ({exc})") from None
+    except RecursionError:
+        raise TraceError(f"offset {off}: {what}: JSON nested too deeply") from None
     if not isinstance(obj, dict):
         raise TraceError(f"offset {off}: {what}: JSON is not an object")
     return obj

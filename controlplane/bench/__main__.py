@@ -360,7 +360,8 @@ def main(argv: list[str] | None = None) -> int:
             if (vo / name).exists():
                 (out / name).write_text((vo / name).read_text())
         if rc:
-            log(f"the guest exited {rc} (see above); the report keeps what it measured")
+            log(f"the guest exited {rc} (see above): no report; what it measured is in {out}")
+            return rc
     sw = json.loads(swj.read_text()) if swj.exists() else {}
     phj = out / "phasebench.json"
     ph = json.loads(phj.read_text()) if phj.exists() and not a.no_phase else None

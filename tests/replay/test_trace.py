@@ -21,10 +21,13 @@ from controlplane.recorder import Proc, record
 from controlplane.trace import (
     END_FIX,
     HEADER,
+    OWNER_FIX,
     PAGE_SIZE,
     REC,
     ROLE_SANDBOX,
     ROLE_TEMPLATE,
+    T_META,
+    T_OWNER,
     TraceError,
     TraceWriter,
     parse_trace,
@@ -209,6 +212,34 @@ def test_owner_rules(tmp_path: Path) -> None:
         parse_trace(bytes(refresh_crc(b)))
 
 
+DEEP = b'{"a":' * 100_000 + b"1" + b"}" * 100_000  # far deeper than Python's recursion limit
+
+
+def test_deeply_nested_json_is_a_trace_error(tmp_path: Path) -> None:
+    p = tmp_path / "deep-meta.aztrace"
+    with TraceWriter(p) as w:
+        w._record(T_META, DEEP)
+    with pytest.raises(TraceError, match="META: JSON nested too deeply"):
+        read_trace(p)
+    q = tmp_path / "deep-owner.aztrace"
+    with TraceWriter(q) as w:
+        w._record(T_OWNER, OWNER_FIX.pack(1, 1, ROLE_SANDBOX, b"\0\0\0") + DEEP)
+    with pytest.raises(TraceError, match="OWNER info: JSON nested too deeply"):
+        parse_trace(q.read_bytes())
+
+
+def test_deeply_nested_json_replay_cli_error(
+    tmp_path: Path, store_lib: None, capsys: pytest.CaptureFixture
+) -> None:
+    p = tmp_path / "deep.aztrace"
+    with TraceWriter(p) as w:
+        w._record(T_META, DEEP)
+    assert rp.main([str(p)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("replay: ") and "JSON nested too deeply" in err, err
+    assert err.count("\n") == 1, err
+
+
 def test_duplicate_and_unaligned_vaddr(tmp_path: Path) -> None:
     p = tmp_path / "d.aztrace"
     with pytest.raises(TraceError, match="written twice"), TraceWriter(p) as w:
@@ -385,3 +416,24 @@ def test_bench_report_from_replay_and_guest_results(tmp_path: Path, store_lib: N
     md = (tmp_path / "report.md").read_text()
     assert "![cpu.png](cpu.png)" in md and "| (b) aggressive, blind | 200.0 | 1.00x" in md
     assert "83%" in md  # (c) keeps 5 of (b)'s 6 MiB saved
+
+
+def test_bench_fails_when_the_guest_failed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`make bench` exits non-zero when vm-tests/run did (e.g. a splat: 125), and writes no
+    report from a failed guest run."""
+    from controlplane.bench import __main__ as bench
+
+    calls: list[list[str]] = []
+
+    def fake_run(cmd: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
+        calls.append(cmd)
+        return subprocess.CompletedProcess(cmd, 125)
+
+    monkeypatch.setattr(bench.subprocess, "run", fake_run)
+    out = tmp_path / "out"
+    rc = bench.main(["--out", str(out), "--styles", "", "--microvm", "skip", "--no-phase"])
+    assert rc == 125
+    assert len(calls) == 1 and calls[0][0].endswith("vm-tests/run")
+    assert not (out / "report.md").exists()
