@@ -2,8 +2,9 @@
 
 One process (``azctl daemon``), these threads:
 
-* the socket server: one thread per client connection, JSON-lines requests
-  (docs/daemon-protocol.md);
+* the socket server: one thread per client connection reading its JSON-lines requests
+  (docs/daemon-protocol.md), and one writer thread per connection sending its replies and events
+  from a bounded queue, so that a client that stops reading holds up nobody but itself;
 * the scheduler: ``Scheduler.run()``, one tick a second, woken early by hints;
 * the module event listener: follows the ``events`` netlink group (changes made by other netlink
   clients) and forwards them to subscribers;
@@ -24,12 +25,14 @@ import contextlib
 import json
 import logging
 import os
+import select
 import signal
 import socket
 import socketserver
 import struct
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,6 +67,9 @@ class DaemonConfig:
     follow_events: bool = True
     metrics_port: int | None = None
     reconcile_interval: float = 10.0  # seconds between checks that the module still has ours
+    max_connections: int = 64  # clients served at once; one more is refused with "busy"
+    queue_lines: int = 512  # lines queued for one client; events beyond it are dropped
+    send_stall: float = 30.0  # seconds a client may accept nothing while we have data for it
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     phase: PhaseConfig = field(default_factory=PhaseConfig)
 
@@ -109,23 +115,130 @@ class PerThread:
 
 
 class Connection:
-    """One client: serialised writes (replies and pushed events share the socket)."""
+    """One client: its replies and pushed events go through a bounded queue drained by the
+    connection's own writer thread.
 
-    def __init__(self, sock: socket.socket, uid: int, pid: int) -> None:
+    Replies are never dropped: the reader waits for room before it reads the next request (a
+    client that does not read its replies stalls itself).  Events are dropped when the queue is
+    full, counted, and the client is told how many with one ``dropped`` event line before the
+    next one it gets.  A client that accepts no byte for ``send_stall`` seconds while data waits
+    for it is disconnected."""
+
+    def __init__(
+        self, sock: socket.socket, uid: int, pid: int, queue_lines: int = 512,
+        send_stall: float = 30.0,
+    ) -> None:
         self.sock = sock
         self.uid = uid
         self.pid = pid
         self.subscribed = False
-        self._wlock = threading.Lock()
+        self.dropped = 0  # events dropped for this client, in all
+        self._subscribe_next = False
+        self._limit = queue_lines
+        self._stall = send_stall
+        self._q: deque[bytes] = deque()
+        self._untold = 0  # events dropped since the last "dropped" line
+        self._cv = threading.Condition()
+        self._closing = False  # no more lines: the writer sends what is queued and stops
+        self._dead = False  # the socket failed or stalled: nothing more is sent
+        self._writer: threading.Thread | None = None
 
-    def send(self, obj: dict[str, Any]) -> bool:
-        data = (json.dumps(obj, separators=(",", ":")) + "\n").encode()
-        try:
-            with self._wlock:
-                self.sock.sendall(data)
-            return True
-        except OSError:
-            return False
+    def start(self) -> None:
+        self._writer = threading.Thread(
+            target=self._write_loop, name=f"writer-{self.pid}", daemon=True
+        )
+        self._writer.start()
+
+    def subscribe_after_reply(self) -> None:
+        """Events start right after the next reply (so they never come before it)."""
+        self._subscribe_next = True
+
+    def reply(self, obj: dict[str, Any]) -> bool:
+        """Queue a reply, waiting while the queue is full; False once the client is gone."""
+        data = _line(obj)
+        with self._cv:
+            while len(self._q) >= self._limit and not (self._dead or self._closing):
+                self._cv.wait()
+            if self._dead or self._closing:
+                return False
+            self._q.append(data)
+            if self._subscribe_next:
+                self.subscribed, self._subscribe_next = True, False
+            self._cv.notify_all()
+        return True
+
+    def event(self, data: bytes) -> bool:
+        """Queue one event line without waiting; False if it was dropped."""
+        with self._cv:
+            if not self.subscribed or self._dead or self._closing:
+                return True
+            if len(self._q) >= self._limit:
+                self.dropped += 1
+                self._untold += 1
+                if self._untold == 1:
+                    log.warning("client pid %d is not reading: dropping events", self.pid)
+                return False
+            if self._untold:
+                self._q.append(self._dropped_line())
+            self._q.append(data)
+            self._cv.notify_all()
+        return True
+
+    def _dropped_line(self) -> bytes:
+        n, self._untold = self._untold, 0
+        return _line({"event": "dropped", "time": time.time(), "dropped": n})
+
+    def finish(self, wait: float) -> None:
+        """No more lines: let the writer send what is queued (``wait`` bounds it), then stop."""
+        with self._cv:
+            self._closing = True
+            self._cv.notify_all()
+        w = self._writer
+        if w is not None:
+            w.join(wait)
+            if w.is_alive():  # still stuck on a client that does not read: cut it off
+                with contextlib.suppress(OSError):
+                    self.sock.shutdown(socket.SHUT_RDWR)
+            w.join()  # before the socket is closed (its number could be reused)
+        with self._cv:
+            self._dead = True
+            self._cv.notify_all()
+
+    def _write_loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._q and not self._untold and not (self._closing or self._dead):
+                    self._cv.wait()
+                if self._dead or (self._closing and not self._q):
+                    return
+                data = self._q.popleft() if self._q else self._dropped_line()
+                self._cv.notify_all()
+            try:
+                self._send(data)
+            except OSError as e:  # gone, or stalled: either way this client is done
+                if isinstance(e, TimeoutError):
+                    log.warning("client pid %d accepted nothing for %gs: disconnected",
+                                self.pid, self._stall)
+                with self._cv:
+                    self._dead = True
+                    self._cv.notify_all()
+                with contextlib.suppress(OSError):
+                    self.sock.shutdown(socket.SHUT_RDWR)  # the reader sees EOF
+                return
+
+    def _send(self, data: bytes) -> None:
+        """sendall without blocking the socket (its reader shares it), bounded by the stall."""
+        view = memoryview(data)
+        poller = select.poll()
+        poller.register(self.sock.fileno(), select.POLLOUT)
+        while view:
+            try:
+                view = view[self.sock.send(view, socket.MSG_DONTWAIT) :]
+                continue
+            except BlockingIOError:
+                pass
+            if not poller.poll(self._stall * 1000):
+                raise TimeoutError(f"no progress for {self._stall}s")
 
 
 def peer_cred(sock: socket.socket) -> tuple[int, int, int]:
@@ -177,6 +290,7 @@ class Daemon:
         self._load_prefetcher = prefetcher is None
         self._conns: set[Connection] = set()
         self._conns_lock = threading.Lock()
+        self.events_dropped = 0  # events dropped for clients that did not read, in all
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._server: _Server | None = None
@@ -211,17 +325,28 @@ class Daemon:
         log.info("recovered %d sandboxes and %d templates from the module", n_sb, n_t)
 
     def publish(self, event: dict[str, Any]) -> None:
-        """Send an event line to every subscribed connection."""
+        """Queue an event line for every subscribed connection (never waits for one)."""
         event = {"event": event.get("event", "unknown"), "time": time.time(), **event}
+        data = _line(event)
         with self._conns_lock:
             subs = [c for c in self._conns if c.subscribed]
-        for c in subs:
-            c.send(event)
+        dropped = sum(not c.event(data) for c in subs)
+        if dropped:
+            with self._conns_lock:
+                self.events_dropped += dropped
 
     # -- operations (one per protocol op) -------------------------------------------------------
 
     def op_ping(self, req: dict[str, Any]) -> dict[str, Any]:
-        return {"version": PROTOCOL_VERSION, "pid": os.getpid(), "dev": self.config.dev}
+        with self._conns_lock:
+            conns, dropped = len(self._conns), self.events_dropped
+        return {
+            "version": PROTOCOL_VERSION,
+            "pid": os.getpid(),
+            "dev": self.config.dev,
+            "connections": conns,
+            "events_dropped": dropped,
+        }
 
     def op_register(self, req: dict[str, Any]) -> dict[str, Any]:
         sb = self.registry.add_sandbox(
@@ -397,12 +522,14 @@ class Daemon:
                 req = json.loads(line)
             except (ValueError, UnicodeDecodeError) as e:
                 return _error(None, "malformed", f"not JSON: {e}")
+            except RecursionError:
+                return _error(None, "malformed", "not JSON: nested too deeply")
             if not isinstance(req, dict):
                 return _error(None, "malformed", "a request is a JSON object")
             rid = req.get("id")
             op = req.get("op")
             if op == "subscribe":
-                conn.subscribed = True
+                conn.subscribe_after_reply()
                 return {"id": rid, "ok": True, "result": {"subscribed": True}}
             fn = self.OPS.get(op) if isinstance(op, str) else None
             if fn is None:
@@ -416,32 +543,44 @@ class Daemon:
 
     def serve_connection(self, sock: socket.socket, rfile: Any) -> None:
         pid, uid, _ = peer_cred(sock)
-        conn = Connection(sock, uid, pid)
         if uid not in self.config.allowed_uids:
-            conn.send(_error(None, "permission_denied", "the azswap daemon serves root only"))
             log.warning("refused client pid %d uid %d", pid, uid)
-            _close_after_reply(sock)
+            _refuse(sock, _error(None, "permission_denied", "the azswap daemon serves root only"))
             return
+        c = self.config
+        conn = Connection(sock, uid, pid, c.queue_lines, c.send_stall)
         with self._conns_lock:
-            self._conns.add(conn)
+            full = len(self._conns) >= c.max_connections
+            if not full:
+                self._conns.add(conn)
+        if full:
+            log.warning("refused client pid %d: %d connections already", pid, c.max_connections)
+            _refuse(sock, _error(None, "busy", f"too many connections ({c.max_connections})"))
+            return
+        conn.start()
+        too_large = False
         try:
             while not self._stop.is_set():
                 line = rfile.readline(MAX_LINE + 1)
                 if not line:
                     break
                 if len(line) > MAX_LINE:
-                    conn.send(_error(None, "too_large", f"request longer than {MAX_LINE} bytes"))
-                    _close_after_reply(sock)
-                    break  # documented: oversized requests close the connection
+                    # documented: oversized requests close the connection
+                    too_large = True
+                    conn.reply(_error(None, "too_large", f"request longer than {MAX_LINE} bytes"))
+                    break
                 if not line.strip():
                     continue
-                if not conn.send(self.handle_line(conn, line)):
+                if not conn.reply(self.handle_line(conn, line)):
                     break
         except OSError:
             pass
         finally:
             with self._conns_lock:
                 self._conns.discard(conn)
+            conn.finish(c.send_stall)  # what is queued still goes out (a half-closed client)
+            if too_large:
+                _close_after_reply(sock)
             self.module.release()
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -579,6 +718,17 @@ class Daemon:
                 pass
         finally:
             self.stop()
+
+
+def _line(obj: dict[str, Any]) -> bytes:
+    return (json.dumps(obj, separators=(",", ":")) + "\n").encode()
+
+
+def _refuse(sock: socket.socket, reply: dict[str, Any]) -> None:
+    """One error line on a connection that is not served, then close it."""
+    with contextlib.suppress(OSError):
+        sock.sendall(_line(reply))
+    _close_after_reply(sock)
 
 
 def _close_after_reply(sock: socket.socket, limit: int = 16 * MAX_LINE) -> None:

@@ -156,7 +156,7 @@ def test_errors_are_replies_and_the_connection_is_kept(daemon: Running) -> None:
 
 
 def r_ping(daemon: Running) -> dict:
-    return {"version": 1, "pid": os.getpid(), "dev": 0}
+    return {"version": 1, "pid": os.getpid(), "dev": 0, "connections": 1, "events_dropped": 0}
 
 
 def test_oversized_line_gets_an_error_then_the_connection_closes(daemon: Running) -> None:
@@ -427,3 +427,153 @@ def test_example_agent_loop_sends_hints_around_every_llm_call(daemon: Running) -
         assert az.list()["sandboxes"] == []  # unregistered at the end
     assert seen == [("a", "llm-wait"), ("b", "llm-wait")] * 2
     assert out == ["a:tool-0:tool", "b:tool-0:tool", "a:tool-1:tool", "b:tool-1:tool"]
+
+
+# ---------------------------------------------------------------- slow clients and limits
+def subscribed_raw(r: Running) -> tuple[socket.socket, object]:
+    """A subscriber on a raw socket (it reads only when the test says so)."""
+    s = r.raw()
+    s.settimeout(60)  # a hang guard for the reads below, not a time limit
+    f = s.makefile("rb")
+    assert ask(s, f, {"id": 0, "op": "subscribe"})["result"] == {"subscribed": True}
+    return s, f
+
+
+def ping(r: Running) -> dict:
+    with DaemonClient(r.cfg.socket_path, timeout=60) as c:
+        return c.ping()
+
+
+def test_a_subscriber_that_never_reads_holds_up_nobody(tmp_path: Path) -> None:
+    """2000 phase ops while one subscriber reads nothing: every op is answered; the subscriber
+    then reads each event it got at its place in the sequence of ops, the ones it lost counted
+    by "dropped" lines in their place."""
+    make_cgroup(tmp_path / "cg", "/sb/c", memory=8 << 20)
+    r = Running(tmp_path, send_stall=600.0)  # the stall cut-off is tested below
+    try:
+        with DaemonClient(r.cfg.socket_path, timeout=60) as c:
+            for name in "abc":
+                c.register(name, f"/sb/{name}", 1)
+            sub, f = subscribed_raw(r)
+            n = 2001
+            names = ["a", "b", "c"] * (n // 3)
+            for name in names:  # "unknown": nothing to compress, only the phase events
+                assert c.phase(name, "unknown")["name"] == name
+            dropped = c.ping()["events_dropped"]
+            assert dropped > 0  # the queue was full (else this tests nothing)
+            at, got, told = 0, 0, 0
+            while at < n:
+                ev = json.loads(f.readline())
+                if ev["event"] == "dropped":
+                    at, told = at + ev["dropped"], told + ev["dropped"]
+                    continue
+                assert (ev["event"], ev["name"], ev["phase"]) == ("phase", names[at], "unknown")
+                at, got = at + 1, got + 1
+            assert at == n and told == dropped and got == n - dropped
+            c.phase("c", "unknown")  # events flow again
+            ev = json.loads(f.readline())
+            assert (ev["event"], ev["name"]) == ("phase", "c")
+            sub.close()
+    finally:
+        r.d.stop()
+
+
+def test_a_stalled_subscriber_is_disconnected(tmp_path: Path) -> None:
+    r = Running(tmp_path, send_stall=0.2, queue_lines=8)
+    try:
+        with DaemonClient(r.cfg.socket_path, timeout=60) as c:
+            c.register("a", "/sb/a", 1)
+            sub, f = subscribed_raw(r)
+            assert c.ping()["connections"] == 2
+            ops = 0
+            while c.ping()["connections"] == 2:  # until the daemon cut the subscriber off
+                c.phase("a", "unknown")
+                ops += 1
+                assert ops < 200_000, "the stalled subscriber was never disconnected"
+            assert c.ping()["events_dropped"] > 0
+            lines = f.readlines()  # what was in flight, then EOF (readlines returns at EOF)
+            assert {json.loads(ln)["event"] for ln in lines} <= {"phase", "dropped"}, lines
+            sub.close()
+    finally:
+        r.d.stop()
+
+
+def test_a_client_that_does_not_read_its_replies_holds_up_nobody(tmp_path: Path) -> None:
+    """Pipelined requests, replies not read: that client's reader waits, others are served;
+    when it reads, every reply is there, in order."""
+    import threading
+
+    r = Running(tmp_path, queue_lines=4)
+    try:
+        s = r.raw()
+        s.settimeout(60)
+        n = 3000
+        req = b"".join(json.dumps({"id": i, "op": "ping"}).encode() + b"\n" for i in range(n))
+        t = threading.Thread(target=s.sendall, args=(req,))  # blocks until replies are read
+        t.start()
+        for _ in range(3):
+            assert ping(r)["connections"] == 2
+        f = s.makefile("rb")
+        ids = [json.loads(f.readline())["id"] for _ in range(n)]
+        t.join(60)
+        assert ids == list(range(n))
+        s.close()
+    finally:
+        r.d.stop()
+
+
+def test_connection_cap(tmp_path: Path) -> None:
+    r = Running(tmp_path, max_connections=3)
+    try:
+        held = []
+        for i in range(3):
+            s = r.raw()
+            f = s.makefile("rb")
+            assert ask(s, f, {"id": i, "op": "ping"})["result"]["connections"] == i + 1
+            held.append((s, f))
+        extra = r.raw()
+        ef = extra.makefile("rb")
+        refused = json.loads(ef.readline())
+        assert refused["ok"] is False and refused["error"]["code"] == "busy"
+        assert "too many connections (3)" in refused["error"]["message"]
+        assert ef.readline() == b""  # closed
+        extra.close()
+        for i, (s, f) in enumerate(held):  # the ones served are still served
+            assert ask(s, f, {"id": 10 + i, "op": "ping"})["ok"] is True
+        s, f = held.pop()
+        f.close()  # the file holds the socket open too
+        s.close()
+        for _ in range(10_000):  # the freed place is taken again
+            try:
+                if ping(r)["connections"] == 3:
+                    break
+            except errors.Busy:
+                time.sleep(0.01)  # the daemon has not noticed the close yet
+        else:
+            raise AssertionError("the closed connection's place never came free")
+        for s, _ in held:
+            s.close()
+    finally:
+        r.d.stop()
+
+
+def test_deeply_nested_request_is_malformed_and_the_connection_kept(daemon: Running) -> None:
+    s = daemon.raw()
+    f = s.makefile("rb")
+    depth = 20_000  # far deeper than Python's recursion limit, well under MAX_LINE
+    r = ask(s, f, b"[" * depth + b"]" * depth)
+    assert r["ok"] is False and r["error"]["code"] == "malformed", r
+    assert "nested too deeply" in r["error"]["message"]
+    assert ask(s, f, {"id": 1, "op": "ping"})["ok"] is True
+    s.close()
+
+
+def test_half_closed_client_gets_every_reply(daemon: Running) -> None:
+    """`printf '...' | socat - UNIX-CONNECT:...`: the requests, then EOF, then the replies."""
+    s = daemon.raw()
+    s.sendall(b'{"id":1,"op":"ping"}\n{"id":2,"op":"list"}\n')
+    s.shutdown(socket.SHUT_WR)
+    f = s.makefile("rb")
+    replies = [json.loads(ln) for ln in f.readlines()]
+    assert [(x["id"], x["ok"]) for x in replies] == [(1, True), (2, True)]
+    s.close()
