@@ -233,7 +233,7 @@ class Connection:
         poller.register(self.sock.fileno(), select.POLLOUT)
         while view:
             try:
-                view = view[self.sock.send(view, socket.MSG_DONTWAIT) :]
+                view = view[self.sock.send(view, socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL) :]
                 continue
             except BlockingIOError:
                 pass
