@@ -65,10 +65,11 @@ static inline void az_put_le64(u64 v, void *p)
 #endif
 
 /* Locks.  @taken counts acquisitions (tests check hot paths avoid a lock). */
-typedef struct {
+struct az_host_spinlock {
 	pthread_spinlock_t l;
 	uint64_t taken;
-} az_spinlock_t;
+};
+#define az_spinlock_t struct az_host_spinlock
 #define az_spin_init(x)		pthread_spin_init(&(x)->l, PTHREAD_PROCESS_PRIVATE)
 #define az_spin_lock(x) \
 	do { pthread_spin_lock(&(x)->l); (x)->taken++; } while (0)
@@ -80,13 +81,18 @@ void az_bit_unlock(int bit, unsigned long *word);
 #define az_cond_resched()	do { } while (0)
 
 /* No genl_mutex or reclaim on the host: waiting is yielding. */
-typedef struct { int unused; } az_wait_t;
+struct az_host_wait {
+	int unused;
+};
+#define az_wait_t struct az_host_wait
 #define az_wait_init(wq)	((void)(wq))
 #define az_wait_event(wq, cond) \
 	do { while (!(cond)) sched_yield(); } while (0)
 #define az_wake_up(wq)		((void)(wq))
-#define az_smp_mb()		__atomic_thread_fence(__ATOMIC_SEQ_CST)
-#define az_load_acquire(p)	__atomic_load_n(p, __ATOMIC_ACQUIRE)
+/* A locked RMW: a full barrier on x86, and one TSan understands. */
+extern int az_host_mb_word;
+#define az_smp_mb()		((void)__atomic_fetch_or(&az_host_mb_word, 0, AZ_SC))
+#define az_load_acquire(p)	__atomic_load_n(p, AZ_SC)
 #define az_store_release(p, v)	__atomic_store_n(p, v, __ATOMIC_RELEASE)
 
 /* Atomics (sequentially consistent, like the kernel's value-returning ops) */

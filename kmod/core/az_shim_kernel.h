@@ -142,9 +142,10 @@ static inline void az_wake_up(az_wait_t *wq)
 		wake_up_all(wq);
 }
 
-#define az_smp_mb()			smp_mb()
-#define az_load_acquire(p)		smp_load_acquire(p)
-#define az_store_release(p, v)		smp_store_release(p, v)
+/* Barriers for the core's lockless owner lookup (registry.c explains) */
+#define az_smp_mb()			smp_mb() /* see registry.c */
+#define az_load_acquire(p)		smp_load_acquire(p) /* registry.c */
+#define az_store_release(p, v)		smp_store_release(p, v) /* idem */
 
 /* Atomics */
 #define az_atomic_t atomic_t

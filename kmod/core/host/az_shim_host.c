@@ -15,6 +15,7 @@
 #include "../az_shim.h"
 #include "../azcore.h"
 
+int az_host_mb_word;
 static u64 az_host_sleeping;
 
 u64 az_host_sleeping_allocs(void)
