@@ -67,19 +67,22 @@ def test_thp_subpages_are_the_sandboxes(dev0, azpages, workers, thp_madvise) -> 
         vm1 = ag.vmstat()
         assert vm1["thp_swpout"] - vm0["thp_swpout"] >= 3, "no THP was swapped out whole"
 
+        # The worker's own (Python) memory is in the cgroup too: at least the region's pages.
         oa = _owner(nl, a)
-        assert oa["ST_PAGES"] == NPAGES, oa
+        assert oa["ST_PAGES"] >= NPAGES, oa
         (nobody,) = nl.request("STATS_GET", [("CGROUP_ID", 0)])  # unregistered cgroups
         assert nobody["ST_PAGES"] == 0, f"pages charged to no sandbox: {nobody}"
         kinds = dev0.kinds()
-        assert sum(kinds.values()) == NPAGES, kinds
+        assert sum(kinds.values()) == oa["ST_PAGES"], kinds
         # Registered pages share: near-duplicates inside a become deltas, as small pages do.
         assert oa["ST_XDELTA"] + oa["ST_TDELTA"] > 0, oa
 
         _swap_all(wb, b)
         ob = _owner(nl, b)
-        assert ob["ST_PAGES"] == NPAGES, ob
-        assert ob["ST_DUP"] == NPAGES - ob["ST_SAME"], ob  # every other page found a's twin
+        assert ob["ST_PAGES"] >= NPAGES, ob
+        # Every page of b's region that is not same-filled found its twin in a's.
+        distinct = sum(azpages.az_kind(77, i) >= 2 for i in range(NPAGES))
+        assert ob["ST_DUP"] >= distinct, (distinct, ob)
         assert nl.request("STATS_GET", [("CGROUP_ID", 0)])[0]["ST_PAGES"] == 0
 
         ag.verify_all(workers)  # swap-in of every page, compared in full
