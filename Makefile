@@ -10,11 +10,12 @@ PYTEST := $(VENV)/bin/pytest
 # The first target is the default: `make` alone prints help.
 .DEFAULT_GOAL := help
 
-.PHONY: help setup setup-apt kmod hostlib test test-host test-vm lint demo bench clean
+.PHONY: help setup setup-apt kmod kmod-debug hostlib test test-host test-vm lint demo bench clean
 
 help:
 	@echo "make setup    install Debian packages + .venv (idempotent)"
 	@echo "make kmod     build kmod/azswap.ko against KDIR (default: the test kernel's headers)"
+	@echo "make kmod-debug  the module with the store core's self-test (AZSWAP_DEBUG=1) as $(KMOD_DEBUG)"
 	@echo "make install  module + systemd units + config examples (KDIR=/lib/modules/\$$(uname -r)/build)"
 	@echo "make dkms-install  the same module through DKMS, rebuilt for every kernel"
 	@echo "make hostlib  build the store core as build/libazcore.so (+ ASan variant)"
@@ -32,6 +33,18 @@ setup-apt:
 kmod: $(if $(filter command line,$(origin KDIR)),,setup-apt)
 	$(MAKE) -C $(KDIR) M=$(TOP) modules
 
+# The debug variant (self-test and its stress threads, `selftest` parameter)
+# is built from a copy of the sources so that kmod/azswap.ko stays the
+# production module; `make kmod AZSWAP_DEBUG=1` builds it in place instead.
+KMOD_DEBUG_DIR := $(TOP)/build/kmod-debug
+KMOD_DEBUG := $(KMOD_DEBUG_DIR)/kmod/azswap.ko
+kmod-debug: $(if $(filter command line,$(origin KDIR)),,setup-apt)
+	rm -rf $(KMOD_DEBUG_DIR) && mkdir -p $(KMOD_DEBUG_DIR)
+	cp -r $(TOP)/kmod $(TOP)/Kbuild $(KMOD_DEBUG_DIR)/
+	find $(KMOD_DEBUG_DIR) \( -name '*.o' -o -name '*.ko' -o -name '.*.cmd' -o -name '*.mod' \
+		-o -name '*.mod.c' -o -name modules.order \) -delete
+	$(MAKE) -C $(KDIR) M=$(KMOD_DEBUG_DIR) AZSWAP_DEBUG=1 modules
+
 hostlib: setup-apt
 	$(MAKE) -f $(TOP)/kmod/core/host.mk TOP=$(TOP)
 
@@ -40,13 +53,13 @@ lint: setup
 
 # Host tests and guest tests run in one pytest session: vm-tests/conftest.py boots the
 # test kernel once (vm-tests/run) for every in-guest test collected and reports each one.
-test: setup kmod hostlib
+test: setup kmod kmod-debug hostlib
 	$(PYTEST) tests vm-tests/guest
 
 test-host: setup hostlib
 	$(PYTEST) tests
 
-test-vm: setup kmod
+test-vm: setup kmod kmod-debug
 	$(PYTEST) vm-tests/guest
 
 demo: setup kmod hostlib

@@ -42,6 +42,21 @@ class PageInfo(ctypes.Structure):
     _fields_ = [("owner", u64), ("index", u64)]
 
 
+class Reserve(ctypes.Structure):
+    """struct az_reserve (azcore.h): opaque, zeroed before a no-wait put."""
+
+    _fields_ = [
+        ("size", u32),
+        ("obj", ctypes.c_bool),
+        ("tnode", ctypes.c_bool),
+        ("filled", ctypes.c_bool),
+        ("o", ctypes.c_void_p),
+        ("t", ctypes.c_void_p),
+        ("h", ctypes.c_ulong * 2),
+        ("hsize", u32 * 2),
+    ]
+
+
 class Policy(ctypes.Structure):
     _fields_ = [
         ("codec", u32),
@@ -95,14 +110,14 @@ class OwnerStats(ctypes.Structure):
         ("kind_pages", u64 * NR_KINDS),
         ("template_pages", u64),
         ("registered", u32),
-        ("reserved", u32),
+        ("entry", u32),
     ]
 
 
 def _struct_dict(s: ctypes.Structure) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, _ in s._fields_:
-        if name == "reserved":
+        if name == "entry":
             continue
         v = getattr(s, name)
         if name == "kind_pages":
@@ -162,11 +177,22 @@ def load_lib(path: str | os.PathLike[str] | None = None) -> ctypes.CDLL:
         "az_store_del_template": (ctypes.c_int, [vp, u64]),
         "az_store_template_load": (ctypes.c_int, [vp, vp, u64, u64, cp]),
         "az_store_owner_stats": (ctypes.c_int, [vp, u64, ctypes.POINTER(OwnerStats)]),
-        "az_store_list_owners": (ctypes.c_int, [vp, u32, ctypes.POINTER(OwnerStats), u32]),
+        "az_store_list_owners": (
+            ctypes.c_int, [vp, u32, ctypes.POINTER(OwnerStats), u32, ctypes.POINTER(u32)]
+        ),
         "az_store_drain": (None, [vp]),
         "az_kind_name": (cp, [ctypes.c_int]),
         "az_store_debug_corrupt": (ctypes.c_int, [vp, u64, u32, ctypes.c_uint8]),
         "az_host_fail_pool_allocs": (None, [ctypes.c_int]),
+        "az_host_sleeping_allocs": (u64, []),
+        "az_store_put_nowait": (
+            ctypes.c_int, [vp, vp, u64, cp, ctypes.POINTER(PageInfo), ctypes.POINTER(Reserve)]
+        ),
+        "az_reserve_fill": (ctypes.c_int, [vp, ctypes.POINTER(Reserve)]),
+        "az_reserve_release": (None, [vp, ctypes.POINTER(Reserve)]),
+        "az_store_free_notify": (ctypes.c_int, [vp, u64]),
+        "az_store_debug_reg_lock_taken": (u64, [vp]),
+        "az_store_debug_slot_lock": (ctypes.c_int, [vp, u64, ctypes.c_int]),
         "az_debug_decode": (ctypes.c_int, [vp, cp, u32, cp, cp]),
         "az_debug_encode": (ctypes.c_int, [vp, ctypes.POINTER(Policy), cp, cp, cp]),
         "az_store_debug_check": (ctypes.c_int, [vp]),
@@ -393,12 +419,14 @@ class Store:
         arr = (OwnerStats * batch)()
         start = 0
         while True:
-            n = _check(self.lib.az_store_list_owners(self._s, start, arr, batch), "list_owners")
+            n = _check(
+                self.lib.az_store_list_owners(self._s, start, arr, batch, None), "list_owners"
+            )
             for i in range(n):
                 yield _struct_dict(arr[i])
             if n < batch:
                 return
-            start += n
+            start = arr[n - 1].entry + 1
 
     # -- registry ----------------------------------------------------------
     def add_sandbox(self, cgroup_id: int, group: int) -> None:

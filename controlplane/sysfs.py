@@ -50,6 +50,7 @@ STAT_FILES: dict[str, tuple[str, ...]] = {
         "loads",
         "frees",
         "partial_io",
+        "miss_free",
     ),
     # pages stored now per representation
     "kind_stat": ("same", "dup", "tdelta", "xdelta", "plain", "raw"),

@@ -2,10 +2,14 @@
 /*
  * azswap kernel glue: what the glue files share.
  *
- *   main.c     module parameters, init/exit, per-CPU store contexts (cpuhp)
- *   device.c   /dev/azswapN: gendisk, rw_page, submit_bio, slot free
+ *   main.c     module parameters, init/exit: wires the files below
+ *   device.c   device state: store, policy, per-CPU store contexts (cpuhp);
+ *              /dev/azswapN: gendisk, rw_page, submit_bio, slot free
  *   sysfs.c    /sys/block/azswapN/ attributes (docs/sysfs-abi.md)
  *   netlink.c  generic netlink family "azswap" (docs/netlink.md)
+ *
+ * sysfs.c and netlink.c are front ends: they call device.c (and the core
+ * through the device's store), never each other; device.c calls neither.
  *   trace.c    tracepoints azswap:azswap_store / azswap:azswap_load
  *
  * The page store itself is kmod/core/ (API: core/azcore.h).
@@ -52,6 +56,7 @@ struct azswap_dev {
 	atomic64_t mem_used_max;	/* bytes */
 	atomic64_t invalid_io;
 	atomic64_t notify_free;
+	atomic64_t miss_free;		/* slot-free notifies that found it locked */
 	atomic64_t partial_io;
 	/* Pool compaction after frees (device.c); @compact_after in jiffies. */
 	struct delayed_work compact_work;
@@ -63,25 +68,23 @@ struct azswap_dev {
 extern struct azswap_dev *azswap_devs;
 extern unsigned int azswap_nr_devs;
 
-/* main.c: per-CPU store context, may sleep while held. */
-struct azswap_pcpu;
-struct azswap_pcpu *azswap_ctx_get(void);
-void azswap_ctx_put(struct azswap_pcpu *pc);
-struct az_ctx *azswap_ctx(struct azswap_pcpu *pc);
-
 /* device.c */
-int azswap_dev_add(struct azswap_dev *dev, int id);
+int azswap_ctxs_init(void);
+void azswap_ctxs_exit(void);
+int azswap_dev_add(struct azswap_dev *dev, int id,
+		   const struct attribute_group **groups);
 void azswap_dev_remove(struct azswap_dev *dev);
 int azswap_dev_init_store(struct azswap_dev *dev, u64 disksize);
 int azswap_dev_reset(struct azswap_dev *dev);
+int azswap_dev_set_policy(struct azswap_dev *dev, const struct az_policy *p);
+int azswap_dev_template_load(struct azswap_dev *dev, u64 tid, u64 index,
+			     const void *page);
 void azswap_dev_update_max(struct azswap_dev *dev);
 int azswap_register_blkdev(void);
 void azswap_unregister_blkdev(void);
 
 /* sysfs.c */
 extern const struct attribute_group *azswap_disk_groups[];
-int azswap_parse_size(const char *buf, u64 *out);
-int azswap_dev_set_policy(struct azswap_dev *dev, const struct az_policy *p);
 
 /* netlink.c */
 int azswap_netlink_init(void);

@@ -11,9 +11,13 @@
  *   swap_slot_free_notify       -> az_store_free(slot)  (atomic context)
  *
  * A failed write (pool full: mem_limit or allocation failure) leaves the
- * slot empty.  rw_page then returns the error without page_endio(), the
+ * slot as it was.  rw_page then returns the error without page_endio(), the
  * kernel retries with a bio, the bio ends with BLK_STS_IOERR and
  * end_swap_bio_write() re-dirties the page: the kernel keeps it.
+ *
+ * This file owns the device state: the store, its policy (set through
+ * sysfs.c and netlink.c, which are front ends) and the per-CPU store
+ * contexts.
  */
 #define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
 
@@ -27,6 +31,8 @@
 #include <linux/ktime.h>
 #include <linux/mm.h>
 #include <linux/part_stat.h>
+#include <linux/cpuhotplug.h>
+#include <linux/percpu.h>
 
 #include "azswap.h"
 #include "compat.h"
@@ -34,27 +40,157 @@
 
 static int azswap_major;
 
+/* ---- per-CPU store contexts -------------------------------------------- */
+
+/*
+ * Per-CPU store contexts (codec workspaces and page buffers, ~0.5 MiB
+ * each), zswap-6.1 style: the caller picks the current CPU's context with
+ * raw_cpu_ptr() and takes its mutex, so it may be preempted (and migrate)
+ * while storing; the mutex, not the CPU, gives exclusive use.  A CPU's
+ * context is created in the cpuhp prepare step and destroyed when the CPU
+ * is dead, under the same mutex, so a task that picked a context just
+ * before its CPU went away finds ctx == NULL and picks again.
+ *
+ * Nothing sleeps for memory under pc->lock: the core's no-wait calls only
+ * allocate without direct reclaim, and the GFP_NOIO retry (az_reserve_fill)
+ * runs with the context dropped (zram's two-phase allocation).  A writer
+ * waiting there would otherwise hold up kswapd and direct reclaim on that
+ * CPU's context.
+ */
+struct azswap_pcpu {
+	struct mutex lock;
+	struct az_ctx *ctx;
+};
+
+static struct azswap_ctxs {
+	struct hlist_node node;
+	struct azswap_pcpu __percpu *pcpu;
+} azswap_ctxs;
+
+static enum cpuhp_state azswap_cpuhp;
+
+static int azswap_cpu_prepare(unsigned int cpu, struct hlist_node *node)
+{
+	struct azswap_ctxs *c = hlist_entry(node, struct azswap_ctxs, node);
+	struct azswap_pcpu *pc = per_cpu_ptr(c->pcpu, cpu);
+	struct az_ctx *ctx;
+
+	if (READ_ONCE(pc->ctx))
+		return 0;
+	ctx = az_ctx_create();
+	if (!ctx)
+		return -ENOMEM;
+	mutex_lock(&pc->lock);
+	pc->ctx = ctx;
+	mutex_unlock(&pc->lock);
+	return 0;
+}
+
+static int azswap_cpu_dead(unsigned int cpu, struct hlist_node *node)
+{
+	struct azswap_ctxs *c = hlist_entry(node, struct azswap_ctxs, node);
+	struct azswap_pcpu *pc = per_cpu_ptr(c->pcpu, cpu);
+	struct az_ctx *ctx;
+
+	mutex_lock(&pc->lock);
+	ctx = pc->ctx;
+	pc->ctx = NULL;
+	mutex_unlock(&pc->lock);
+	az_ctx_destroy(ctx);
+	return 0;
+}
+
+/* Process context; may sleep.  Returns with the context's mutex held. */
+static struct azswap_pcpu *azswap_ctx_get(void)
+{
+	struct azswap_pcpu *pc;
+
+	for (;;) {
+		pc = raw_cpu_ptr(azswap_ctxs.pcpu);
+		mutex_lock(&pc->lock);
+		if (likely(pc->ctx))
+			return pc;
+		/* That CPU went offline after we picked it. */
+		mutex_unlock(&pc->lock);
+		cond_resched();
+	}
+}
+
+static void azswap_ctx_put(struct azswap_pcpu *pc)
+{
+	mutex_unlock(&pc->lock);
+}
+
+int azswap_ctxs_init(void)
+{
+	unsigned int cpu;
+	int ret;
+
+	azswap_ctxs.pcpu = alloc_percpu(struct azswap_pcpu);
+	if (!azswap_ctxs.pcpu)
+		return -ENOMEM;
+	for_each_possible_cpu(cpu)
+		mutex_init(&per_cpu_ptr(azswap_ctxs.pcpu, cpu)->lock);
+
+	ret = cpuhp_setup_state_multi(CPUHP_BP_PREPARE_DYN, "block/azswap:prepare",
+				      azswap_cpu_prepare, azswap_cpu_dead);
+	if (ret < 0)
+		goto err_free;
+	azswap_cpuhp = ret;
+	ret = cpuhp_state_add_instance(azswap_cpuhp, &azswap_ctxs.node);
+	if (ret)
+		goto err_state;
+	return 0;
+
+err_state:
+	cpuhp_remove_multi_state(azswap_cpuhp);
+err_free:
+	free_percpu(azswap_ctxs.pcpu);
+	return ret;
+}
+
+void azswap_ctxs_exit(void)
+{
+	/* Runs the dead callback for every CPU that has a context. */
+	cpuhp_state_remove_instance(azswap_cpuhp, &azswap_ctxs.node);
+	cpuhp_remove_multi_state(azswap_cpuhp);
+	free_percpu(azswap_ctxs.pcpu);
+}
+
+/* ---- pages -------------------------------------------------------------- */
+
+/*
+ * The memory cgroup of @page: the folio's (a THP's tail pages carry no
+ * memcg of their own, only its head does).  page_memcg_check() is the
+ * variant that is safe for any page a bio may carry (slab, kmem); RCU
+ * keeps the memcg alive while we read its cgroup id.
+ */
+static u64 azswap_page_owner(struct page *page)
+{
+	struct mem_cgroup *memcg;
+	u64 id = 0;
+
+	rcu_read_lock();
+	memcg = page_memcg_check(&page_folio(page)->page);
+	if (memcg)
+		id = cgroup_id(memcg->css.cgroup);
+	rcu_read_unlock();
+	return id;
+}
+
 /*
  * Who owns @page and where it sits in its mapping.  The owner is the
  * page's memory cgroup (never current: the writer may be kswapd or the
- * task writing memory.reclaim).  page_memcg_check() is the variant that is
- * safe for any page a bio may carry (slab, kmem); RCU keeps the memcg
- * alive while we read its cgroup id.  The index hint is the linear page
- * index for anonymous pages (folio->index of the head plus the subpage)
- * and the file offset for page cache and shmem pages in the swap cache.
+ * task writing memory.reclaim).  The index hint is the linear page index
+ * for anonymous pages (folio->index of the head plus the subpage: every
+ * subpage of a THP gets its own) and the file offset for page cache and
+ * shmem pages in the swap cache.
  */
 static void azswap_page_info(struct page *page, struct az_page_info *pi)
 {
 	struct folio *folio = page_folio(page);
-	struct mem_cgroup *memcg;
 
-	pi->owner = 0;
-	rcu_read_lock();
-	memcg = page_memcg_check(page);
-	if (memcg)
-		pi->owner = cgroup_id(memcg->css.cgroup);
-	rcu_read_unlock();
-
+	pi->owner = azswap_page_owner(page);
 	if (folio_test_anon(folio) || folio_test_swapcache(folio) ||
 	    folio->mapping)
 		pi->index = folio->index + folio_page_idx(folio, page);
@@ -62,52 +198,85 @@ static void azswap_page_info(struct page *page, struct az_page_info *pi)
 		pi->index = 0;
 }
 
-static u64 azswap_page_owner(struct page *page)
-{
-	struct mem_cgroup *memcg;
-	u64 id = 0;
-
-	rcu_read_lock();
-	memcg = page_memcg_check(page);
-	if (memcg)
-		id = cgroup_id(memcg->css.cgroup);
-	rcu_read_unlock();
-	return id;
-}
-
+/* mem_used_max from the pool's page count: one counter read a page. */
 void azswap_dev_update_max(struct azswap_dev *dev)
 {
-	struct az_stats st;
-	s64 cur;
+	s64 bytes = az_store_pool_bytes(dev->store);
+	s64 cur = atomic64_read(&dev->mem_used_max);
 
-	az_store_get_stats(dev->store, &st);
-	cur = atomic64_read(&dev->mem_used_max);
-	while ((s64)st.pool_bytes > cur) {
-		s64 old = atomic64_cmpxchg(&dev->mem_used_max, cur,
-					   st.pool_bytes);
+	while (bytes > cur) {
+		s64 old = atomic64_cmpxchg(&dev->mem_used_max, cur, bytes);
+
 		if (old == cur)
 			break;
 		cur = old;
 	}
 }
 
-/* Store the page at @mem (4 KiB, mapped) in @slot.  May sleep. */
+/*
+ * Store the page at @mem (4 KiB, mapped) in @slot.  May sleep, but never
+ * for memory while it holds a context: the first attempt allocates
+ * without direct reclaim; if that falls short the context is dropped, the
+ * reserve is filled with GFP_NOIO and the page is stored again.
+ */
 static int azswap_store(struct azswap_dev *dev, u64 slot, const void *mem,
 			const struct az_page_info *pi)
 {
+	struct az_reserve res = { 0 };
 	struct azswap_pcpu *pc;
 	int ret, kind;
 	u32 bytes = 0;
 
 	pc = azswap_ctx_get();
-	ret = az_store_put(dev->store, azswap_ctx(pc), slot, mem, pi);
+	ret = az_store_put_nowait(dev->store, pc->ctx, slot, mem, pi, &res);
 	azswap_ctx_put(pc);
+	if (ret == -EAGAIN) {
+		ret = az_reserve_fill(dev->store, &res);
+		if (!ret) {
+			pc = azswap_ctx_get();
+			ret = az_store_put_nowait(dev->store, pc->ctx, slot, mem,
+						  pi, &res);
+			azswap_ctx_put(pc);
+		}
+	}
+	az_reserve_release(dev->store, &res);
 	if (!ret)
 		azswap_dev_update_max(dev);
 	if (trace_azswap_store_enabled()) {
 		kind = ret ? -1 : az_store_slot_info(dev->store, slot, &bytes);
 		trace_azswap_store(dev->id, pi->owner, slot, kind, bytes, ret);
 	}
+	return ret;
+}
+
+/*
+ * One snapshot-file template page, like azswap_store.  Caller holds
+ * init_lock for reading (the store exists).
+ */
+int azswap_dev_template_load(struct azswap_dev *dev, u64 tid, u64 index,
+			     const void *page)
+{
+	struct az_reserve res = { 0 };
+	struct azswap_pcpu *pc;
+	int ret;
+
+	pc = azswap_ctx_get();
+	ret = az_store_template_load_nowait(dev->store, pc->ctx, tid, index,
+					    page, &res);
+	azswap_ctx_put(pc);
+	if (ret == -EAGAIN) {
+		ret = az_reserve_fill(dev->store, &res);
+		if (!ret) {
+			pc = azswap_ctx_get();
+			ret = az_store_template_load_nowait(dev->store, pc->ctx,
+							    tid, index, page,
+							    &res);
+			azswap_ctx_put(pc);
+		}
+	}
+	az_reserve_release(dev->store, &res);
+	if (!ret)
+		azswap_dev_update_max(dev);
 	return ret;
 }
 
@@ -125,7 +294,7 @@ static int azswap_load(struct azswap_dev *dev, u64 slot, void *mem,
 		t0 = ktime_get_ns();
 	}
 	pc = azswap_ctx_get();
-	ret = az_store_get(dev->store, azswap_ctx(pc), slot, mem);
+	ret = az_store_get(dev->store, pc->ctx, slot, mem);
 	azswap_ctx_put(pc);
 	if (tracing)
 		trace_azswap_load(dev->id,
@@ -366,9 +535,11 @@ static void azswap_submit_bio(struct bio *bio)
 
 /*
  * Called with the swap device's lock held (and sometimes a page table
- * lock): az_store_free takes only the slot's bit spinlock, allocates
- * nothing and never sleeps.  Freeing shared objects is deferred by the
- * core to a work item.
+ * lock): az_store_free_notify only tries the slot's bit spinlock (a
+ * reader may hold it across a base and a delta decode), allocates nothing
+ * and never sleeps.  A missed free is counted (miss_free, as zram does);
+ * the slot is freed when it is next written or discarded.  Freeing shared
+ * objects is deferred by the core to a work item.
  */
 static void azswap_slot_free_notify(struct block_device *bdev,
 				    unsigned long slot)
@@ -376,7 +547,10 @@ static void azswap_slot_free_notify(struct block_device *bdev,
 	struct azswap_dev *dev = bdev->bd_disk->private_data;
 
 	atomic64_inc(&dev->notify_free);
-	az_store_free(dev->store, slot);
+	if (az_store_free_notify(dev->store, slot) == -EBUSY) {
+		atomic64_inc(&dev->miss_free);
+		return;
+	}
 	azswap_maybe_compact(dev);
 }
 
@@ -395,6 +569,30 @@ static const struct block_device_operations azswap_fops = {
 	.swap_slot_free_notify = azswap_slot_free_notify,
 	azswap_fops_rw_page(azswap_rw_page)
 };
+
+/*
+ * Apply @p to @dev: to the store if initialised (the codec may change
+ * live), else kept for disksize.  Caller holds init_lock for writing.
+ * -EINVAL (az_policy_check) leaves everything as it was.
+ */
+int azswap_dev_set_policy(struct azswap_dev *dev, const struct az_policy *p)
+{
+	int ret = az_policy_check(p, NULL);
+
+	if (ret)
+		return ret;
+	if (dev->store) {
+		ret = az_store_set_policy(dev->store, p);
+		if (ret)
+			return ret;
+		az_store_get_policy(dev->store, &dev->pol);
+	} else {
+		dev->pol = *p;
+		if (p->codec == AZ_CODEC_LZ4 && !p->level)
+			dev->pol.level = 3;
+	}
+	return 0;
+}
 
 /* Called with init_lock held for writing, device not initialised. */
 int azswap_dev_init_store(struct azswap_dev *dev, u64 disksize)
@@ -437,6 +635,7 @@ static void azswap_dev_teardown(struct azswap_dev *dev)
 	atomic64_set(&dev->mem_used_max, 0);
 	atomic64_set(&dev->invalid_io, 0);
 	atomic64_set(&dev->notify_free, 0);
+	atomic64_set(&dev->miss_free, 0);
 	atomic64_set(&dev->partial_io, 0);
 	xa_destroy(&dev->phases);
 	up_write(&dev->init_lock);
@@ -471,7 +670,8 @@ int azswap_dev_reset(struct azswap_dev *dev)
 	return 0;
 }
 
-int azswap_dev_add(struct azswap_dev *dev, int id)
+int azswap_dev_add(struct azswap_dev *dev, int id,
+		   const struct attribute_group **groups)
 {
 	struct gendisk *disk;
 	int ret;
@@ -515,7 +715,7 @@ int azswap_dev_add(struct azswap_dev *dev, int id)
 	blk_queue_max_write_zeroes_sectors(disk->queue, UINT_MAX);
 
 	dev->disk = disk;
-	ret = device_add_disk(NULL, disk, azswap_disk_groups);
+	ret = device_add_disk(NULL, disk, groups);
 	if (ret)
 		goto err_put;
 	return 0;

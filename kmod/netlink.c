@@ -30,6 +30,8 @@
 
 static struct genl_family azswap_genl;
 
+/* ---- validation -------------------------------------------------------- */
+
 /*
  * Types and lengths are checked by genetlink against this policy.  Value
  * ranges are checked by azswap_nl_check_ranges() instead of NLA_POLICY_*
@@ -55,22 +57,44 @@ static const struct nla_policy azswap_nl_policy[AZSWAP_A_MAX + 1] = {
 	/* Reply-only attributes stay NLA_UNSPEC: rejected in requests. */
 };
 
-/* Allowed values of the attributes that have a range. */
+/* Allowed values of the attributes that have a range (not the policy's). */
 static const struct {
 	int attr;
 	u32 min, max;
 } azswap_nl_ranges[] = {
 	{ AZSWAP_A_GROUP, 1, S32_MAX },
 	{ AZSWAP_A_PHASE, 0, AZSWAP_PHASE_MAX },
-	{ AZSWAP_A_POLICY_CODEC, AZ_CODEC_LZ4, AZ_CODEC_ZSTD },
-	{ AZSWAP_A_POLICY_LEVEL, AZ_ZSTD_LEVEL_MIN, AZ_ZSTD_LEVEL_MAX },
-	{ AZSWAP_A_POLICY_DEDUP, 0, 1 },
-	{ AZSWAP_A_POLICY_TDELTA, 0, 1 },
-	{ AZSWAP_A_POLICY_XDELTA, 0, 1 },
-	{ AZSWAP_A_POLICY_SIM_EFFORT, 0, 64 },
-	{ AZSWAP_A_POLICY_DELTA_MAX_PCT, 1, 100 },
-	{ AZSWAP_A_POLICY_SHUFFLE, 0, 1 },
 };
+
+/* Policy attributes: their ranges are the core's (az_policy_range). */
+static const struct {
+	int attr;
+	enum az_policy_field field;
+} azswap_nl_policy_attrs[] = {
+	{ AZSWAP_A_POLICY_CODEC, AZ_POL_CODEC },
+	{ AZSWAP_A_POLICY_LEVEL, AZ_POL_LEVEL },
+	{ AZSWAP_A_POLICY_DEDUP, AZ_POL_DEDUP },
+	{ AZSWAP_A_POLICY_TDELTA, AZ_POL_TDELTA },
+	{ AZSWAP_A_POLICY_XDELTA, AZ_POL_XDELTA },
+	{ AZSWAP_A_POLICY_SIM_EFFORT, AZ_POL_SIM_EFFORT },
+	{ AZSWAP_A_POLICY_DELTA_MAX_PCT, AZ_POL_DELTA_MAX_PCT },
+	{ AZSWAP_A_POLICY_SHUFFLE, AZ_POL_SHUFFLE },
+};
+
+static int azswap_nl_check_range(struct nlattr *a, u32 min, u32 max,
+				 struct netlink_ext_ack *extack)
+{
+	u32 v;
+
+	if (!a)
+		return 0;
+	v = nla_len(a) == sizeof(u8) ? nla_get_u8(a) : nla_get_u32(a);
+	if (v < min || v > max) {
+		NL_SET_ERR_MSG_ATTR(extack, a, "value out of range");
+		return -EINVAL;
+	}
+	return 0;
+}
 
 /*
  * Runs before every handler (pre_doit) and at the start of the dump:
@@ -80,18 +104,22 @@ static int azswap_nl_check_ranges(struct nlattr **attrs,
 				  struct netlink_ext_ack *extack)
 {
 	unsigned int i;
+	u32 min, max;
+	int ret;
 
 	for (i = 0; i < ARRAY_SIZE(azswap_nl_ranges); i++) {
-		struct nlattr *a = attrs[azswap_nl_ranges[i].attr];
-		u32 v;
-
-		if (!a)
-			continue;
-		v = nla_len(a) == sizeof(u8) ? nla_get_u8(a) : nla_get_u32(a);
-		if (v < azswap_nl_ranges[i].min || v > azswap_nl_ranges[i].max) {
-			NL_SET_ERR_MSG_ATTR(extack, a, "value out of range");
-			return -EINVAL;
-		}
+		ret = azswap_nl_check_range(attrs[azswap_nl_ranges[i].attr],
+					    azswap_nl_ranges[i].min,
+					    azswap_nl_ranges[i].max, extack);
+		if (ret)
+			return ret;
+	}
+	for (i = 0; i < ARRAY_SIZE(azswap_nl_policy_attrs); i++) {
+		az_policy_range(azswap_nl_policy_attrs[i].field, &min, &max);
+		ret = azswap_nl_check_range(attrs[azswap_nl_policy_attrs[i].attr],
+					    min, max, extack);
+		if (ret)
+			return ret;
 	}
 	return 0;
 }
@@ -363,7 +391,6 @@ static int azswap_nl_owner_del(struct sk_buff *skb, struct genl_info *info)
 static int azswap_nl_template_load(struct sk_buff *skb, struct genl_info *info)
 {
 	struct nlattr *ap = info->attrs[AZSWAP_A_PAGES];
-	struct azswap_pcpu *pc;
 	struct azswap_dev *dev;
 	struct az_store *s;
 	unsigned int i, n;
@@ -404,13 +431,8 @@ static int azswap_nl_template_load(struct sk_buff *skb, struct genl_info *info)
 	for (i = 0; i < n && !ret; i++) {
 		memcpy(buf, nla_data(ap) + i * AZSWAP_PAGE_SIZE,
 		       AZSWAP_PAGE_SIZE);
-		pc = azswap_ctx_get();
-		ret = az_store_template_load(s, azswap_ctx(pc), id, index + i,
-					     buf);
-		azswap_ctx_put(pc);
+		ret = azswap_dev_template_load(dev, id, index + i, buf);
 	}
-	if (!ret)
-		azswap_dev_update_max(dev);
 	up_read(&dev->init_lock);
 	kfree(buf);
 	if (ret == -ENOENT)
@@ -505,7 +527,13 @@ static int azswap_nl_stats_doit(struct sk_buff *skb, struct genl_info *info)
 
 #define AZSWAP_DUMP_BATCH 16
 
-/* cb->args[0]: owners already sent (the core's listing position). */
+/*
+ * cb->args[0]: the owner table index to resume at (entries, not positions:
+ * owners added or removed between batches never make others be skipped or
+ * repeated).  cb->seq is the registry generation (made odd, so never 0):
+ * a batch after an add or del carries NLM_F_DUMP_INTR, and so does the
+ * final NLMSG_DONE.
+ */
 static int azswap_nl_stats_dumpit(struct sk_buff *skb,
 				  struct netlink_callback *cb)
 {
@@ -515,6 +543,7 @@ static int azswap_nl_stats_dumpit(struct sk_buff *skb,
 	struct az_store *s;
 	int i, n, ret = 0;
 	void *hdr;
+	u32 gen;
 
 	ret = azswap_nl_check_ranges(gi->attrs, cb->extack);
 	if (ret)
@@ -530,25 +559,27 @@ static int azswap_nl_stats_dumpit(struct sk_buff *skb,
 		kfree(os);
 		return -ENODEV;
 	}
-	n = az_store_list_owners(s, cb->args[0], os, AZSWAP_DUMP_BATCH);
+	n = az_store_list_owners(s, cb->args[0], os, AZSWAP_DUMP_BATCH, &gen);
+	cb->seq = gen * 2 + 1;
 	for (i = 0; i < n; i++) {
 		hdr = genlmsg_put(skb, NETLINK_CB(cb->skb).portid,
 				  cb->nlh->nlmsg_seq, &azswap_genl,
 				  NLM_F_MULTI, AZSWAP_CMD_STATS_GET);
 		if (!hdr)
 			break;
+		genl_dump_check_consistent(cb, hdr);
 		if (azswap_nl_put_owner(skb, dev, &os[i])) {
 			genlmsg_cancel(skb, hdr);
 			break;
 		}
 		genlmsg_end(skb, hdr);
+		cb->args[0] = os[i].entry + 1;
 	}
 	up_read(&dev->init_lock);
 	kfree(os);
 	/* Nothing fitted into an empty skb: cannot make progress. */
 	if (n && !i && !skb->len)
 		ret = -EMSGSIZE;
-	cb->args[0] += i;
 	return ret ? ret : skb->len;
 }
 
@@ -705,9 +736,14 @@ static const struct genl_ops azswap_nl_ops[] = {
 		.flags = GENL_ADMIN_PERM,
 	},
 	{
+		/*
+		 * Per-sandbox counts tell whether another sandbox holds a
+		 * page (a DUP appears): admin only, doit and dump alike.
+		 */
 		.cmd = AZSWAP_CMD_STATS_GET,
 		.doit = azswap_nl_stats_doit,
 		.dumpit = azswap_nl_stats_dumpit,
+		.flags = GENL_ADMIN_PERM,
 	},
 	{
 		.cmd = AZSWAP_CMD_POLICY_GET,

@@ -6,7 +6,9 @@
  * Writes parse strictly (empty, non-numeric, negative, trailing junk or
  * overflowing values: -EINVAL) and change nothing unless they succeed.
  * Each handler runs under dev->init_lock: read to use the store, write to
- * create, reconfigure or destroy it.
+ * create, reconfigure or destroy it.  A front end: device state and
+ * policy belong to device.c, the policy's ranges to the core
+ * (az_policy_check).
  */
 #define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
 
@@ -43,7 +45,7 @@ static int azswap_strip(const char *buf, char *tmp, size_t size)
  * (powers of 1024), an optional trailing newline.  Anything else,
  * including an overflowing value, is -EINVAL.
  */
-int azswap_parse_size(const char *buf, u64 *out)
+static int azswap_parse_size(const char *buf, u64 *out)
 {
 	unsigned int shift = 0;
 	char tmp[32];
@@ -178,44 +180,6 @@ static bool azswap_store_in_use(struct az_store *store)
 	return st.pages_stored || st.objects;
 }
 
-/* The same checks as az_store_set_policy, for a device not yet initialised. */
-static int azswap_policy_check(const struct az_policy *p)
-{
-	if (p->codec > AZ_CODEC_ZSTD || p->level > AZ_ZSTD_LEVEL_MAX ||
-	    (p->codec == AZ_CODEC_ZSTD && p->level < AZ_ZSTD_LEVEL_MIN))
-		return -EINVAL;
-	if (p->dedup > 1 || p->tdelta > 1 || p->xdelta > 1 || p->verify > 1 ||
-	    p->shuffle > 1)
-		return -EINVAL;
-	if (p->sim_effort > 64 || !p->delta_max_pct || p->delta_max_pct > 100)
-		return -EINVAL;
-	return 0;
-}
-
-/*
- * Apply @p to @dev: to the store if initialised (the codec may change
- * live), else kept for disksize.  Caller holds init_lock for
- * writing.  Shared with netlink.c.
- */
-int azswap_dev_set_policy(struct azswap_dev *dev, const struct az_policy *p)
-{
-	int ret = azswap_policy_check(p);
-
-	if (ret)
-		return ret;
-	if (dev->store) {
-		ret = az_store_set_policy(dev->store, p);
-		if (ret)
-			return ret;
-		az_store_get_policy(dev->store, &dev->pol);
-	} else {
-		dev->pol = *p;
-		if (p->codec == AZ_CODEC_LZ4 && !p->level)
-			dev->pol.level = 3;
-	}
-	return 0;
-}
-
 static ssize_t comp_algorithm_show(struct device *d,
 				   struct device_attribute *attr, char *buf)
 {
@@ -247,10 +211,10 @@ static ssize_t comp_algorithm_store(struct device *d,
 	} else if (!strcmp(tmp, "zstd")) {
 		codec = AZ_CODEC_ZSTD;
 	} else if (!strncmp(tmp, "zstd:", 5)) {
+		/* The level's range: az_policy_check, via set_policy. */
 		codec = AZ_CODEC_ZSTD;
 		if (tmp[5] < '0' || tmp[5] > '9' ||
-		    kstrtouint(tmp + 5, 10, &level) ||
-		    level < AZ_ZSTD_LEVEL_MIN || level > AZ_ZSTD_LEVEL_MAX)
+		    kstrtouint(tmp + 5, 10, &level))
 			return -EINVAL;
 	} else {
 		return -EINVAL;
@@ -276,8 +240,11 @@ static ssize_t comp_algorithm_store(struct device *d,
 }
 static DEVICE_ATTR_RW(comp_algorithm);
 
-/* One small show/store pair per numeric policy field. */
-#define AZSWAP_POLICY_ATTR(field, max)					\
+/*
+ * One small show/store pair per numeric policy field; the value's range is
+ * the core's (az_policy_check, via azswap_dev_set_policy).
+ */
+#define AZSWAP_POLICY_ATTR(field)					\
 static ssize_t field##_show(struct device *d,				\
 			    struct device_attribute *attr, char *buf)	\
 {									\
@@ -298,7 +265,7 @@ static ssize_t field##_store(struct device *d,				\
 	unsigned int v;							\
 	int ret;							\
 									\
-	if (azswap_parse_uint(buf, max, &v))				\
+	if (azswap_parse_uint(buf, UINT_MAX, &v))			\
 		return -EINVAL;						\
 	down_write(&dev->init_lock);					\
 	p = dev->pol;							\
@@ -309,13 +276,13 @@ static ssize_t field##_store(struct device *d,				\
 }									\
 static DEVICE_ATTR_RW(field)
 
-AZSWAP_POLICY_ATTR(dedup, 1);
-AZSWAP_POLICY_ATTR(tdelta, 1);
-AZSWAP_POLICY_ATTR(xdelta, 1);
-AZSWAP_POLICY_ATTR(verify, 1);
-AZSWAP_POLICY_ATTR(shuffle, 1);
-AZSWAP_POLICY_ATTR(sim_effort, 64);
-AZSWAP_POLICY_ATTR(delta_max_pct, 100);
+AZSWAP_POLICY_ATTR(dedup);
+AZSWAP_POLICY_ATTR(tdelta);
+AZSWAP_POLICY_ATTR(xdelta);
+AZSWAP_POLICY_ATTR(verify);
+AZSWAP_POLICY_ATTR(shuffle);
+AZSWAP_POLICY_ATTR(sim_effort);
+AZSWAP_POLICY_ATTR(delta_max_pct);
 
 /* ---- memory ----------------------------------------------------------- */
 
@@ -505,12 +472,13 @@ static ssize_t io_stat_show(struct device *d, struct device_attribute *attr,
 	down_read(&dev->init_lock);
 	azswap_stats(dev, &st);
 	ret = sysfs_emit(buf,
-			 "%8llu %8llu %8lld %8lld %8llu %8llu %8llu %8lld\n",
+			 "%8llu %8llu %8lld %8lld %8llu %8llu %8llu %8lld %8lld\n",
 			 st.failed_stores, st.failed_loads,
 			 (s64)atomic64_read(&dev->invalid_io),
 			 (s64)atomic64_read(&dev->notify_free),
 			 st.stores, st.loads, st.frees,
-			 (s64)atomic64_read(&dev->partial_io));
+			 (s64)atomic64_read(&dev->partial_io),
+			 (s64)atomic64_read(&dev->miss_free));
 	up_read(&dev->init_lock);
 	return ret;
 }

@@ -5,7 +5,8 @@
  * Lock order (outer to inner), see docs/store.md:
  *   slot bit lock  ->  s->idx_lock
  *   slot bit lock  ->  s->bc_lock (innermost; covers one page copy)
- *   s->reg_lock is never held together with another core lock.
+ *   s->reg_lock is never held together with another core lock; the put
+ *   path does not take it (owners are found through s->owner_hash).
  * The pool mapping (zs_map_object) is innermost: nothing is locked and no
  * other object is mapped while a mapping is held.
  */
@@ -109,7 +110,7 @@ enum {
  * once before the object is published and read-only afterwards.
  */
 struct az_obj {
-	az_atomic_t ref;
+	az_ref_t ref;
 	u8 enc;			/* enum az_enc, or 0 for a raw page */
 	u8 nr_sf;		/* similarity index entries in @sim_pos */
 	u16 owner;		/* owner index charged for the bytes */
@@ -178,6 +179,7 @@ static inline unsigned long az_slot_check(u64 hash)
 
 /* Owner 0 collects unregistered cgroups (never shares). */
 #define AZ_MAX_OWNERS	1024
+#define AZ_OWNER_BUCKETS	1024	/* s->owner_hash: cgroup id -> entry */
 
 enum {
 	AZ_OWN_USED = 1,	/* entry holds (or held) an owner */
@@ -185,10 +187,17 @@ enum {
 	AZ_OWN_TEMPLATE = 4,	/* its pages become bases */
 };
 
+/*
+ * An owner entry.  @cgroup_id, @group and @flags change under reg_lock
+ * only; puts read them without it (az_owner_pin: @flags last written with
+ * release, read with acquire).  @hnext chains the entries of one bucket of
+ * s->owner_hash (0 ends a chain).
+ */
 struct az_owner {
 	u64 cgroup_id;
 	u32 group;
-	u32 flags;		/* AZ_OWN_*, under reg_lock */
+	u32 flags;		/* AZ_OWN_* */
+	u16 hnext;
 	az_atomic_t busy;	/* puts in flight using this entry */
 	az_atomic64_t pages;
 	az_atomic64_t excl_bytes;
@@ -240,6 +249,10 @@ struct az_store {
 	struct az_owner *owners;
 	u32 nr_owners;			/* entries in use (high water) */
 	u32 nr_reg;			/* registered owners */
+	u32 owners_gen;			/* changes on every add and del */
+	az_wait_t owner_wq;		/* del waits here for busy == 0 */
+	/* Hash chains by cgroup id (written under reg_lock, read lockless). */
+	u16 owner_hash[AZ_OWNER_BUCKETS];
 
 	az_spinlock_t idx_lock;		/* everything in @idx */
 	struct az_index idx;
@@ -350,9 +363,12 @@ struct az_obj *az_dedup_find(struct az_store *s, struct az_ctx *ctx,
 			     bool need_base);
 /* Template base for (@group, @index): referenced object or NULL. */
 struct az_obj *az_template_find(struct az_store *s, u32 group, u64 index);
-/* Set (@group, @index) -> @o (takes its own reference).  May sleep. */
+/*
+ * Set (@group, @index) -> @o (takes its own reference) with the node @nt
+ * the caller allocated (used or freed here).  Atomic context safe.
+ */
 int az_template_set(struct az_store *s, u32 group, u64 index, u16 owner,
-		    struct az_obj *o);
+		    struct az_obj *o, struct az_tnode *nt);
 /* Drop every template entry of @owner. */
 void az_template_drop_owner(struct az_store *s, u16 owner);
 /* Up to @max similar base candidates (referenced) in @group. */

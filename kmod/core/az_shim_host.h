@@ -14,6 +14,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <pthread.h>
+#include <sched.h>
 
 #define u8 uint8_t
 #define u16 uint16_t
@@ -27,7 +28,9 @@
 void *az_alloc(size_t size, int gfp);
 void *az_zalloc(size_t size, int gfp);
 void az_free(const void *p);
+/* kvzalloc semantics: above INT_MAX warns and fails (see the kernel shim). */
 void *az_valloc(size_t size);
+void *az_valloc_big(size_t size);
 void az_vfree(const void *p);
 
 #define az_likely(x)	__builtin_expect(!!(x), 1)
@@ -61,15 +64,36 @@ static inline void az_put_le64(u64 v, void *p)
 #define ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
 #endif
 
-/* Locks */
-#define az_spinlock_t pthread_spinlock_t
-#define az_spin_init(l)		pthread_spin_init(l, PTHREAD_PROCESS_PRIVATE)
-#define az_spin_lock(l)		pthread_spin_lock(l)
-#define az_spin_unlock(l)	pthread_spin_unlock(l)
-#define az_spin_destroy(l)	pthread_spin_destroy(l)
+/* Locks.  @taken counts acquisitions (tests check hot paths avoid a lock). */
+struct az_host_spinlock {
+	pthread_spinlock_t l;
+	uint64_t taken;
+};
+#define az_spinlock_t struct az_host_spinlock
+#define az_spin_init(x)		pthread_spin_init(&(x)->l, PTHREAD_PROCESS_PRIVATE)
+#define az_spin_lock(x) \
+	do { pthread_spin_lock(&(x)->l); (x)->taken++; } while (0)
+#define az_spin_unlock(x)	pthread_spin_unlock(&(x)->l)
+#define az_spin_destroy(x)	pthread_spin_destroy(&(x)->l)
 void az_bit_lock(int bit, unsigned long *word);
+bool az_bit_trylock(int bit, unsigned long *word);
 void az_bit_unlock(int bit, unsigned long *word);
 #define az_cond_resched()	do { } while (0)
+
+/* No genl_mutex or reclaim on the host: waiting is yielding. */
+struct az_host_wait {
+	int unused;
+};
+#define az_wait_t struct az_host_wait
+#define az_wait_init(wq)	((void)(wq))
+#define az_wait_event(wq, cond) \
+	do { while (!(cond)) sched_yield(); } while (0)
+#define az_wake_up(wq)		((void)(wq))
+/* A locked RMW: a full barrier on x86, and one TSan understands. */
+extern int az_host_mb_word;
+#define az_smp_mb()		((void)__atomic_fetch_or(&az_host_mb_word, 0, AZ_SC))
+#define az_load_acquire(p)	__atomic_load_n(p, AZ_SC)
+#define az_store_release(p, v)	__atomic_store_n(p, v, __ATOMIC_RELEASE)
 
 /* Atomics (sequentially consistent, like the kernel's value-returning ops) */
 struct az_atomic { int v; };
@@ -93,6 +117,12 @@ static inline bool az_atomic_inc_not_zero(az_atomic_t *a)
 	}
 	return false;
 }
+#define az_ref_t		az_atomic_t
+#define az_ref_set(r, x)	az_atomic_set(r, x)
+#define az_ref_read(r)		az_atomic_read(r)
+#define az_ref_inc(r)		az_atomic_inc(r)
+#define az_ref_inc_not_zero(r)	az_atomic_inc_not_zero(r)
+#define az_ref_dec_and_test(r)	az_atomic_dec_and_test(r)
 #define az_atomic64_read(a)	((u64)__atomic_load_n(&(a)->v, AZ_SC))
 #define az_atomic64_set(a, x)	__atomic_store_n(&(a)->v, (x), AZ_SC)
 #define az_atomic64_inc(a)	((void)__atomic_add_fetch(&(a)->v, 1, AZ_SC))
@@ -142,6 +172,8 @@ bool az_warn_on(bool c, const char *file, int line);
 
 /* Test hook: make the next @n pool allocations fail. */
 void az_host_fail_pool_allocs(int n);
+/* Test hook: allocations made with AZ_GFP_MAYSLEEP so far (pool and slab). */
+u64 az_host_sleeping_allocs(void);
 
 #include "az_shim_common.h"
 

@@ -2,7 +2,7 @@
 /*
  * Kernel implementation of the shim functions declared in
  * az_shim_common.h: zsmalloc pool, lz4 and zstd library calls (not the
- * crypto API), deferral over an llist and the system workqueue.
+ * crypto API), deferral over an llist and the core's own workqueue.
  */
 #include <linux/module.h>
 #include <linux/zsmalloc.h>
@@ -14,6 +14,30 @@
 
 #include "az_shim.h"
 #include "azcore.h"
+
+#ifdef CONFIG_DEBUG_LOCK_ALLOC
+struct lockdep_map az_slot_lock_map =
+	STATIC_LOCKDEP_MAP_INIT("az_slot_lock", &az_slot_lock_map);
+#endif
+
+/*
+ * Deferred frees give memory back while swap is writing pages out, so
+ * they run on a WQ_MEM_RECLAIM queue: its rescuer thread makes progress
+ * when no new kworker can be created (system_wq has no rescuer).
+ */
+static struct workqueue_struct *az_wq;
+
+int az_core_init(void)
+{
+	az_wq = alloc_workqueue("azswap_free", WQ_MEM_RECLAIM | WQ_UNBOUND, 0);
+	return az_wq ? 0 : -ENOMEM;
+}
+
+void az_core_exit(void)
+{
+	destroy_workqueue(az_wq);
+	az_wq = NULL;
+}
 
 static void az_defer_work(struct work_struct *work)
 {
@@ -34,7 +58,7 @@ void az_defer_init(struct az_defer *d, void (*fn)(void *arg), void *arg)
 void az_defer_add(struct az_defer *d, struct az_defer_node *n)
 {
 	if (llist_add(&n->node, &d->list))
-		schedule_delayed_work(&d->work, AZ_DEFER_DELAY);
+		queue_delayed_work(az_wq, &d->work, AZ_DEFER_DELAY);
 }
 
 struct az_defer_node *az_defer_take(struct az_defer *d)
@@ -210,7 +234,8 @@ int az_zstd_decompress(struct az_codec_ws *w, const void *src, int slen,
 	return zstd_is_error(r) ? -1 : (int)r;
 }
 
-/* Threads for the self-test's stress run. */
+#ifdef AZSWAP_SELFTEST
+/* Threads for the self-test's stress run (debug builds only). */
 struct az_thread {
 	struct completion done;
 	int (*fn)(void *arg);
@@ -261,3 +286,4 @@ u64 az_now_ms(void)
 {
 	return ktime_get_ns() / NSEC_PER_MSEC;
 }
+#endif /* AZSWAP_SELFTEST */

@@ -18,6 +18,10 @@
 #include <linux/bit_spinlock.h>
 #include <linux/atomic.h>
 #include <linux/llist.h>
+#include <linux/refcount.h>
+#include <linux/wait.h>
+#include <linux/lockdep.h>
+#include <linux/vmalloc.h>
 #include <linux/workqueue.h>
 #include <linux/xxhash.h>
 #include <linux/printk.h>
@@ -53,10 +57,19 @@ static inline void az_free(const void *p)
 	kfree(p);
 }
 
-/* Big tables and workspaces, process context only. */
+/*
+ * Big tables and workspaces, process context only.  kvzalloc refuses
+ * (with a WARN) anything above INT_MAX; az_valloc_big has no such limit
+ * (vmalloc only) and is what a table sized by the disk uses.
+ */
 static inline void *az_valloc(size_t size)
 {
 	return kvzalloc(size, GFP_KERNEL);
+}
+
+static inline void *az_valloc_big(size_t size)
+{
+	return vzalloc(size);
 }
 
 static inline void az_vfree(const void *p)
@@ -77,9 +90,62 @@ static inline void az_vfree(const void *p)
 #define az_spin_lock(l)		spin_lock(l)
 #define az_spin_unlock(l)	spin_unlock(l)
 #define az_spin_destroy(l)	do { } while (0)
-#define az_bit_lock(bit, word)		bit_spin_lock(bit, word)
-#define az_bit_unlock(bit, word)	bit_spin_unlock(bit, word)
 #define az_cond_resched()	cond_resched()
+
+/*
+ * The slot bit lock.  Lockdep does not see bit spinlocks: under
+ * CONFIG_DEBUG_LOCK_ALLOC every slot lock is one lockdep class
+ * ("az_slot_lock"), acquired before the bit is taken, so lockdep checks
+ * its order against the core's spinlocks and the pool.  No path holds
+ * two slot locks at once.
+ */
+#ifdef CONFIG_DEBUG_LOCK_ALLOC
+extern struct lockdep_map az_slot_lock_map;
+#define az_slot_lockdep_acquire()	lock_map_acquire(&az_slot_lock_map)
+#define az_slot_lockdep_try()		lock_map_acquire_try(&az_slot_lock_map)
+#define az_slot_lockdep_release()	lock_map_release(&az_slot_lock_map)
+#else
+#define az_slot_lockdep_acquire()	do { } while (0)
+#define az_slot_lockdep_try()		do { } while (0)
+#define az_slot_lockdep_release()	do { } while (0)
+#endif
+
+static inline void az_bit_lock(int bit, unsigned long *word)
+{
+	az_slot_lockdep_acquire();
+	bit_spin_lock(bit, word);
+}
+
+/* Never spins: false when the lock is held. */
+static inline bool az_bit_trylock(int bit, unsigned long *word)
+{
+	if (!bit_spin_trylock(bit, word))
+		return false;
+	az_slot_lockdep_try();
+	return true;
+}
+
+static inline void az_bit_unlock(int bit, unsigned long *word)
+{
+	az_slot_lockdep_release();
+	bit_spin_unlock(bit, word);
+}
+
+/* Wait for a condition another context makes true (process context). */
+#define az_wait_t			wait_queue_head_t
+#define az_wait_init(wq)		init_waitqueue_head(wq)
+#define az_wait_event(wq, cond)		wait_event(*(wq), cond)
+/* After the condition became true; cheap when nobody waits. */
+static inline void az_wake_up(az_wait_t *wq)
+{
+	if (wq_has_sleeper(wq))
+		wake_up_all(wq);
+}
+
+/* Barriers for the core's lockless owner lookup (registry.c explains) */
+#define az_smp_mb()			smp_mb() /* see registry.c */
+#define az_load_acquire(p)		smp_load_acquire(p) /* registry.c */
+#define az_store_release(p, v)		smp_store_release(p, v) /* idem */
 
 /* Atomics */
 #define az_atomic_t atomic_t
@@ -90,6 +156,13 @@ static inline void az_vfree(const void *p)
 #define az_atomic_dec(a)		atomic_dec(a)
 #define az_atomic_dec_and_test(a)	atomic_dec_and_test(a)
 #define az_atomic_inc_not_zero(a)	atomic_inc_not_zero(a)
+/* Object references: refcount_t (saturates and warns on misuse). */
+#define az_ref_t			refcount_t
+#define az_ref_set(r, v)		refcount_set(r, v)
+#define az_ref_read(r)			refcount_read(r)
+#define az_ref_inc(r)			refcount_inc(r)
+#define az_ref_inc_not_zero(r)		refcount_inc_not_zero(r)
+#define az_ref_dec_and_test(r)		refcount_dec_and_test(r)
 #define az_atomic64_read(a)		((u64)atomic64_read(a))
 #define az_atomic64_set(a, v)		atomic64_set(a, v)
 #define az_atomic64_inc(a)		atomic64_inc(a)

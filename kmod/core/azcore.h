@@ -21,17 +21,27 @@
  * stored SAME/PLAIN/RAW only.
  *
  * Concurrency contract for callers:
- *   - az_store_put and az_store_template_load may sleep (the second
- *     allocation attempt uses AZ_GFP_MAYSLEEP = GFP_NOIO); az_store_get
- *     never sleeps (it decodes under the slot's bit spinlock, like zram).
- *     Each call needs exclusive use of the az_ctx it is given (the glue
- *     keeps one per CPU, guarded by a mutex).
+ *   - az_store_put_nowait and az_store_template_load_nowait never sleep:
+ *     they allocate without direct reclaim only, and when that fails
+ *     return -EAGAIN with what they need recorded in a struct az_reserve.
+ *     The caller then gives up its az_ctx, calls az_reserve_fill (may
+ *     sleep: GFP_NOIO) and calls them again with a context (zram's
+ *     two-phase allocation), so no context is held while sleeping.
+ *     az_store_put and az_store_template_load do all of that with one
+ *     context held throughout (for callers that own their context).
+ *     az_store_get never sleeps (it decodes under the slot's bit
+ *     spinlock, like zram).  Each call needs exclusive use of the az_ctx
+ *     it is given (the glue keeps one per CPU, guarded by a mutex).
  *   - Registry calls (add/del sandbox/template) run in process context;
- *     az_store_del_* may briefly wait for puts in flight for that owner.
+ *     az_store_del_* may sleep until the puts in flight for that owner
+ *     finish.
  *   - az_store_free never sleeps and never allocates: it may run under the
- *     swap lock (swap_slot_free_notify).
+ *     swap lock.  az_store_free_notify does the same but never waits for
+ *     the slot lock either (swap_slot_free_notify).
  *   - Different slots may be used concurrently; calls on the same slot are
  *     serialised by the core's per-slot lock.
+ *   - az_core_init runs once before any store is created (module load),
+ *     az_core_exit after the last one is destroyed.
  */
 #ifndef AZCORE_H
 #define AZCORE_H
@@ -67,7 +77,8 @@ struct az_page_info {
 };
 
 /*
- * Store-wide policy; az_store_set_policy validates every field.
+ * Store-wide policy; az_policy_check validates every field (the ranges are
+ * defined once, in store.c: az_policy_range).
  * Defaults: lz4, level 3, dedup/tdelta/xdelta on, sim_effort 4,
  * delta_max_pct 80, verify on, shuffle on.  At most 12 similarity
  * candidates exist per page (3 super-features x 4 ways), so sim_effort
@@ -146,11 +157,54 @@ struct az_owner_stats {
 	u64 kind_pages[AZ_NR_KINDS];
 	u64 template_pages;	/* its pages in the template index */
 	u32 registered;		/* 0 once removed (kept while it owns bytes) */
-	u32 reserved;
+	u32 entry;		/* its index in the owner table (list order) */
 };
 
 struct az_store;
 struct az_ctx;
+struct az_obj;
+struct az_tnode;
+
+/*
+ * Allocations a no-wait put could not make (see the concurrency contract):
+ * zero it before the first attempt, az_reserve_fill() between the two,
+ * az_reserve_release() after the last.  Opaque to callers.
+ */
+struct az_reserve {
+	u32 size;		/* pool bytes of the object wanted, 0 = none */
+	bool obj;		/* its struct az_obj too (not a DIRECT slot) */
+	bool tnode;		/* a template index node */
+	bool filled;		/* filled once: a second shortfall is -ENOMEM */
+	struct az_obj *o;
+	struct az_tnode *t;
+	unsigned long h[2];	/* pool handles ... */
+	u32 hsize[2];		/* ... and their sizes */
+};
+
+int az_core_init(void);
+void az_core_exit(void);
+
+/*
+ * Policy fields in struct az_policy order.  az_policy_range() gives the
+ * allowed values of one (level: 1..9; 0 = the default, lz4 only);
+ * az_policy_check() checks a whole policy: 0, or -EINVAL with the first
+ * bad field in *@bad (if not NULL).
+ */
+enum az_policy_field {
+	AZ_POL_CODEC,
+	AZ_POL_LEVEL,
+	AZ_POL_DEDUP,
+	AZ_POL_TDELTA,
+	AZ_POL_XDELTA,
+	AZ_POL_SIM_EFFORT,
+	AZ_POL_DELTA_MAX_PCT,
+	AZ_POL_VERIFY,
+	AZ_POL_SHUFFLE,
+	AZ_POL_NR,
+};
+
+void az_policy_range(enum az_policy_field f, u32 *min, u32 *max);
+int az_policy_check(const struct az_policy *p, int *bad);
 
 /* Per-CPU scratch: codec workspaces and page buffers. May sleep. */
 struct az_ctx *az_ctx_create(void);
@@ -163,17 +217,25 @@ void az_store_destroy(struct az_store *s);
 
 /* 0 = unlimited.  Counted against pool_bytes. */
 void az_store_set_mem_limit(struct az_store *s, u64 bytes);
-/* -EINVAL on a bad field.  Every field, the codec too, may change live. */
+/* az_policy_check() first.  Every field, the codec too, may change live. */
 int az_store_set_policy(struct az_store *s, const struct az_policy *p);
 void az_store_get_policy(struct az_store *s, struct az_policy *p);
 
 /*
- * Store one page in @slot (replacing what was there).  0 on success;
- * -ENOMEM when the pool is full or allocation failed (the slot is then
- * empty and the caller keeps the page); -EINVAL for a bad slot.
+ * Store one page in @slot, replacing what was there once the new page is
+ * stored.  0 on success; -ENOMEM when the pool is full or allocation
+ * failed (the slot then keeps what it held before and the caller keeps
+ * the page); -EINVAL for a bad slot.  The _nowait form may also return
+ * -EAGAIN (see the concurrency contract); nothing changed then.
  */
 int az_store_put(struct az_store *s, struct az_ctx *ctx, u64 slot,
 		 const void *page, const struct az_page_info *pi);
+int az_store_put_nowait(struct az_store *s, struct az_ctx *ctx, u64 slot,
+			const void *page, const struct az_page_info *pi,
+			struct az_reserve *res);
+/* Allocate what @res records; may sleep.  0 or -ENOMEM (counted failed). */
+int az_reserve_fill(struct az_store *s, struct az_reserve *res);
+void az_reserve_release(struct az_store *s, struct az_reserve *res);
 /*
  * Read @slot into @page.  0 on success; an empty slot reads as zeroes and
  * returns 0; -EINVAL for a bad slot; -EIO when the stored object fails to
@@ -182,6 +244,12 @@ int az_store_put(struct az_store *s, struct az_ctx *ctx, u64 slot,
 int az_store_get(struct az_store *s, struct az_ctx *ctx, u64 slot, void *page);
 /* Drop @slot.  Atomic context safe: no sleep, no allocation. */
 void az_store_free(struct az_store *s, u64 slot);
+/*
+ * Drop @slot unless its lock is held (a reader decoding it): then nothing
+ * changes and -EBUSY is returned (the slot is freed when it is next
+ * written or discarded).  Never spins.
+ */
+int az_store_free_notify(struct az_store *s, u64 slot);
 /* Kind of @slot's page, or -ENOENT when empty. */
 int az_store_slot_kind(struct az_store *s, u64 slot);
 /*
@@ -216,6 +284,8 @@ u32 az_store_get_sim_slots(struct az_store *s);
 
 void az_store_get_stats(struct az_store *s, struct az_stats *st);
 u64 az_store_nr_slots(struct az_store *s);
+/* Pool bytes now (the stats' pool_bytes): one counter read, no lock. */
+u64 az_store_pool_bytes(struct az_store *s);
 
 /*
  * Pool compaction.  Freed objects leave holes in zsmalloc's pages, so the
@@ -252,12 +322,21 @@ int az_store_del_template(struct az_store *s, u64 cgroup_id);
  */
 int az_store_template_load(struct az_store *s, struct az_ctx *ctx, u64 tid,
 			   u64 index, const void *page);
+int az_store_template_load_nowait(struct az_store *s, struct az_ctx *ctx,
+				  u64 tid, u64 index, const void *page,
+				  struct az_reserve *res);
 /* Fill @out for owner @cgroup_id; -ENOENT when unknown. */
 int az_store_owner_stats(struct az_store *s, u64 cgroup_id,
 			 struct az_owner_stats *out);
-/* Iterate owners: fills up to @max entries starting at @start; returns count. */
+/*
+ * Iterate owners in table order: fills up to @max entries from table index
+ * @start on and returns the count; the next call starts at the last
+ * entry's @entry + 1, so owners added or removed meanwhile never make the
+ * others be skipped or repeated.  *@gen (if not NULL) gets the registry
+ * generation, which every add and del changes, read under the same lock.
+ */
 int az_store_list_owners(struct az_store *s, u32 start,
-			 struct az_owner_stats *out, u32 max);
+			 struct az_owner_stats *out, u32 max, u32 *gen);
 
 /*
  * Run deferred frees now (the kernel also runs them from a workqueue).
@@ -268,7 +347,8 @@ void az_store_drain(struct az_store *s);
 const char *az_kind_name(enum az_kind k);
 
 /*
- * Self-test (selftest.c): creates its own store, exercises every
+ * Self-test (selftest.c, in debug builds of the module: AZSWAP_SELFTEST;
+ * always in the host library): creates its own store, exercises every
  * representation with lz4 and zstd, a removed template, corruption and
  * mem_limit; 0 or -EINVAL (logged).  Process context; takes ~10 ms.
  */

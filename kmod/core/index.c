@@ -17,7 +17,7 @@
  *
  * All three are protected by s->idx_lock (a spinlock, never held across
  * a decode or an allocation).  Lookups take a reference with
- * az_atomic_inc_not_zero under the lock, so an object whose last
+ * az_ref_inc_not_zero under the lock, so an object whose last
  * reference is gone (waiting for the deferred free) is never returned.
  * Every match is confirmed by group (and for dedup by a full memcmp)
  * before use: trust groups never share.
@@ -182,7 +182,7 @@ struct az_obj *az_dedup_find(struct az_store *s, struct az_ctx *ctx,
 			continue;
 		if (need_base && o->base)
 			continue;
-		if (az_atomic_inc_not_zero(&o->ref))
+		if (az_ref_inc_not_zero(&o->ref))
 			cand[n++] = o;
 	}
 	az_spin_unlock(&s->idx_lock);
@@ -281,7 +281,7 @@ int az_sim_find(struct az_store *s, u32 group, const u64 *sf,
 					break;
 			if (k < n)
 				continue;
-			if (az_atomic_inc_not_zero(&o->ref))
+			if (az_ref_inc_not_zero(&o->ref))
 				out[n++] = o;
 		}
 	}
@@ -361,7 +361,7 @@ struct az_obj *az_template_find(struct az_store *s, u32 group, u64 index)
 	az_spin_lock(&s->idx_lock);
 	for (t = x->tbuckets[az_tbucket(x, group, index)]; t; t = t->next) {
 		if (t->index == index && t->group == group) {
-			if (az_atomic_inc_not_zero(&t->obj->ref))
+			if (az_ref_inc_not_zero(&t->obj->ref))
 				o = t->obj;
 			break;
 		}
@@ -377,22 +377,23 @@ struct az_obj *az_template_find(struct az_store *s, u32 group, u64 index)
 
 /*
  * Point (@group, @index) at @o, replacing what was there.  The node takes
- * its own reference to @o.  May sleep (node allocation).
+ * its own reference to @o.  @nt is a node the caller allocated (outside
+ * any lock that a sleeping allocation must not be held under): linked in,
+ * or freed when the entry exists already.
  */
 int az_template_set(struct az_store *s, u32 group, u64 index, u16 owner,
-		    struct az_obj *o)
+		    struct az_obj *o, struct az_tnode *nt)
 {
 	struct az_index *x = &s->idx;
-	struct az_tnode *t, *nt;
+	struct az_tnode *t;
 	struct az_obj *old = NULL;
 	u16 old_owner = 0;
 
-	if (o->base)
+	if (o->base) {
+		az_free(nt);
 		return -EINVAL;
-	nt = az_alloc(sizeof(*nt), AZ_GFP_MAYSLEEP);
-	if (!nt)
-		return -ENOMEM;
-	az_atomic_inc(&o->ref);
+	}
+	az_ref_inc(&o->ref);
 	az_obj_mark_shared(s, o);
 
 	az_spin_lock(&s->idx_lock);

@@ -6,8 +6,16 @@
  * An entry stays allocated after its owner is removed for as long as it
  * is charged for anything (slots, object bytes, template pages) or a put
  * is using it (busy), so per-owner sums always match the global stats.
- * reg_lock protects the entries' identity (cgroup_id, group, flags);
- * the counters are atomics.
+ * reg_lock serialises changes to the entries' identity (cgroup_id, group,
+ * flags); the counters are atomics.
+ *
+ * The put path never takes reg_lock: az_owner_pin finds the entry through
+ * s->owner_hash without a lock, marks it busy, and only then checks that
+ * the entry is still registered to that cgroup (a full barrier between
+ * the two, against the one between az_owner_del clearing AZ_OWN_REG and
+ * reading busy: either the put sees the owner gone, or del waits for it).
+ * A lookup racing with the entry being re-hashed may miss it: that page is
+ * stored unshared, as for an unregistered cgroup.
  */
 #include "az_internal.h"
 
@@ -25,22 +33,52 @@ static bool az_owner_idle(struct az_owner *ow)
 	       !az_atomic64_read(&ow->loaded_pages);
 }
 
-/* Under reg_lock.  Returns the entry for @cgroup_id, or 0. */
+static inline u32 az_owner_bucket(u64 cgroup_id)
+{
+	return (u32)((cgroup_id * 0x9e3779b97f4a7c15ULL) >> 54) &
+	       (AZ_OWNER_BUCKETS - 1);
+}
+
+/*
+ * The entry holding @cgroup_id, or 0.  Exact under reg_lock; without it a
+ * hint that the caller confirms (chains are walked at most AZ_MAX_OWNERS
+ * steps: an entry moved meanwhile may lead into another chain).
+ */
 static u32 az_owner_find(struct az_store *s, u64 cgroup_id)
 {
-	u32 i;
+	u32 i = AZ_READ_ONCE(s->owner_hash[az_owner_bucket(cgroup_id)]);
+	unsigned int steps = 0;
 
-	for (i = 1; i < s->nr_owners; i++)
-		if ((s->owners[i].flags & AZ_OWN_USED) &&
-		    s->owners[i].cgroup_id == cgroup_id)
+	while (i && steps++ < AZ_MAX_OWNERS) {
+		if (AZ_READ_ONCE(s->owners[i].cgroup_id) == cgroup_id)
 			return i;
+		i = AZ_READ_ONCE(s->owners[i].hnext);
+	}
 	return 0;
+}
+
+/* Under reg_lock: give entry @i the cgroup id @cgroup_id. */
+static void az_owner_rehash(struct az_store *s, u32 i, u64 cgroup_id)
+{
+	struct az_owner *ow = &s->owners[i];
+	u16 *pp, *head = &s->owner_hash[az_owner_bucket(cgroup_id)];
+
+	if (ow->flags & AZ_OWN_USED) {
+		pp = &s->owner_hash[az_owner_bucket(ow->cgroup_id)];
+		while (*pp && *pp != i)
+			pp = &s->owners[*pp].hnext;
+		if (*pp)
+			AZ_WRITE_ONCE(*pp, ow->hnext);
+	}
+	AZ_WRITE_ONCE(ow->cgroup_id, cgroup_id);
+	AZ_WRITE_ONCE(ow->hnext, *head);
+	az_store_release(head, (u16)i);
 }
 
 void az_owner_pin(struct az_store *s, u64 cgroup_id, struct az_pin *pin)
 {
 	struct az_owner *ow;
-	u32 i;
+	u32 i, flags;
 
 	pin->idx = 0;
 	pin->reg = false;
@@ -49,23 +87,28 @@ void az_owner_pin(struct az_store *s, u64 cgroup_id, struct az_pin *pin)
 	/* Racy peek: no registered owner means nothing to look up. */
 	if (!AZ_READ_ONCE(s->nr_reg) || !cgroup_id)
 		return;
-	az_spin_lock(&s->reg_lock);
 	i = az_owner_find(s, cgroup_id);
-	if (i && (s->owners[i].flags & AZ_OWN_REG)) {
-		ow = &s->owners[i];
-		az_atomic_inc(&ow->busy);
-		pin->idx = i;
-		pin->reg = true;
-		pin->tmpl = !!(ow->flags & AZ_OWN_TEMPLATE);
-		pin->group = ow->group;
+	if (!i)
+		return;
+	ow = &s->owners[i];
+	az_atomic_inc(&ow->busy);
+	az_smp_mb();	/* busy before flags; pairs with az_owner_del */
+	flags = az_load_acquire(&ow->flags);
+	if (!(flags & AZ_OWN_REG) || AZ_READ_ONCE(ow->cgroup_id) != cgroup_id) {
+		if (az_atomic_dec_and_test(&ow->busy))
+			az_wake_up(&s->owner_wq);
+		return;
 	}
-	az_spin_unlock(&s->reg_lock);
+	pin->idx = i;
+	pin->reg = true;
+	pin->tmpl = !!(flags & AZ_OWN_TEMPLATE);
+	pin->group = AZ_READ_ONCE(ow->group);
 }
 
 void az_owner_unpin(struct az_store *s, struct az_pin *pin)
 {
-	if (pin->idx)
-		az_atomic_dec(&s->owners[pin->idx].busy);
+	if (pin->idx && az_atomic_dec_and_test(&s->owners[pin->idx].busy))
+		az_wake_up(&s->owner_wq);
 }
 
 static int az_owner_add(struct az_store *s, u64 cgroup_id, u32 group,
@@ -104,11 +147,14 @@ static int az_owner_add(struct az_store *s, u64 cgroup_id, u32 group,
 			s->nr_owners++;
 		}
 		ow = &s->owners[i];
-		ow->cgroup_id = cgroup_id;
+		az_owner_rehash(s, i, cgroup_id);
 	}
-	ow->group = group;
-	ow->flags = AZ_OWN_USED | AZ_OWN_REG | (tmpl ? AZ_OWN_TEMPLATE : 0);
+	AZ_WRITE_ONCE(ow->group, group);
+	/* Last, with release: a put that sees REG sees the group above. */
+	az_store_release(&ow->flags,
+			 AZ_OWN_USED | AZ_OWN_REG | (tmpl ? AZ_OWN_TEMPLATE : 0));
 	AZ_WRITE_ONCE(s->nr_reg, s->nr_reg + 1);
+	s->owners_gen++;
 out:
 	az_spin_unlock(&s->reg_lock);
 	return err;
@@ -129,19 +175,20 @@ static int az_owner_del(struct az_store *s, u64 cgroup_id, bool tmpl)
 		goto out;
 	}
 	/* Keep USED and TEMPLATE: the entry still reports what it owns. */
-	ow->flags &= ~AZ_OWN_REG;
+	AZ_WRITE_ONCE(ow->flags, ow->flags & ~AZ_OWN_REG);
 	AZ_WRITE_ONCE(s->nr_reg, s->nr_reg - 1);
+	s->owners_gen++;
 out:
 	az_spin_unlock(&s->reg_lock);
 	if (err)
 		return err;
 	/*
 	 * Puts that pinned the owner before it was removed may still add
-	 * template entries: wait for them (they take microseconds), then
-	 * drop its entries for good.
+	 * template entries: sleep until they are done (the last unpin wakes
+	 * us), then drop its entries for good.
 	 */
-	while (az_atomic_read(&ow->busy))
-		az_cond_resched();
+	az_smp_mb();	/* flags before busy; pairs with az_owner_pin */
+	az_wait_event(&s->owner_wq, !az_atomic_read(&ow->busy));
 	if (tmpl)
 		az_template_drop_owner(s, i);
 	return 0;
@@ -174,6 +221,7 @@ static void az_owner_fill(struct az_store *s, u32 i,
 	unsigned int k;
 
 	memset(out, 0, sizeof(*out));
+	out->entry = i;
 	out->cgroup_id = ow->cgroup_id;
 	out->group = ow->group;
 	out->is_template = !!(ow->flags & AZ_OWN_TEMPLATE);
@@ -204,23 +252,24 @@ int az_store_owner_stats(struct az_store *s, u64 cgroup_id,
 }
 
 /*
- * Entries in table order, the unregistered bucket (cgroup id 0) first;
- * removed owners are listed while they still own something.
+ * Entries in table order from index @start, the unregistered bucket
+ * (cgroup id 0, entry 0) first; removed owners are listed while they
+ * still own something.
  */
 int az_store_list_owners(struct az_store *s, u32 start,
-			 struct az_owner_stats *out, u32 max)
+			 struct az_owner_stats *out, u32 max, u32 *gen)
 {
-	u32 i, n = 0, pos = 0;
+	u32 i, n = 0;
 
 	az_spin_lock(&s->reg_lock);
-	for (i = 0; i < s->nr_owners && n < max; i++) {
+	if (gen)
+		*gen = s->owners_gen;
+	for (i = start; i < s->nr_owners && n < max; i++) {
 		struct az_owner *ow = &s->owners[i];
 
 		if (!(ow->flags & AZ_OWN_USED))
 			continue;
 		if (i && !(ow->flags & AZ_OWN_REG) && az_owner_idle(ow))
-			continue;
-		if (pos++ < start)
 			continue;
 		az_owner_fill(s, i, &out[n++]);
 	}

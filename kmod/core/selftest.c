@@ -448,11 +448,10 @@ static int ss_worker(void *arg)
 		if (op < 5) {
 			ss_page(ss, buf, &w->rnd, f);
 			err = az_store_put(ss->s, ctx, slot, buf, &pi);
-			if (err == -ENOMEM)
-				memset(m, 0, AZ_PAGE_SIZE);
-			else if (err)
+			/* A failed put (pool full) keeps the old block. */
+			if (err && err != -ENOMEM)
 				ss_fail(ss, "put", slot);
-			else
+			else if (!err)
 				memcpy(m, buf, AZ_PAGE_SIZE);
 		} else if (op < 8) {
 			if (az_store_get(ss->s, ctx, slot, buf) ||

@@ -8,6 +8,10 @@
  * whose last reference goes away in az_store_free (atomic context) is
  * freed on the spot when nothing else can see it, or handed to the
  * deferred free (az_defer) when it is linked in an index or holds a base.
+ *
+ * A put builds the new representation completely (objects allocated and
+ * written, template node ready) before it touches the slot, and then swaps
+ * it in: a put that fails leaves the slot as it was.
  */
 #include "az_internal.h"
 
@@ -90,8 +94,6 @@ static void az_fill_page(void *page, u64 v)
 
 /* ---- objects ---------------------------------------------------------- */
 
-static unsigned long az_pool_alloc2(struct az_store *s, u32 size);
-
 /*
  * Bytes of @o in its first pool allocation.  A split object's first part
  * takes half a page in zsmalloc, which packs those two to a page with
@@ -108,32 +110,172 @@ static inline u32 az_obj_head(const struct az_obj *o)
 	return o->handle2 ? AZ_SPLIT_HEAD : o->size;
 }
 
-static struct az_obj *az_obj_alloc(struct az_store *s, u32 size)
+/* The pool allocations an object of @size bytes takes (@tail 0: one). */
+static void az_obj_parts(u32 size, u32 *head, u32 *tail)
 {
-	struct az_obj *o = az_zalloc(sizeof(*o), AZ_GFP_NOWAIT);
-	u32 head = size;
-
-	if (!o)
-		o = az_zalloc(sizeof(*o), AZ_GFP_MAYSLEEP);
-	if (!o)
-		return NULL;
 	if (size > AZ_SPLIT_MIN && size < AZ_PAGE_SIZE) {
-		head = AZ_SPLIT_HEAD;
-		o->handle2 = az_pool_alloc2(s, size - head);
+		*head = AZ_SPLIT_HEAD;
+		*tail = size - AZ_SPLIT_HEAD;
+	} else {
+		*head = size;
+		*tail = 0;
+	}
+}
+
+/* ---- allocation (two-phase, see azcore.h) ----------------------------- */
+
+/* A no-wait allocation failed: ask for a reserve, unless it was filled. */
+static inline int az_short(const struct az_reserve *res)
+{
+	return res->filled ? -ENOMEM : -EAGAIN;
+}
+
+static bool az_over_limit(struct az_store *s)
+{
+	u64 limit = AZ_READ_ONCE(s->mem_limit);
+
+	return limit && az_pool_bytes(s->pool) > limit;
+}
+
+/*
+ * A pool handle of @size bytes: the reserve's, else a no-wait allocation.
+ * 0 with *@err = -EAGAIN / -ENOMEM (no memory) or -ENOMEM (mem_limit).
+ */
+static unsigned long az_pool_get(struct az_store *s, struct az_reserve *res,
+				 u32 size, int *err)
+{
+	unsigned long h;
+	int i;
+
+	for (i = 0; i < 2; i++) {
+		if (res->h[i] && res->hsize[i] == size) {
+			h = res->h[i];
+			res->h[i] = 0;
+			return h;
+		}
+	}
+	h = az_pool_alloc(s->pool, size, AZ_GFP_NOWAIT);
+	if (!h) {
+		*err = az_short(res);
+		return 0;
+	}
+	if (az_over_limit(s)) {
+		az_pool_free(s->pool, h);
+		*err = -ENOMEM;
+		return 0;
+	}
+	return h;
+}
+
+/* An object of @size bytes with its pool memory, not yet written. */
+static struct az_obj *az_obj_get(struct az_store *s, struct az_reserve *res,
+				 u32 size, int *err)
+{
+	struct az_obj *o = res->o;
+	u32 head, tail;
+
+	res->o = NULL;
+	if (!o)
+		o = az_zalloc(sizeof(*o), AZ_GFP_NOWAIT);
+	if (!o) {
+		*err = az_short(res);
+		return NULL;
+	}
+	az_obj_parts(size, &head, &tail);
+	if (tail) {
+		o->handle2 = az_pool_get(s, res, tail, err);
 		if (!o->handle2)
 			goto fail;
 	}
-	o->handle = az_pool_alloc2(s, head);
+	o->handle = az_pool_get(s, res, head, err);
 	if (!o->handle)
 		goto fail;
 	o->size = size;
-	az_atomic_set(&o->ref, 1);
+	az_ref_set(&o->ref, 1);
 	return o;
 fail:
 	if (o->handle2)
 		az_pool_free(s->pool, o->handle2);
 	az_free(o);
 	return NULL;
+}
+
+/* Undo az_obj_get() of an object nothing saw yet. */
+static void az_obj_unget(struct az_store *s, struct az_obj *o)
+{
+	az_pool_free(s->pool, o->handle);
+	if (o->handle2)
+		az_pool_free(s->pool, o->handle2);
+	az_free(o);
+}
+
+static struct az_tnode *az_tnode_get(struct az_reserve *res, int *err)
+{
+	struct az_tnode *t = res->t;
+
+	res->t = NULL;
+	if (!t)
+		t = az_alloc(sizeof(*t), AZ_GFP_NOWAIT);
+	if (!t)
+		*err = az_short(res);
+	return t;
+}
+
+int az_reserve_fill(struct az_store *s, struct az_reserve *res)
+{
+	u32 size[2];
+	int i;
+
+	res->filled = true;
+	if (res->obj && !res->o) {
+		res->o = az_zalloc(sizeof(*res->o), AZ_GFP_MAYSLEEP);
+		if (!res->o)
+			goto fail;
+	}
+	if (res->tnode && !res->t) {
+		res->t = az_alloc(sizeof(*res->t), AZ_GFP_MAYSLEEP);
+		if (!res->t)
+			goto fail;
+	}
+	if (!res->size)
+		return 0;
+	az_obj_parts(res->size, &size[0], &size[1]);
+	for (i = 0; i < 2 && size[i]; i++) {
+		res->h[i] = az_pool_alloc(s->pool, size[i], AZ_GFP_MAYSLEEP);
+		res->hsize[i] = size[i];
+		if (!res->h[i])
+			goto fail;
+	}
+	if (az_over_limit(s))
+		goto fail;
+	return 0;
+fail:
+	az_atomic64_inc(&s->failed_stores);
+	return -ENOMEM;
+}
+
+void az_reserve_release(struct az_store *s, struct az_reserve *res)
+{
+	int i;
+
+	for (i = 0; i < 2; i++) {
+		if (res->h[i])
+			az_pool_free(s->pool, res->h[i]);
+		res->h[i] = 0;
+	}
+	az_free(res->o);
+	az_free(res->t);
+	res->o = NULL;
+	res->t = NULL;
+}
+
+/* What a no-wait attempt lacked, for az_reserve_fill(). */
+static void az_reserve_want(struct az_reserve *res, u32 size, bool obj,
+			    bool tnode)
+{
+	res->size = size;
+	res->obj = obj;
+	res->tnode = tnode;
 }
 
 /*
@@ -212,7 +354,7 @@ static void az_obj_destroy(struct az_store *s, struct az_obj *o)
  */
 void az_obj_put(struct az_store *s, struct az_obj *o)
 {
-	if (!az_atomic_dec_and_test(&o->ref))
+	if (!az_ref_dec_and_test(&o->ref))
 		return;
 	if (az_test_bit(AZ_OBJ_INDEXED, &o->flags) || o->base) {
 		az_atomic64_inc(&s->deferred);
@@ -365,29 +507,42 @@ static void az_slot_release(struct az_store *s, unsigned long flags, u64 val)
 	az_obj_put(s, (struct az_obj *)(unsigned long)val);
 }
 
-/* Empty @slot.  Atomic context safe. */
-static void az_slot_clear(struct az_store *s, u64 slot)
+/* Take what @slot holds and empty it; the caller holds the slot lock. */
+static void az_slot_take(struct az_store *s, u64 slot, unsigned long *flags,
+			 u64 *val)
 {
 	struct az_slot *sl = &s->slots[slot];
-	unsigned long flags;
-	u64 val;
 
-	az_slot_lock(s, slot);
-	flags = sl->flags;
-	val = sl->val;
+	*flags = sl->flags;
+	*val = sl->val;
 	sl->val = 0;
 	sl->flags &= 1UL << AZ_SLOT_LOCK_BIT;
-	az_slot_unlock(s, slot);
+}
 
+static void az_slot_drop(struct az_store *s, unsigned long flags, u64 val)
+{
 	if (!(flags & AZ_SLOT_USED))
 		return;
 	az_atomic64_inc(&s->frees);
 	az_slot_release(s, flags, val);
 }
 
+/* Empty @slot.  Atomic context safe. */
+static void az_slot_clear(struct az_store *s, u64 slot)
+{
+	unsigned long flags;
+	u64 val;
+
+	az_slot_lock(s, slot);
+	az_slot_take(s, slot, &flags, &val);
+	az_slot_unlock(s, slot);
+	az_slot_drop(s, flags, val);
+}
+
 /*
- * Fill an empty slot.  @extra: AZ_SLOT_DIRECT, size and check bits.  A
- * racing put on the same slot (callers must not do that) loses its page.
+ * Fill @slot, releasing what it held.  @extra: AZ_SLOT_DIRECT, size and
+ * check bits.  A racing put on the same slot (callers must not do that)
+ * loses its page.
  */
 static void az_slot_set(struct az_store *s, u64 slot, unsigned int kind,
 			u16 own, u64 val, unsigned long extra)
@@ -404,9 +559,7 @@ static void az_slot_set(struct az_store *s, u64 slot, unsigned int kind,
 	sl->flags = (old & (1UL << AZ_SLOT_LOCK_BIT)) | AZ_SLOT_USED |
 		    ((unsigned long)kind << AZ_SLOT_KIND_SHIFT) | own | extra;
 	az_slot_unlock(s, slot);
-
-	if (az_unlikely(old & AZ_SLOT_USED))
-		az_slot_release(s, old, oval);
+	az_slot_drop(s, old, oval);
 }
 
 /* ---- store ------------------------------------------------------------ */
@@ -421,7 +574,8 @@ struct az_store *az_store_create(u64 nr_slots, const char *name)
 	if (!s)
 		return NULL;
 	s->nr_slots = nr_slots;
-	s->slots = az_valloc(nr_slots * sizeof(struct az_slot));
+	/* 16 B a slot: beyond kvmalloc's INT_MAX above 512 GiB of disk. */
+	s->slots = az_valloc_big(nr_slots * sizeof(struct az_slot));
 	if (!s->slots)
 		goto fail_slots;
 	s->owners = az_valloc(AZ_MAX_OWNERS * sizeof(struct az_owner));
@@ -433,6 +587,7 @@ struct az_store *az_store_create(u64 nr_slots, const char *name)
 	az_spin_init(&s->reg_lock);
 	az_spin_init(&s->idx_lock);
 	az_spin_init(&s->bc_lock);
+	az_wait_init(&s->owner_wq);
 	az_owners_init(s);
 	az_defer_init(&s->defer, az_store_run_deferred, s);
 	s->pol.codec = AZ_CODEC_LZ4;
@@ -538,19 +693,52 @@ static void az_policy_snapshot(struct az_store *s, struct az_policy *p)
 	p->shuffle = AZ_READ_ONCE(s->pol.shuffle);
 }
 
+/* The allowed values of every policy field: the one place they are set. */
+static const struct {
+	u32 off, min, max;
+} az_pol_ranges[AZ_POL_NR] = {
+	[AZ_POL_CODEC] = { offsetof(struct az_policy, codec),
+			   AZ_CODEC_LZ4, AZ_CODEC_ZSTD },
+	[AZ_POL_LEVEL] = { offsetof(struct az_policy, level),
+			   AZ_ZSTD_LEVEL_MIN, AZ_ZSTD_LEVEL_MAX },
+	[AZ_POL_DEDUP] = { offsetof(struct az_policy, dedup), 0, 1 },
+	[AZ_POL_TDELTA] = { offsetof(struct az_policy, tdelta), 0, 1 },
+	[AZ_POL_XDELTA] = { offsetof(struct az_policy, xdelta), 0, 1 },
+	[AZ_POL_SIM_EFFORT] = { offsetof(struct az_policy, sim_effort), 0, 64 },
+	[AZ_POL_DELTA_MAX_PCT] = { offsetof(struct az_policy, delta_max_pct),
+				   1, 100 },
+	[AZ_POL_VERIFY] = { offsetof(struct az_policy, verify), 0, 1 },
+	[AZ_POL_SHUFFLE] = { offsetof(struct az_policy, shuffle), 0, 1 },
+};
+
+void az_policy_range(enum az_policy_field f, u32 *min, u32 *max)
+{
+	*min = az_pol_ranges[f].min;
+	*max = az_pol_ranges[f].max;
+}
+
+int az_policy_check(const struct az_policy *p, int *bad)
+{
+	int f;
+
+	for (f = 0; f < AZ_POL_NR; f++) {
+		u32 v = *(const u32 *)((const u8 *)p + az_pol_ranges[f].off);
+
+		/* Level 0 means "the default": lz4 only. */
+		if (f == AZ_POL_LEVEL && !v && p->codec == AZ_CODEC_LZ4)
+			continue;
+		if (v < az_pol_ranges[f].min || v > az_pol_ranges[f].max) {
+			if (bad)
+				*bad = f;
+			return -EINVAL;
+		}
+	}
+	return 0;
+}
+
 int az_store_set_policy(struct az_store *s, const struct az_policy *p)
 {
-	if (p->codec > AZ_CODEC_ZSTD)
-		return -EINVAL;
-	if (p->codec == AZ_CODEC_ZSTD &&
-	    (p->level < AZ_ZSTD_LEVEL_MIN || p->level > AZ_ZSTD_LEVEL_MAX))
-		return -EINVAL;
-	if (p->level > AZ_ZSTD_LEVEL_MAX)
-		return -EINVAL;
-	if (p->dedup > 1 || p->tdelta > 1 || p->xdelta > 1 || p->verify > 1 ||
-	    p->shuffle > 1)
-		return -EINVAL;
-	if (p->sim_effort > 64 || !p->delta_max_pct || p->delta_max_pct > 100)
+	if (az_policy_check(p, NULL))
 		return -EINVAL;
 	/*
 	 * The codec may change while pages are stored: every object names
@@ -674,40 +862,24 @@ static void az_choose(struct az_store *s, struct az_ctx *ctx,
 	}
 }
 
-/* Two-phase pool allocation (zram): no reclaim first, then GFP_NOIO. */
-static unsigned long az_pool_alloc2(struct az_store *s, u32 size)
-{
-	u64 limit = AZ_READ_ONCE(s->mem_limit);
-	unsigned long h;
-
-	h = az_pool_alloc(s->pool, size, AZ_GFP_NOWAIT);
-	if (!h)
-		h = az_pool_alloc(s->pool, size, AZ_GFP_MAYSLEEP);
-	if (!h)
-		return 0;
-	if (limit && az_pool_bytes(s->pool) > limit) {
-		az_pool_free(s->pool, h);
-		h = 0;
-	}
-	return h;
-}
-
 /* Unshareable page: PLAIN/RAW in a DIRECT slot, no az_obj. */
 static int az_put_direct(struct az_store *s, struct az_ctx *ctx,
 			 const struct az_policy *pol, u64 slot,
-			 const void *page, u64 hash)
+			 const void *page, u64 hash, struct az_reserve *res)
 {
 	unsigned long h;
 	u32 size;
 	void *dst;
+	int err;
 	u8 enc;
 
 	size = az_encode_plain(ctx, pol, page, ctx->obuf, AZ_RAW_THRESHOLD,
 			       &enc);
-	h = az_pool_alloc2(s, size);
+	h = az_pool_get(s, res, size, &err);
 	if (!h) {
-		az_atomic64_inc(&s->failed_stores);
-		return -ENOMEM;
+		if (err == -EAGAIN)
+			az_reserve_want(res, size, false, false);
+		return err;
 	}
 	dst = az_pool_map(s->pool, h, true);
 	memcpy(dst, size == AZ_PAGE_SIZE ? page : ctx->obuf, size);
@@ -723,50 +895,73 @@ static int az_put_direct(struct az_store *s, struct az_ctx *ctx,
 	return 0;
 }
 
-int az_store_put(struct az_store *s, struct az_ctx *ctx, u64 slot,
-		 const void *page, const struct az_page_info *pi)
+int az_store_put_nowait(struct az_store *s, struct az_ctx *ctx, u64 slot,
+			const void *page, const struct az_page_info *pi,
+			struct az_reserve *res)
 {
+	struct az_tnode *t = NULL;
 	struct az_policy pol;
 	struct az_choice c;
 	struct az_pin pin;
 	struct az_obj *o;
 	u64 word, hash = 0, sf[AZ_NR_SF];
-	int err;
+	bool tnode;
+	int err = 0;
 
 	if (slot >= s->nr_slots)
 		return -EINVAL;
 	az_policy_snapshot(s, &pol);
-	az_atomic64_inc(&s->stores);
-	/* The slot is empty from here on, whatever happens. */
-	az_slot_clear(s, slot);
+	if (!res->filled)	/* the first attempt */
+		az_atomic64_inc(&s->stores);
 
 	az_owner_pin(s, pi ? pi->owner : 0, &pin);
 	if (az_page_same(page, &word)) {
 		az_slot_set(s, slot, AZ_KIND_SAME, pin.idx, word, 0);
-		err = 0;
 		goto out;
 	}
 	if (pin.reg || pol.verify)
 		hash = az_xxh64(page, AZ_PAGE_SIZE, 0);
 	if (!pin.reg) {
-		err = az_put_direct(s, ctx, &pol, slot, page, hash);
+		err = az_put_direct(s, ctx, &pol, slot, page, hash, res);
 		goto out;
 	}
-	if (pin.reg && pol.xdelta)
+	if (pol.xdelta)
 		az_sim_features(page, sf);
+	tnode = pin.tmpl && pi;
 	az_choose(s, ctx, &pol, page, pi, &pin, hash, sf, &c, &o);
 	if (o) {
+		if (tnode) {
+			t = az_tnode_get(res, &err);
+			if (!t) {
+				az_obj_put(s, o);
+				if (err == -EAGAIN)
+					az_reserve_want(res, 0, false, true);
+				goto out;
+			}
+		}
 		az_obj_mark_shared(s, o);
-		if (pin.tmpl && pi)
-			az_template_set(s, pin.group, pi->index, pin.idx, o);
+		if (t)
+			az_template_set(s, pin.group, pi->index, pin.idx, o, t);
 		az_slot_set(s, slot, AZ_KIND_DUP, pin.idx,
 			    (u64)(unsigned long)o, 0);
-		err = 0;
 		goto out;
 	}
-	o = az_obj_alloc(s, c.size);
-	if (!o)
-		goto nomem;
+	/* Everything the new object needs, before anything changes. */
+	o = az_obj_get(s, res, c.size, &err);
+	if (o && tnode) {
+		t = az_tnode_get(res, &err);
+		if (!t) {
+			az_obj_unget(s, o);
+			o = NULL;
+		}
+	}
+	if (!o) {
+		if (c.base)
+			az_obj_put(s, c.base);
+		if (err == -EAGAIN)
+			az_reserve_want(res, c.size, true, tnode);
+		goto out;
+	}
 	o->enc = c.enc;
 	o->owner = pin.idx;
 	o->group = pin.group;
@@ -776,21 +971,30 @@ int az_store_put(struct az_store *s, struct az_ctx *ctx, u64 slot,
 	az_obj_account(s, o, pin.tmpl);
 	if (c.base)
 		az_obj_mark_base(s, c.base);
-	if (pin.reg)
-		az_index_insert(s, o, pol.xdelta && !c.base ? sf : NULL);
-	if (pin.tmpl && pi)
-		az_template_set(s, pin.group, pi->index, pin.idx, o);
+	az_index_insert(s, o, pol.xdelta && !c.base ? sf : NULL);
+	if (t)
+		az_template_set(s, pin.group, pi->index, pin.idx, o, t);
 	az_slot_set(s, slot, c.kind, pin.idx, (u64)(unsigned long)o, 0);
-	err = 0;
-	goto out;
-
-nomem:
-	if (c.base)
-		az_obj_put(s, c.base);
-	az_atomic64_inc(&s->failed_stores);
-	err = -ENOMEM;
 out:
+	if (err == -ENOMEM)
+		az_atomic64_inc(&s->failed_stores);
 	az_owner_unpin(s, &pin);
+	return err;
+}
+
+int az_store_put(struct az_store *s, struct az_ctx *ctx, u64 slot,
+		 const void *page, const struct az_page_info *pi)
+{
+	struct az_reserve res = { 0 };
+	int err;
+
+	err = az_store_put_nowait(s, ctx, slot, page, pi, &res);
+	if (err == -EAGAIN) {
+		err = az_reserve_fill(s, &res);
+		if (!err)
+			err = az_store_put_nowait(s, ctx, slot, page, pi, &res);
+	}
+	az_reserve_release(s, &res);
 	return err;
 }
 
@@ -851,6 +1055,21 @@ void az_store_free(struct az_store *s, u64 slot)
 		az_slot_clear(s, slot);
 }
 
+int az_store_free_notify(struct az_store *s, u64 slot)
+{
+	unsigned long flags;
+	u64 val;
+
+	if (slot >= s->nr_slots)
+		return -EINVAL;
+	if (!az_bit_trylock(AZ_SLOT_LOCK_BIT, &s->slots[slot].flags))
+		return -EBUSY;
+	az_slot_take(s, slot, &flags, &val);
+	az_slot_unlock(s, slot);
+	az_slot_drop(s, flags, val);
+	return 0;
+}
+
 int az_store_slot_kind(struct az_store *s, u64 slot)
 {
 	return az_store_slot_info(s, slot, NULL);
@@ -884,16 +1103,18 @@ int az_store_slot_info(struct az_store *s, u64 slot, u32 *bytes)
  * Snapshot-file template page: a base keyed by @index in @tid's group,
  * held by the template index (no slot).
  */
-int az_store_template_load(struct az_store *s, struct az_ctx *ctx, u64 tid,
-			   u64 index, const void *page)
+int az_store_template_load_nowait(struct az_store *s, struct az_ctx *ctx,
+				  u64 tid, u64 index, const void *page,
+				  struct az_reserve *res)
 {
 	struct az_policy pol;
 	struct az_page_info pi = { .owner = tid, .index = index };
+	struct az_tnode *t;
 	struct az_choice c;
 	struct az_pin pin;
 	struct az_obj *o;
 	u64 word, hash, sf[AZ_NR_SF];
-	int err;
+	int err = 0;
 
 	az_policy_snapshot(s, &pol);
 	az_owner_pin(s, tid, &pin);
@@ -901,22 +1122,31 @@ int az_store_template_load(struct az_store *s, struct az_ctx *ctx, u64 tid,
 		err = -ENOENT;
 		goto out;
 	}
-	err = 0;
 	if (az_page_same(page, &word))
 		goto out;	/* a delta against a same page gains nothing */
 	hash = az_xxh64(page, AZ_PAGE_SIZE, 0);
 	az_sim_features(page, sf);
 	az_choose(s, ctx, &pol, page, &pi, &pin, hash, sf, &c, &o);
 	if (o) {
-		az_obj_mark_shared(s, o);
-		err = az_template_set(s, pin.group, index, pin.idx, o);
+		t = az_tnode_get(res, &err);
+		if (t) {
+			az_obj_mark_shared(s, o);
+			err = az_template_set(s, pin.group, index, pin.idx, o, t);
+		} else if (err == -EAGAIN) {
+			az_reserve_want(res, 0, false, true);
+		}
 		az_obj_put(s, o);
 		goto out;
 	}
-	err = -ENOMEM;
-	o = az_obj_alloc(s, c.size);
-	if (!o)
+	o = az_obj_get(s, res, c.size, &err);
+	t = o ? az_tnode_get(res, &err) : NULL;
+	if (!t) {
+		if (o)
+			az_obj_unget(s, o);
+		if (err == -EAGAIN)
+			az_reserve_want(res, c.size, true, true);
 		goto out;
+	}
 	o->enc = c.enc;
 	o->owner = pin.idx;
 	o->group = pin.group;
@@ -924,13 +1154,35 @@ int az_store_template_load(struct az_store *s, struct az_ctx *ctx, u64 tid,
 	az_obj_write(s, o, c.size == AZ_PAGE_SIZE ? page : c.buf);
 	az_obj_account(s, o, true);
 	az_index_insert(s, o, pol.xdelta ? sf : NULL);
-	err = az_template_set(s, pin.group, index, pin.idx, o);
+	err = az_template_set(s, pin.group, index, pin.idx, o, t);
 	az_obj_put(s, o);
 out:
 	if (err == -ENOMEM)
 		az_atomic64_inc(&s->failed_stores);
 	az_owner_unpin(s, &pin);
 	return err;
+}
+
+int az_store_template_load(struct az_store *s, struct az_ctx *ctx, u64 tid,
+			   u64 index, const void *page)
+{
+	struct az_reserve res = { 0 };
+	int err;
+
+	err = az_store_template_load_nowait(s, ctx, tid, index, page, &res);
+	if (err == -EAGAIN) {
+		err = az_reserve_fill(s, &res);
+		if (!err)
+			err = az_store_template_load_nowait(s, ctx, tid, index,
+							    page, &res);
+	}
+	az_reserve_release(s, &res);
+	return err;
+}
+
+u64 az_store_pool_bytes(struct az_store *s)
+{
+	return az_pool_bytes(s->pool);
 }
 
 void az_store_get_stats(struct az_store *s, struct az_stats *st)

@@ -55,10 +55,11 @@ def test_snapshot_parses_every_stat_file(tmp_path: Path) -> None:
 
 def test_extra_columns_and_missing_files_are_tolerated(tmp_path: Path) -> None:
     d = make_dev(tmp_path)
-    (d / "io_stat").write_text("1 2 3 4 5 6 7 8 9\n")
+    (d / "io_stat").write_text("1 2 3 4 5 6 7 8 9 10\n")
     (d / "kind_stat").unlink()
     st = sysfs.Device(0, tmp_path).snapshot().to_dict()
-    assert st["io_stat"]["col8"] == 9 and "kind_stat" not in st
+    assert st["io_stat"]["miss_free"] == 9 and st["io_stat"]["col9"] == 10
+    assert "kind_stat" not in st
 
 
 def test_writes_and_sizes(tmp_path: Path) -> None:

@@ -163,7 +163,9 @@ def test_mem_limit_enomem_nothing_lost(make_store, pol):
     check_stats(s, {**live, 511: b""})
 
 
-def test_alloc_failure_leaves_slot_empty(store):
+def test_alloc_failure_keeps_the_old_block(store):
+    """A write that cannot allocate leaves the slot as it was (block-device semantics): the
+    new object is built before it replaces the old one."""
     p = pages.make("text", 1)
     store.put(1, p)
     store.fail_pool_allocs(2)  # both allocation phases fail
@@ -171,10 +173,27 @@ def test_alloc_failure_leaves_slot_empty(store):
         store.put(1, pages.make("heap", 2))
     assert e.value.errno == errno.ENOMEM
     store.fail_pool_allocs(0)
-    assert store.kind(1) is None
+    assert store.get(1) == p
+    assert store.stats()["failed_stores"] == 1
     store.put(2, p)
     assert store.get(2) == p
-    check_stats(store, {2: p})
+    check_stats(store, {1: p, 2: p})
+
+
+def test_alloc_failure_keeps_the_old_block_of_a_sandbox(store):
+    """The same for a registered owner's object (the az_obj path, a delta base kept)."""
+    store.add_sandbox(500, 1)
+    p, q = pages.make("heap", 3), pages.make("heap", 4)
+    store.put(7, p, owner=500)
+    store.fail_pool_allocs(2)
+    with pytest.raises(CoreError) as e:
+        store.put(7, q, owner=500)
+    assert e.value.errno == errno.ENOMEM
+    store.fail_pool_allocs(0)
+    assert store.get(7) == p
+    store.put(7, q, owner=500)
+    assert store.get(7) == q
+    store.check()
 
 
 def test_second_phase_allocation_retries(store):

@@ -18,6 +18,8 @@ from pathlib import Path
 
 TOP = Path(__file__).resolve().parents[2]
 KO = TOP / "kmod" / "azswap.ko"
+# The debug build (make kmod-debug): the same module with the core's self-test.
+KO_DEBUG = TOP / "build" / "kmod-debug" / "kmod" / "azswap.ko"
 HERE = Path(__file__).resolve().parent
 SYS_BLOCK = Path("/sys/block")
 CGROOT = Path("/sys/fs/cgroup")
@@ -39,11 +41,13 @@ def loaded() -> bool:
     return Path("/sys/module/azswap").exists()
 
 
-def insmod(**params: object) -> None:
+def insmod(ko: Path = KO, **params: object) -> None:
     for m in DEPS:
         sh("modprobe", m, check=False)
+    if not ko.exists():
+        raise OSError(f"{ko} missing: build it on the host first (make kmod / make kmod-debug)")
     args = [f"{k}={v}" for k, v in params.items()]
-    r = sh("insmod", str(KO), *args, check=False)
+    r = sh("insmod", str(ko), *args, check=False)
     if r.returncode:
         raise OSError(f"insmod {' '.join(args)} failed: {r.stderr.strip()}")
 
@@ -156,6 +160,7 @@ class Dev:
             "loads",
             "frees",
             "partial_io",
+            "miss_free",
         )
         return dict(zip(names, self.cols("io_stat"), strict=False))
 

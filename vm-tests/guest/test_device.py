@@ -6,6 +6,7 @@ Run inside the test kernel:
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import mmap
 import os
@@ -48,8 +49,33 @@ def test_num_devices(module) -> None:
 
 
 def test_selftest_param(module) -> None:
-    module(selftest=1)
-    assert ag.loaded()
+    """The self-test runs in the debug build only (make kmod-debug); the production module has
+    no such parameter."""
+    param = Path("/sys/module/azswap/parameters/selftest")
+    module(ag.KO_DEBUG, selftest=1)
+    assert ag.loaded() and param.read_text().strip() == "Y"
+    ag.rmmod()
+    module()
+    assert ag.loaded() and not param.exists()
+
+
+def test_deferred_frees_have_a_reclaim_workqueue(module) -> None:
+    """Deferred frees run on a WQ_MEM_RECLAIM queue: its rescuer thread exists while the
+    module is loaded (system_wq has none)."""
+
+    def rescuers() -> int:
+        n = 0
+        for p in Path("/proc").iterdir():
+            if p.name.isdigit():
+                with contextlib.suppress(OSError):
+                    n += (p / "comm").read_text().strip() == "azswap_free"
+        return n
+
+    assert rescuers() == 0
+    module()
+    assert rescuers() == 1
+    ag.rmmod()
+    assert rescuers() == 0
 
 
 def test_swapon_pins_module_and_device(dev0) -> None:
@@ -331,3 +357,20 @@ def test_pool_compacts_itself_after_frees(dev0) -> None:
         os.close(fd)
     assert d.write("compact", "2") == EINVAL
     assert d.write("compact", "1") == 0
+
+
+def test_slot_lock_is_known_to_lockdep(dev0) -> None:
+    """Under CONFIG_DEBUG_LOCK_ALLOC the slot bit lock is one lockdep class, az_slot_lock."""
+    lockdep = Path("/proc/lockdep")
+    if not lockdep.exists():
+        pytest.skip("needs a lockdep kernel (vm-tests/run --debug-kernel)")
+    dev0.set("disksize", "16M")
+    fd = os.open(dev0.path, os.O_RDWR | os.O_DIRECT)
+    try:
+        buf = mmap.mmap(-1, 4096)
+        buf.write(b"azswap" * 600)
+        os.pwritev(fd, [buf], 4096)
+        os.preadv(fd, [buf], 4096)
+    finally:
+        os.close(fd)
+    assert "az_slot_lock" in lockdep.read_text()

@@ -3,8 +3,11 @@ extended acks, strict validation, admin permission, events."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
+import socket
+import struct
 
 import azswap_guest as ag
 import pytest
@@ -210,14 +213,18 @@ def test_admin_permission(nl) -> None:
             res = []
             (info,) = c.request("GET_INFO")
             res.append(str(info["VERSION"]))
-            for cmd, attrs in [
-                ("SANDBOX_ADD", [("CGROUP_ID", cg.id), ("GROUP", 1)]),
-                ("POLICY_SET", [("POLICY_DEDUP", 0)]),
-                ("PHASE_SET", [("CGROUP_ID", cg.id), ("PHASE", 1)]),
-                ("TEMPLATE_LOAD", [("CGROUP_ID", 5), ("INDEX", 0), ("PAGES", bytes(4096))]),
+            for cmd, attrs, dump in [
+                ("SANDBOX_ADD", [("CGROUP_ID", cg.id), ("GROUP", 1)], False),
+                ("POLICY_SET", [("POLICY_DEDUP", 0)], False),
+                ("PHASE_SET", [("CGROUP_ID", cg.id), ("PHASE", 1)], False),
+                ("TEMPLATE_LOAD", [("CGROUP_ID", 5), ("INDEX", 0), ("PAGES", bytes(4096))],
+                 False),
+                # Per-sandbox counts would tell whether another sandbox holds a page.
+                ("STATS_GET", [("CGROUP_ID", 0)], False),
+                ("STATS_GET", [], True),
             ]:
                 try:
-                    c.request(cmd, attrs)
+                    c.request(cmd, attrs, dump=dump)
                     res.append("ok")
                 except NlError as e:
                     res.append(str(e.code))
@@ -230,7 +237,7 @@ def test_admin_permission(nl) -> None:
     os.close(w)
     out = os.read(r, 1000).decode().split()
     os.waitpid(pid, 0)
-    assert out == ["1"] + [str(errno.EPERM)] * 4 + ["get-ok"], out
+    assert out == ["1"] + [str(errno.EPERM)] * 6 + ["get-ok"], out
 
 
 def test_events(nl) -> None:
@@ -279,3 +286,138 @@ def test_sim_slots_fixed_once_an_owner_registers(dev0) -> None:
         assert int(dev0.read("mm_stat").split()[8]) > idx8
     finally:
         c.close()
+
+
+# -- STATS_GET dump consistency ---------------------------------------------------------------
+
+NLM_F_REQUEST, NLM_F_MULTI, NLM_F_DUMP_INTR, NLM_F_DUMP = 0x1, 0x2, 0x10, 0x300
+NLMSG_ERROR, NLMSG_DONE = 2, 3
+
+
+class RawDump:
+    """A STATS_GET dump read one datagram (one kernel batch) at a time, so that a test can
+    change the registry between batches."""
+
+    def __init__(self, family: int) -> None:
+        self.sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 16)  # NETLINK_GENERIC
+        self.sock.bind((0, 0))
+        self.family = family
+
+    def start(self) -> None:
+        genl = struct.pack("=BBH", 7, 1, 0)  # STATS_GET, version 1
+        hdr = struct.pack("=IHHII", 16 + len(genl), self.family, NLM_F_REQUEST | NLM_F_DUMP,
+                          1, 0)
+        self.sock.send(hdr + genl)
+
+    def batch(self) -> tuple[list[int], bool, bool]:
+        """(cgroup ids, any message flagged NLM_F_DUMP_INTR, done) of the next datagram."""
+        data = self.sock.recv(1 << 20)
+        ids: list[int] = []
+        intr = done = False
+        off = 0
+        while off + 16 <= len(data):
+            ln, typ, flags, _seq, _pid = struct.unpack_from("=IHHII", data, off)
+            intr |= bool(flags & NLM_F_DUMP_INTR)
+            if typ == NLMSG_DONE:
+                done = True
+            elif typ == NLMSG_ERROR:
+                raise AssertionError(f"dump error {struct.unpack_from('=i', data, off + 16)}")
+            else:
+                a = off + 20  # nlmsghdr + genlmsghdr
+                while a + 4 <= off + ln:
+                    alen, atype = struct.unpack_from("=HH", data, a)
+                    if atype == 2:  # CGROUP_ID
+                        ids.append(struct.unpack_from("=Q", data, a + 4)[0])
+                    a += (alen + 3) & ~3
+            off += (ln + 3) & ~3
+        return ids, intr, done
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def test_stats_dump_resumes_by_entry(nl) -> None:
+    """The dump resumes at the owner table entry after the last one sent: an owner removed
+    from a batch already sent neither hides nor repeats any other, and the next batch says
+    NLM_F_DUMP_INTR."""
+    cgs = [ag.Cgroup(f"nl-dump-{i}") for i in range(40)]
+    for cg in cgs:
+        nl.request("SANDBOX_ADD", [("CGROUP_ID", cg.id), ("GROUP", 2)])
+    d = RawDump(nl.sock.prid)
+    try:
+        d.start()
+        # Batch 1 (entries 0..15) arrives; the kernel builds batch 2 as it is read.
+        first, intr, done = d.batch()
+        assert len(first) == 16 and not intr and not done
+        gone = cgs[4].id  # sent in batch 1
+        assert gone in first
+        nl.request("SANDBOX_DEL", [("CGROUP_ID", gone)])
+        seen, intr_after = list(first), False
+        while not done:
+            ids, intr, done = d.batch()
+            seen += ids
+            intr_after |= intr
+    finally:
+        d.close()
+    want = [0] + [cg.id for cg in cgs]
+    assert sorted(seen) == sorted(want), (set(want) - set(seen), len(seen))
+    assert intr_after, "a batch after the registry changed must carry NLM_F_DUMP_INTR"
+    # A dump that nothing disturbed is not flagged.
+    d = RawDump(nl.sock.prid)
+    try:
+        d.start()
+        ids, intr, done = d.batch()
+        while not done:
+            more, i2, done = d.batch()
+            ids += more
+            intr |= i2
+    finally:
+        d.close()
+    assert not intr and sorted(ids) == sorted(set(want) - {gone})
+
+
+def test_stats_dump_under_churn(nl) -> None:
+    """~40 owners, owners added and removed by another process during the dumps: every owner
+    registered throughout appears exactly once in every dump."""
+    stable = [ag.Cgroup(f"nl-st-{i}") for i in range(30)]
+    churn = [ag.Cgroup(f"nl-ch-{i}") for i in range(10)]
+    for i, cg in enumerate(stable):
+        nl.request("SANDBOX_ADD", [("CGROUP_ID", cg.id), ("GROUP", 1 + i % 3)])
+        if i % 3 == 0:  # interleave churn entries with the stable ones in the table
+            c = churn[i // 3]
+            nl.request("SANDBOX_ADD", [("CGROUP_ID", c.id), ("GROUP", 9)])
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.close(w)
+            c = Client()
+            os.set_blocking(r, False)
+            n = 0
+            while True:
+                try:
+                    if os.read(r, 1) == b"":
+                        break
+                except BlockingIOError:
+                    pass
+                cg = churn[n % len(churn)]
+                with contextlib.suppress(NlError):
+                    c.request("SANDBOX_DEL", [("CGROUP_ID", cg.id)])
+                c.request("SANDBOX_ADD", [("CGROUP_ID", cg.id), ("GROUP", 9)])
+                n += 1
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(r)
+    want = {cg.id for cg in stable} | {0}
+    try:
+        for _ in range(25):
+            ids = [o["CGROUP_ID"] for o in nl.request("STATS_GET", dump=True)]
+            got = [i for i in ids if i in want]
+            assert sorted(got) == sorted(want), (len(got), set(want) - set(got))
+            assert len(ids) == len(set(ids)), "an owner was listed twice"
+    finally:
+        os.close(w)
+        _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0

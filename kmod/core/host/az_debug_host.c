@@ -193,7 +193,7 @@ int az_store_debug_check(struct az_store *s)
 	for (dn = s->defer.head; dn; dn = dn->next) {
 		struct az_obj *o = container_of(dn, struct az_obj, dnode);
 
-		AZ_CHK(!az_atomic_read(&o->ref), "deferred obj has refs");
+		AZ_CHK(!az_ref_read(&o->ref), "deferred obj has refs");
 		if (o->base && (az_chk_add(&refs, o->base) ||
 				az_chk_add(&objs, o->base)))
 			goto nomem;
@@ -226,9 +226,9 @@ int az_store_debug_check(struct az_store *s)
 	for (i = 0; i < refs.n; i = j) {
 		for (j = i; j < refs.n && refs.v[j] == refs.v[i]; j++)
 			;
-		AZ_CHK((size_t)az_atomic_read(&refs.v[i]->ref) == j - i,
+		AZ_CHK((size_t)az_ref_read(&refs.v[i]->ref) == j - i,
 		       "obj %p ref %d, expected %zu", (void *)refs.v[i],
-		       az_atomic_read(&refs.v[i]->ref), j - i);
+		       az_ref_read(&refs.v[i]->ref), j - i);
 	}
 	AZ_CHK(uniq + direct + az_atomic64_read(&s->deferred) ==
 	       az_atomic64_read(&s->objects), "objects %llu reachable %zu",
@@ -277,4 +277,22 @@ int az_host_get_batch(struct az_store *s, struct az_ctx *ctx, u64 first,
 			return i ? (int)i : err;
 	}
 	return n;
+}
+
+/* Times reg_lock was taken (tests: the put path must not take it). */
+u64 az_store_debug_reg_lock_taken(struct az_store *s)
+{
+	return __atomic_load_n(&s->reg_lock.taken, __ATOMIC_SEQ_CST);
+}
+
+/* Hold or release @slot's lock, as a reader decoding it would. */
+int az_store_debug_slot_lock(struct az_store *s, u64 slot, int lock)
+{
+	if (slot >= s->nr_slots)
+		return -EINVAL;
+	if (lock)
+		az_bit_lock(AZ_SLOT_LOCK_BIT, &s->slots[slot].flags);
+	else
+		az_bit_unlock(AZ_SLOT_LOCK_BIT, &s->slots[slot].flags);
+	return 0;
 }

@@ -15,6 +15,8 @@ int az_store_debug_check(struct az_store *s);
 u64 az_debug_obj_size(void);
 int az_host_put_batch(struct az_store *s, struct az_ctx *ctx, u64 first,
 		      const u8 *pages, u32 n, const struct az_page_info *pi);
+u64 az_store_debug_reg_lock_taken(struct az_store *s);
+int az_store_debug_slot_lock(struct az_store *s, u64 slot, int lock);
 int az_host_get_batch(struct az_store *s, struct az_ctx *ctx, u64 first,
 		      u8 *pages, u32 n);
 

@@ -15,15 +15,29 @@
 #include "../az_shim.h"
 #include "../azcore.h"
 
+int az_host_mb_word;
+static u64 az_host_sleeping;
+
+u64 az_host_sleeping_allocs(void)
+{
+	return __atomic_load_n(&az_host_sleeping, AZ_SC);
+}
+
+static void az_host_count_gfp(int gfp)
+{
+	if (gfp == AZ_GFP_MAYSLEEP)
+		__atomic_add_fetch(&az_host_sleeping, 1, AZ_SC);
+}
+
 void *az_alloc(size_t size, int gfp)
 {
-	(void)gfp;
+	az_host_count_gfp(gfp);
 	return malloc(size);
 }
 
 void *az_zalloc(size_t size, int gfp)
 {
-	(void)gfp;
+	az_host_count_gfp(gfp);
 	return calloc(1, size);
 }
 
@@ -32,7 +46,15 @@ void az_free(const void *p)
 	free((void *)p);
 }
 
+/* The kernel's kvzalloc refuses (and WARNs) above INT_MAX: so does this. */
 void *az_valloc(size_t size)
+{
+	if (AZ_WARN_ON(size > 0x7fffffff))
+		return NULL;
+	return calloc(1, size);
+}
+
+void *az_valloc_big(size_t size)
 {
 	return calloc(1, size);
 }
@@ -50,6 +72,13 @@ void az_bit_lock(int bit, unsigned long *word)
 		while (__atomic_load_n(word, __ATOMIC_RELAXED) & m)
 			sched_yield();
 	}
+}
+
+bool az_bit_trylock(int bit, unsigned long *word)
+{
+	unsigned long m = 1UL << bit;
+
+	return !(__atomic_fetch_or(word, m, __ATOMIC_ACQUIRE) & m);
 }
 
 void az_bit_unlock(int bit, unsigned long *word)
@@ -140,7 +169,7 @@ unsigned long az_pool_alloc(struct az_pool *p, size_t size, int gfp)
 {
 	size_t *b;
 
-	(void)gfp;
+	az_host_count_gfp(gfp);
 	if (size == 0 || size > AZ_PAGE_SIZE)
 		return 0;
 	if (az_host_fail_allocs > 0 &&
@@ -329,4 +358,14 @@ u64 az_now_ms(void)
 
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (u64)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* The kernel creates the deferred-free workqueue here; the host has none. */
+int az_core_init(void)
+{
+	return 0;
+}
+
+void az_core_exit(void)
+{
 }

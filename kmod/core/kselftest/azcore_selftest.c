@@ -20,16 +20,22 @@ MODULE_PARM_DESC(stress_threads, "stress worker threads (1..64)");
 
 static int __init azcore_selftest_init(void)
 {
-	int err = az_core_selftest();
+	int err = az_core_init();
 
+	if (err)
+		return err;
+	err = az_core_selftest();
 	if (!err && stress_ms)
 		err = az_core_stress(stress_threads, stress_ms);
 	pr_info("azcore-selftest: result %d\n", err);
+	if (err)
+		az_core_exit();
 	return err;
 }
 
 static void __exit azcore_selftest_exit(void)
 {
+	az_core_exit();
 }
 
 module_init(azcore_selftest_init);

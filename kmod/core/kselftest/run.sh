@@ -16,8 +16,8 @@ cp "$top/kmod/core/kselftest/azcore_selftest.c" "$tmp/"
 cat > "$tmp/Kbuild" <<'KB'
 include $(src)/core/Kbuild.inc
 obj-m := azcore-selftest.o
-azcore-selftest-y := azcore_selftest.o $(azcore-objs)
-ccflags-y := -Werror
+azcore-selftest-y := azcore_selftest.o $(azcore-objs) $(azcore-selftest-objs)
+ccflags-y := -Werror -DAZSWAP_SELFTEST
 KB
 make -s -C "$kdir" M="$tmp" modules
 mods="zsmalloc lz4_compress lz4_decompress zstd_compress zstd_decompress"

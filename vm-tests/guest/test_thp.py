@@ -1,0 +1,92 @@
+"""Transparent huge pages of a registered sandbox: swap-out of a whole THP sends one bio of
+512 subpages; every subpage must be charged to the sandbox's cgroup (the memcg sits on the head
+page only) and must dedup and delta as its small pages would. Every page is verified on read-back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import azswap_guest as ag
+import pytest
+from aznl import Client
+
+THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+NPAGES = 2048  # 8 MiB: at least three whole 2 MiB huge pages
+
+
+@pytest.fixture
+def thp_madvise() -> Iterator[None]:
+    """THP for MADV_HUGEPAGE regions at least (Debian's default is "always")."""
+    if not THP.exists():
+        pytest.fail("the test kernel has no transparent huge pages")
+    old = THP.read_text().split("[")[1].split("]")[0]
+    if old == "never":
+        THP.write_text("madvise")
+    yield
+    THP.write_text(old)
+
+
+def _anon_huge_kib(pid: int) -> int:
+    for ln in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        if ln.startswith("AnonHugePages:"):
+            return int(ln.split()[1])
+    return 0
+
+
+def _owner(nl: Client, cg: ag.Cgroup) -> dict[str, int]:
+    (o,) = nl.request("STATS_GET", [("CGROUP_ID", cg.id)])
+    return o
+
+
+def _swap_all(w: ag.Worker, cg: ag.Cgroup) -> None:
+    for _ in range(5):
+        cg.reclaim("1G")
+        if cg.swap_current() >= w.npages * ag.PAGE:
+            return
+    raise AssertionError(f"{cg.path}: {cg.swap_current()} bytes swapped of {w.npages} pages")
+
+
+def test_thp_subpages_are_the_sandboxes(dev0, azpages, workers, thp_madvise) -> None:
+    dev0.swapon("256M")
+    nl = Client()
+    try:
+        a, b = ag.Cgroup("thp-a"), ag.Cgroup("thp-b")
+        for cg in (a, b):
+            nl.request("SANDBOX_ADD", [("CGROUP_ID", cg.id), ("GROUP", 5)])
+        # Two sandboxes with the same pages: b's must all be duplicates of a's.
+        wa = ag.Worker(azpages, a, NPAGES, seed=77, thp=True)
+        wb = ag.Worker(azpages, b, NPAGES, seed=77, thp=True)
+        workers += [wa, wb]
+        ag.all_call(workers, "fill")
+        for w in workers:
+            assert _anon_huge_kib(w.pid) >= 3 * 2048, f"{w.name}: not THP-backed"
+        vm0 = ag.vmstat()
+        _swap_all(wa, a)
+        vm1 = ag.vmstat()
+        assert vm1["thp_swpout"] - vm0["thp_swpout"] >= 3, "no THP was swapped out whole"
+
+        # The worker's own (Python) memory is in the cgroup too: at least the region's pages.
+        oa = _owner(nl, a)
+        assert oa["ST_PAGES"] >= NPAGES, oa
+        (nobody,) = nl.request("STATS_GET", [("CGROUP_ID", 0)])  # unregistered cgroups
+        assert nobody["ST_PAGES"] == 0, f"pages charged to no sandbox: {nobody}"
+        kinds = dev0.kinds()
+        assert sum(kinds.values()) == oa["ST_PAGES"], kinds
+        # Registered pages share: near-duplicates inside a become deltas, as small pages do.
+        assert oa["ST_XDELTA"] + oa["ST_TDELTA"] > 0, oa
+
+        _swap_all(wb, b)
+        ob = _owner(nl, b)
+        assert ob["ST_PAGES"] >= NPAGES, ob
+        # Every page of b's region that is not same-filled found its twin in a's.
+        distinct = sum(azpages.az_kind(77, i) >= 2 for i in range(NPAGES))
+        assert ob["ST_DUP"] >= distinct, (distinct, ob)
+        assert nl.request("STATS_GET", [("CGROUP_ID", 0)])[0]["ST_PAGES"] == 0
+
+        ag.verify_all(workers)  # swap-in of every page, compared in full
+        io = dev0.io()
+        assert io["failed_stores"] == 0 and io["failed_loads"] == 0, io
+    finally:
+        nl.close()
