@@ -1,6 +1,8 @@
 # azswap: top-level entry points.  `make help` lists them.
 SHELL := /bin/bash
 TOP := $(CURDIR)
+# Kernel series to build for and boot: 6.1 (Debian 12, the default), 6.12 or 7.3.
+KERNEL ?= 6.1
 KVER ?= $(shell $(TOP)/scripts/kver 2>/dev/null)
 KDIR ?= /lib/modules/$(KVER)/build
 VENV := $(TOP)/.venv
@@ -16,6 +18,7 @@ help:
 	@echo "make setup    install Debian packages + .venv (idempotent)"
 	@echo "make kmod     build kmod/azswap.ko against KDIR (default: the test kernel's headers)"
 	@echo "make kmod-debug  the module with the store core's self-test (AZSWAP_DEBUG=1) as $(KMOD_DEBUG)"
+	@echo "make kmod KERNEL=6.12|7.3  build build/kmod-SERIES/azswap.ko for that series"
 	@echo "make install  module + systemd units + config examples (KDIR=/lib/modules/\$$(uname -r)/build)"
 	@echo "make dkms-install  the same module through DKMS, rebuilt for every kernel"
 	@echo "make hostlib  build the store core as build/libazcore.so (+ ASan variant)"
@@ -30,8 +33,20 @@ setup-apt:
 	@$(TOP)/scripts/setup.sh apt
 
 # On a real host KDIR is given on the command line and nothing is installed for it.
-kmod: $(if $(filter command line,$(origin KDIR)),,setup-apt)
+# KERNEL=6.1 (the default) builds in the checkout: kmod/azswap.ko.  Another series builds
+# from a copy of the sources in build/kmod-SERIES/ (its own objects): build/kmod-SERIES/azswap.ko,
+# which `vm-tests/run --kernel SERIES` loads as kmod/azswap.ko in the guest.
+ifeq ($(origin KDIR)$(KERNEL),file6.1)
+kmod: setup-apt
 	$(MAKE) -C $(KDIR) M=$(TOP) modules
+else ifeq ($(origin KDIR),command line)
+kmod:
+	$(MAKE) -C $(KDIR) M=$(TOP) modules
+else
+kmod: setup-apt
+	@$(TOP)/scripts/kernels.sh install $(KERNEL)
+	@$(TOP)/scripts/kernels.sh build $(KERNEL)
+endif
 
 # The debug variant (self-test and its stress threads, `selftest` parameter)
 # is built from a copy of the sources so that kmod/azswap.ko stays the

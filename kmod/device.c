@@ -555,9 +555,9 @@ static void azswap_slot_free_notify(struct block_device *bdev,
 }
 
 /* Called with disk->open_mutex held. */
-static int azswap_open(struct block_device *bdev, fmode_t mode)
+static int azswap_open(AZSWAP_OPEN_ARGS)
 {
-	struct azswap_dev *dev = bdev->bd_disk->private_data;
+	struct azswap_dev *dev = AZSWAP_OPEN_DISK->private_data;
 
 	return dev->claim ? -EBUSY : 0;
 }
@@ -690,9 +690,10 @@ int azswap_dev_add(struct azswap_dev *dev, int id,
 	dev->base_cache = 256;
 	dev->sim_slots = 1;
 
-	disk = blk_alloc_disk(NUMA_NO_NODE);
-	if (!disk)
-		return -ENOMEM;
+	/* Queue limits and features like zram's: see compat.h. */
+	disk = azswap_alloc_disk();
+	if (IS_ERR(disk))
+		return PTR_ERR(disk);
 	disk->major = azswap_major;
 	disk->first_minor = id;
 	disk->minors = 1;
@@ -701,18 +702,6 @@ int azswap_dev_add(struct azswap_dev *dev, int id,
 	disk->private_data = dev;
 	snprintf(disk->disk_name, DISK_NAME_LEN, "azswap%d", id);
 	set_capacity(disk, 0);
-
-	/* Like zram: RAM behind it, page-sized blocks, stable pages. */
-	blk_queue_flag_set(QUEUE_FLAG_NONROT, disk->queue);
-	blk_queue_flag_clear(QUEUE_FLAG_ADD_RANDOM, disk->queue);
-	blk_queue_flag_set(QUEUE_FLAG_STABLE_WRITES, disk->queue);
-	blk_queue_physical_block_size(disk->queue, PAGE_SIZE);
-	blk_queue_logical_block_size(disk->queue, PAGE_SIZE);
-	blk_queue_io_min(disk->queue, PAGE_SIZE);
-	blk_queue_io_opt(disk->queue, PAGE_SIZE);
-	disk->queue->limits.discard_granularity = PAGE_SIZE;
-	blk_queue_max_discard_sectors(disk->queue, UINT_MAX);
-	blk_queue_max_write_zeroes_sectors(disk->queue, UINT_MAX);
 
 	dev->disk = disk;
 	ret = device_add_disk(NULL, disk, groups);

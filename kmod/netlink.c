@@ -26,6 +26,7 @@
 #include <net/genetlink.h>
 
 #include "azswap.h"
+#include "compat.h"
 #include "uapi/azswap_nl.h"
 
 static struct genl_family azswap_genl;
@@ -124,8 +125,8 @@ static int azswap_nl_check_ranges(struct nlattr **attrs,
 	return 0;
 }
 
-static int azswap_nl_pre_doit(const struct genl_ops *ops, struct sk_buff *skb,
-			      struct genl_info *info)
+static int azswap_nl_pre_doit(const struct azswap_genl_ops *ops,
+			      struct sk_buff *skb, struct genl_info *info)
 {
 	return azswap_nl_check_ranges(info->attrs, info->extack);
 }
@@ -537,7 +538,7 @@ static int azswap_nl_stats_doit(struct sk_buff *skb, struct genl_info *info)
 static int azswap_nl_stats_dumpit(struct sk_buff *skb,
 				  struct netlink_callback *cb)
 {
-	const struct genl_dumpit_info *gi = genl_dumpit_info(cb);
+	struct nlattr **attrs = azswap_dump_attrs(cb);
 	struct az_owner_stats *os;
 	struct azswap_dev *dev;
 	struct az_store *s;
@@ -545,10 +546,10 @@ static int azswap_nl_stats_dumpit(struct sk_buff *skb,
 	void *hdr;
 	u32 gen;
 
-	ret = azswap_nl_check_ranges(gi->attrs, cb->extack);
+	ret = azswap_nl_check_ranges(attrs, cb->extack);
 	if (ret)
 		return ret;
-	dev = azswap_nl_dev(gi->attrs, cb->extack);
+	dev = azswap_nl_dev(attrs, cb->extack);
 	if (!dev)
 		return -ENODEV;
 	os = kmalloc_array(AZSWAP_DUMP_BATCH, sizeof(*os), GFP_KERNEL);

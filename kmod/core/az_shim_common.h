@@ -19,8 +19,20 @@ void az_pool_destroy(struct az_pool *p);
 unsigned long az_pool_alloc(struct az_pool *p, size_t size, int gfp);
 /* Atomic context safe. */
 void az_pool_free(struct az_pool *p, unsigned long handle);
-void *az_pool_map(struct az_pool *p, unsigned long handle, bool write);
-void az_pool_unmap(struct az_pool *p, unsigned long handle);
+/*
+ * Object access by copy, as zsmalloc has it since 6.18 (one access at a
+ * time per CPU, no sleeping in between):
+ *  - az_pool_write() copies @len bytes from @src into the object;
+ *  - az_pool_read_begin() returns @len readable bytes of the object,
+ *    either mapped in place or copied into @local (AZ_PAGE_SIZE bytes);
+ *    az_pool_read_end() ends the access with what read_begin returned.
+ */
+void az_pool_write(struct az_pool *p, unsigned long handle, const void *src,
+		   u32 len);
+const void *az_pool_read_begin(struct az_pool *p, unsigned long handle,
+			       u32 len, void *local);
+void az_pool_read_end(struct az_pool *p, unsigned long handle, u32 len,
+		      const void *mem);
 /* Bytes the pool holds from the system (pages for zsmalloc). */
 u64 az_pool_bytes(struct az_pool *p);
 /* Move objects out of partly used pages and free those; bytes freed.  May sleep. */

@@ -95,8 +95,8 @@ unsigned long az_pool_alloc(struct az_pool *p, size_t size, int gfp)
 {
 	unsigned long h;
 
-	h = zs_malloc((struct zs_pool *)p, size, az_gfp(gfp) | __GFP_HIGHMEM |
-		      __GFP_MOVABLE);
+	h = azswap_zs_malloc((struct zs_pool *)p, size,
+			     az_gfp(gfp) | __GFP_HIGHMEM | __GFP_MOVABLE);
 	return IS_ERR_VALUE(h) ? 0 : h;
 }
 
@@ -105,16 +105,58 @@ void az_pool_free(struct az_pool *p, unsigned long handle)
 	zs_free((struct zs_pool *)p, handle);
 }
 
-void *az_pool_map(struct az_pool *p, unsigned long handle, bool write)
+#ifdef AZSWAP_HAVE_ZS_OBJ_RW
+void az_pool_write(struct az_pool *p, unsigned long handle, const void *src,
+		   u32 len)
 {
-	return zs_map_object((struct zs_pool *)p, handle,
-			     write ? ZS_MM_WO : ZS_MM_RO);
+	zs_obj_write((struct zs_pool *)p, handle, (void *)src, len);
 }
 
-void az_pool_unmap(struct az_pool *p, unsigned long handle)
+const void *az_pool_read_begin(struct az_pool *p, unsigned long handle,
+			       u32 len, void *local)
+{
+	return zs_obj_read_begin((struct zs_pool *)p, handle, len, local);
+}
+
+void az_pool_read_end(struct az_pool *p, unsigned long handle, u32 len,
+		      const void *mem)
+{
+	zs_obj_read_end((struct zs_pool *)p, handle, len, (void *)mem);
+}
+#else
+/*
+ * zs_map_object(): one mapping per CPU, preemption off until the unmap.
+ * A write-only mapping of an object that spans two pages does not read
+ * it first, so writes are whole objects, like zs_obj_write().  Copied a
+ * word at a time: see az_copy_words() in store.c.
+ */
+void az_pool_write(struct az_pool *p, unsigned long handle, const void *src,
+		   u32 len)
+{
+	u8 *dst = zs_map_object((struct zs_pool *)p, handle, ZS_MM_WO);
+	const u8 *from = src;
+	u32 i;
+
+	for (i = 0; i + 8 <= len; i += 8)
+		put_unaligned(get_unaligned((const u64 *)(from + i)),
+			      (u64 *)(dst + i));
+	for (; i < len; i++)
+		dst[i] = from[i];
+	zs_unmap_object((struct zs_pool *)p, handle);
+}
+
+const void *az_pool_read_begin(struct az_pool *p, unsigned long handle,
+			       u32 len, void *local)
+{
+	return zs_map_object((struct zs_pool *)p, handle, ZS_MM_RO);
+}
+
+void az_pool_read_end(struct az_pool *p, unsigned long handle, u32 len,
+		      const void *mem)
 {
 	zs_unmap_object((struct zs_pool *)p, handle);
 }
+#endif
 
 u64 az_pool_bytes(struct az_pool *p)
 {

@@ -26,7 +26,7 @@
 #include <linux/xxhash.h>
 #include <linux/printk.h>
 #include <linux/log2.h>
-#include <asm/unaligned.h>
+#include "../compat.h"	/* get/put_unaligned */
 
 /* Slot flags pack a size and a hash check above bit 32 (az_internal.h). */
 #if BITS_PER_LONG != 64

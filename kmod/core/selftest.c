@@ -149,11 +149,16 @@ static int st_plain(struct az_selftest *t)
 		goto fail;
 	{
 		struct az_slot *sl = &t->s->slots[10];
-		u8 *obj = az_pool_map(t->s->pool, (unsigned long)sl->val,
-				      true);
+		unsigned long h = (unsigned long)sl->val;
+		u32 size = az_slot_size(sl->flags);
+		const u8 *obj = az_pool_read_begin(t->s->pool, h, size,
+						   t->out);
 
-		obj[AZ_HDR_SIZE + 7] ^= 0x10;
-		az_pool_unmap(t->s->pool, (unsigned long)sl->val);
+		if (obj != t->out)
+			memcpy(t->out, obj, size);
+		az_pool_read_end(t->s->pool, h, size, obj);
+		t->out[AZ_HDR_SIZE + 7] ^= 0x10;
+		az_pool_write(t->s->pool, h, t->out, size);
 	}
 	if (ST_FAILED(t, az_store_get(t->s, t->ctx, 10, t->out) == -EIO ||
 		     !memcmp(t->out, st_fam(t, 0), AZ_PAGE_SIZE)))

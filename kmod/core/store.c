@@ -299,16 +299,11 @@ static void az_copy_words(u8 *dst, const u8 *src, u32 n)
 static void az_obj_write(struct az_store *s, struct az_obj *o, const void *src)
 {
 	u32 head = az_obj_head(o);
-	void *dst;
 
-	dst = az_pool_map(s->pool, o->handle, true);
-	az_copy_words(dst, src, head);
-	az_pool_unmap(s->pool, o->handle);
-	if (!o->handle2)
-		return;
-	dst = az_pool_map(s->pool, o->handle2, true);
-	az_copy_words(dst, (const u8 *)src + head, o->size - head);
-	az_pool_unmap(s->pool, o->handle2);
+	az_pool_write(s->pool, o->handle, src, head);
+	if (o->handle2)
+		az_pool_write(s->pool, o->handle2, (const u8 *)src + head,
+			      o->size - head);
 }
 
 /* Bytes are charged to the creating owner: see azcore.h. */
@@ -418,20 +413,25 @@ void az_obj_mark_base(struct az_store *s, struct az_obj *o)
 static int az_obj_decode(struct az_store *s, struct az_ctx *ctx,
 			 struct az_obj *o, const void *base, void *page)
 {
-	void *src;
+	const void *src;
+	u32 tail = o->size - AZ_SPLIT_HEAD;
 	int err;
 
-	src = az_pool_map(s->pool, o->handle, false);
 	if (!o->handle2) {
+		src = az_pool_read_begin(s->pool, o->handle, o->size, ctx->gbuf);
 		err = az_decode(ctx, src, o->size, base, page);
-		az_pool_unmap(s->pool, o->handle);
+		az_pool_read_end(s->pool, o->handle, o->size, src);
 		return err;
 	}
-	az_copy_words(ctx->gbuf, src, AZ_SPLIT_HEAD);
-	az_pool_unmap(s->pool, o->handle);
-	src = az_pool_map(s->pool, o->handle2, false);
-	az_copy_words(ctx->gbuf + AZ_SPLIT_HEAD, src, o->size - AZ_SPLIT_HEAD);
-	az_pool_unmap(s->pool, o->handle2);
+	src = az_pool_read_begin(s->pool, o->handle, AZ_SPLIT_HEAD, ctx->gbuf);
+	if (src != ctx->gbuf)
+		az_copy_words(ctx->gbuf, src, AZ_SPLIT_HEAD);
+	az_pool_read_end(s->pool, o->handle, AZ_SPLIT_HEAD, src);
+	src = az_pool_read_begin(s->pool, o->handle2, tail,
+				 ctx->gbuf + AZ_SPLIT_HEAD);
+	if (src != ctx->gbuf + AZ_SPLIT_HEAD)
+		az_copy_words(ctx->gbuf + AZ_SPLIT_HEAD, src, tail);
+	az_pool_read_end(s->pool, o->handle2, tail, src);
 	return az_decode(ctx, ctx->gbuf, o->size, base, page);
 }
 
@@ -869,7 +869,6 @@ static int az_put_direct(struct az_store *s, struct az_ctx *ctx,
 {
 	unsigned long h;
 	u32 size;
-	void *dst;
 	int err;
 	u8 enc;
 
@@ -881,9 +880,7 @@ static int az_put_direct(struct az_store *s, struct az_ctx *ctx,
 			az_reserve_want(res, size, false, false);
 		return err;
 	}
-	dst = az_pool_map(s->pool, h, true);
-	memcpy(dst, size == AZ_PAGE_SIZE ? page : ctx->obuf, size);
-	az_pool_unmap(s->pool, h);
+	az_pool_write(s->pool, h, size == AZ_PAGE_SIZE ? page : ctx->obuf, size);
 	az_atomic64_add(size, &s->stored_bytes);
 	az_atomic64_inc(&s->objects);
 	az_atomic64_inc(&s->direct);
@@ -1023,10 +1020,12 @@ int az_store_get(struct az_store *s, struct az_ctx *ctx, u64 slot, void *page)
 	}
 	if (flags & AZ_SLOT_DIRECT) {
 		unsigned long h = (unsigned long)sl->val;
-		void *src = az_pool_map(s->pool, h, false);
+		u32 size = az_slot_size(flags);
+		const void *src = az_pool_read_begin(s->pool, h, size,
+						     ctx->gbuf);
 
-		err = az_decode(ctx, src, az_slot_size(flags), NULL, page);
-		az_pool_unmap(s->pool, h);
+		err = az_decode(ctx, src, size, NULL, page);
+		az_pool_read_end(s->pool, h, size, src);
 		/* The check bits are 0 when stored with verify off. */
 		if (!err && AZ_READ_ONCE(s->pol.verify) &&
 		    (flags >> AZ_SLOT_CHECK_SHIFT) &&

@@ -8,12 +8,25 @@
 
 #include "az_debug_host.h"
 
+/* XOR @xor into byte @off % @len of the object at @h (@len bytes). */
+static void az_debug_xor(struct az_pool *pool, unsigned long h, u32 len,
+			 u32 off, u8 xor)
+{
+	u8 buf[AZ_PAGE_SIZE];
+	const u8 *p = az_pool_read_begin(pool, h, len, buf);
+
+	if (p != buf)
+		memcpy(buf, p, len);
+	az_pool_read_end(pool, h, len, p);
+	buf[off % len] ^= xor;
+	az_pool_write(pool, h, buf, len);
+}
+
 /* XOR @xor into byte @off (modulo the size) of @slot's object. */
 int az_store_debug_corrupt(struct az_store *s, u64 slot, u32 off, u8 xor)
 {
 	struct az_slot *sl;
 	struct az_obj *o;
-	u8 *p;
 	int err = 0;
 
 	if (slot >= s->nr_slots)
@@ -29,16 +42,12 @@ int az_store_debug_corrupt(struct az_store *s, u64 slot, u32 off, u8 xor)
 	if (sl->flags & AZ_SLOT_DIRECT) {
 		unsigned long h = (unsigned long)sl->val;
 
-		p = az_pool_map(s->pool, h, true);
-		p[off % az_slot_size(sl->flags)] ^= xor;
-		az_pool_unmap(s->pool, h);
+		az_debug_xor(s->pool, h, az_slot_size(sl->flags), off, xor);
 		goto out;
 	}
 	o = (struct az_obj *)(unsigned long)sl->val;
 	/* The first part of a split object: enough to corrupt it. */
-	p = az_pool_map(s->pool, o->handle, true);
-	p[off % (o->handle2 ? 1024 : o->size)] ^= xor;	/* in the first part */
-	az_pool_unmap(s->pool, o->handle);
+	az_debug_xor(s->pool, o->handle, o->handle2 ? 1024 : o->size, off, xor);
 out:
 	az_bit_unlock(AZ_SLOT_LOCK_BIT, &sl->flags);
 	return err;

@@ -198,20 +198,33 @@ void az_pool_free(struct az_pool *p, unsigned long handle)
 	free(b);
 }
 
-void *az_pool_map(struct az_pool *p, unsigned long handle, bool write)
+/* One access at a time per thread, as zsmalloc allows one per CPU. */
+void az_pool_write(struct az_pool *p, unsigned long handle, const void *src,
+		   u32 len)
 {
 	(void)p;
-	(void)write;
-	if (az_pool_mapped++)
+	if (az_pool_mapped)
 		abort();
-	return (void *)handle;
+	memcpy((void *)handle, src, len);
 }
 
-void az_pool_unmap(struct az_pool *p, unsigned long handle)
+const void *az_pool_read_begin(struct az_pool *p, unsigned long handle,
+			       u32 len, void *local)
 {
 	(void)p;
-	(void)handle;
-	if (--az_pool_mapped)
+	(void)len;
+	(void)local;
+	if (az_pool_mapped++)
+		abort();
+	return (const void *)handle;
+}
+
+void az_pool_read_end(struct az_pool *p, unsigned long handle, u32 len,
+		      const void *mem)
+{
+	(void)p;
+	(void)len;
+	if (mem != (const void *)handle || --az_pool_mapped)
 		abort();
 }
 
