@@ -12,7 +12,8 @@ PYTEST := $(VENV)/bin/pytest
 # The first target is the default: `make` alone prints help.
 .DEFAULT_GOAL := help
 
-.PHONY: help setup setup-apt kmod kmod-debug hostlib test test-host test-vm lint demo bench clean
+.PHONY: help setup setup-apt kmod kmod-debug kmod-all hostlib test test-host test-vm \
+	test-kernels lint demo bench clean
 
 help:
 	@echo "make setup    install Debian packages + .venv (idempotent)"
@@ -23,6 +24,7 @@ help:
 	@echo "make dkms-install  the same module through DKMS, rebuilt for every kernel"
 	@echo "make hostlib  build the store core as build/libazcore.so (+ ASan variant)"
 	@echo "make test     host tests + in-guest tests under QEMU, one summary"
+	@echo "make test-kernels  the whole guest suite on each of 6.1, 6.12 and 7.3"
 	@echo "make demo     sandbox fan-out in a QEMU guest: azswap vs zram/zswap"
 	@echo "make bench    full evaluation report in bench-report/"
 
@@ -76,6 +78,16 @@ test-host: setup hostlib
 
 test-vm: setup kmod kmod-debug
 	$(PYTEST) vm-tests/guest
+
+SERIES := 6.1 6.12 7.3
+kmod-all: setup-apt
+	@for s in $(SERIES); do $(MAKE) --no-print-directory kmod KERNEL=$$s || exit 1; done
+
+# The full guest suite once per series (vm-tests/conftest.py passes AZSWAP_KERNEL on to
+# vm-tests/run); every series runs even when one fails.
+test-kernels: setup kmod-all
+	@rc=0; for s in $(SERIES); do echo "== guest suite on $$s"; \
+	  AZSWAP_KERNEL=$$s $(PYTEST) vm-tests/guest || rc=1; done; exit $$rc
 
 demo: setup kmod hostlib
 	$(PY) -m controlplane.demo $(DEMO_ARGS)

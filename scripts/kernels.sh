@@ -171,7 +171,8 @@ build() {
 		make -C "/lib/modules/$rel/build" M="$out" modules
 		;;
 	7.3)
-		local src="/build/azswap-$(echo "$top" | md5sum | cut -c1-8)"
+		local src
+		src="/build/azswap-$(echo "$top" | md5sum | cut -c1-8)"
 		copy_sources "$root73$src"
 		mountpoint -q "$root73/proc" || mount -t proc proc "$root73/proc"
 		local rc=0

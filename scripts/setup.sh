@@ -1,13 +1,14 @@
 #!/bin/bash
 # Idempotent set-up for azswap development, tests and the demo.
 #   scripts/setup.sh apt   - Debian packages only (kernel image + headers, QEMU, bcc, libs)
-#   scripts/setup.sh       - packages, then .venv (Debian python3, system site packages for bcc)
+#   scripts/setup.sh       - packages, the other kernel series (scripts/kernels.sh: 6.12, 7.3),
+#                            then .venv (Debian python3, system site packages for bcc)
 set -eu
 top=$(cd "$(dirname "$0")/.." && pwd)
 APT_PKGS="linux-image-amd64 linux-headers-amd64 qemu-system-x86 python3-bpfcc bpfcc-tools
   kmod python3-venv python3-dev busybox-static cpio liblz4-dev libzstd-dev libxxhash-dev
   linux-source-6.1 xz-utils udev gcc make util-linux procps clang libclang-rt-14-dev
-  dkms shellcheck zstd"
+  dkms shellcheck zstd debootstrap"
 
 need_apt() {
 	for p in $APT_PKGS; do
@@ -28,6 +29,8 @@ if need_apt; then
 	apt-get install -y -q --no-install-recommends $APT_PKGS
 fi
 [ "${1:-}" = apt ] && exit 0
+
+"$top/scripts/kernels.sh" install
 
 venv="$top/.venv"
 stamp="$venv/.azswap-setup"

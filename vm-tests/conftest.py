@@ -12,7 +12,8 @@ test wrote a passing result; its report gives vm-tests/run's reason and the spla
 Inside the guest (AZSWAP_IN_GUEST=1) and in the collect-only subprocess (AZSWAP_GUEST_COLLECT=1)
 this plugin stays out of the way and pytest collects the files normally.
 
-Environment: AZSWAP_VM_MEMORY (default 2G), AZSWAP_VM_CPUS (2), AZSWAP_VM_TIMEOUT (seconds, 2400).
+Environment: AZSWAP_KERNEL (the series to boot: 6.1, the default, 6.12 or 7.3; read by
+vm-tests/run), AZSWAP_VM_MEMORY (default 2G), AZSWAP_VM_CPUS (2), AZSWAP_VM_TIMEOUT (seconds, 2400).
 """
 
 from __future__ import annotations
@@ -102,7 +103,8 @@ def _run_guest(session: pytest.Session) -> GuestRun:
     capman = session.config.pluginmanager.get_plugin("capturemanager")
     with capman.global_and_fixture_disabled():
         tw.line()
-        tw.line(f"vm-tests: booting the test kernel for {len(nodeids)} guest tests "
+        series = os.environ.get("AZSWAP_KERNEL") or "6.1"
+        tw.line(f"vm-tests: booting the test kernel ({series}) for {len(nodeids)} guest tests "
                 f"(console log: {_rel(log_file)})", bold=True)
     start = time.monotonic()
     with log_file.open("w") as log:

@@ -27,6 +27,18 @@ PAGE = 4096
 DEPS = ("zsmalloc", "lz4_compress", "lz4_decompress", "zstd_compress", "zstd_decompress")
 
 
+def kernel_series(release: str | None = None) -> str:
+    """The supported series (6.1, 6.12, 7.3) a kernel release belongs to: "6.12.95+deb12-amd64"
+    is 6.12.  vm-tests/run boots one and mounts the module built for it as kmod/azswap.ko."""
+    rel = release or os.uname().release
+    return ".".join(rel.split("-")[0].split("+")[0].split(".")[:2])
+
+
+SERIES = kernel_series()
+# 6.12+: the swap core keeps zero-filled pages in its own map; they never reach a swap device.
+SWAP_ZEROMAP = SERIES != "6.1"
+
+
 def sh(*cmd: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     r = subprocess.run(list(cmd), capture_output=True, text=True, check=False)
     if check and r.returncode:

@@ -6,6 +6,10 @@ swaps them out while they write; memory.reclaim pushes out the rest; every page 
 compared in full; pages are rewritten and verified again; swapoff pulls every page back and they
 are verified once more. Then the store must be empty and rmmod must work.
 
+On every series the device is synchronous (6.1: ->rw_page; 6.11+: BLK_FEAT_SYNCHRONOUS): swap-in
+never goes through readahead (/proc/vmstat swap_ra stays 0 while the workers run).  From 6.12 the
+swap core keeps zero-filled pages itself (swpout_zero): those never reach azswap.
+
 Pool-full: a small mem_limit on azswap0 with a second azswap device at lower priority behind it:
 stores fail (counted), the kernel keeps those pages, nothing is lost.
 """
@@ -71,6 +75,9 @@ def test_integrity_stress(module, azpages, workers, algo: str) -> None:
     assert io["loads"] > 0
     assert io["failed_stores"] == 0 and io["failed_loads"] == 0
     assert kinds["same"] > 0 and kinds["plain"] > 0
+    assert vm1["swap_ra"] - vm0["swap_ra"] == 0, "swap readahead ran: device not synchronous"
+    if ag.SWAP_ZEROMAP:
+        assert vm1["swpout_zero"] - vm0["swpout_zero"] > 0, "zero pages reached the device"
     assert d.read("comp_algorithm") == ("lz4" if algo == "lz4" else "zstd:3")
 
     # swapoff pulls every page back (lift the limits first so nothing is OOM-killed).
