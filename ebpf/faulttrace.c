@@ -13,6 +13,10 @@
  *    __handle_mm_fault(); the out-of-line copy only serves khugepaged, so a kprobe on it sees a
  *    handful of the faults (measured: 6 of 256 swap-ins, see ebpf/README.md).
  *    shmem passes vma == NULL (shmem_swapin_folio): not a sandbox's anonymous memory, ignored.
+ *    From 6.18 (the swap-table rework) swap_cache_get_folio() takes the entry only: built with
+ *    -DLOOKUP_ENTRY_ONLY (the loader reads the kernel's BTF), the fault address comes from a
+ *    kprobe/kretprobe on handle_mm_fault() (exported, never inlined), and only lookups made
+ *    inside a sandbox task's page fault count.
  *
  *  - tracepoints azswap:azswap_load / azswap:azswap_store (kmod/azswap_trace.h), compiled in
  *    with -DAZSWAP_TRACEPOINTS when the module is loaded: per-sandbox load/store counters, stored
@@ -120,14 +124,13 @@ static __always_inline struct sbstat *sbstat_of(u64 cgid)
 	return sbstats.lookup_or_try_init(&cgid, &zero);
 }
 
-int trace_lookup_entry(struct pt_regs *ctx, unsigned long entry, void *vma,
-		       unsigned long addr)
+static __always_inline int lookup_entry(unsigned long entry, u64 addr)
 {
 	u64 cgid = bpf_get_current_cgroup_id();
 	u32 tid = (u32)bpf_get_current_pid_tgid();
 	struct pending p = {};
 
-	if (!vma || !sandboxes.lookup(&cgid))
+	if (!sandboxes.lookup(&cgid))
 		return 0;
 	p.ts_ns = bpf_ktime_get_ns();
 	p.addr = addr & ~4095ULL;
@@ -137,6 +140,50 @@ int trace_lookup_entry(struct pt_regs *ctx, unsigned long entry, void *vma,
 		count(CNT_PENDING_FULL);
 	return 0;
 }
+
+#ifdef LOOKUP_ENTRY_ONLY
+/* tid -> fault address, while a sandbox task is in handle_mm_fault(). */
+BPF_HASH(faulting, u32, u64, MAX_PENDING);
+
+int trace_fault_entry(struct pt_regs *ctx, void *vma, unsigned long address)
+{
+	u64 cgid = bpf_get_current_cgroup_id();
+	u32 tid = (u32)bpf_get_current_pid_tgid();
+	u64 addr = address;
+
+	if (!sandboxes.lookup(&cgid))
+		return 0;
+	if (faulting.update(&tid, &addr) != 0)
+		count(CNT_PENDING_FULL);
+	return 0;
+}
+
+int trace_fault_return(struct pt_regs *ctx)
+{
+	u32 tid = (u32)bpf_get_current_pid_tgid();
+
+	faulting.delete(&tid);
+	return 0;
+}
+
+int trace_lookup_entry(struct pt_regs *ctx, unsigned long entry)
+{
+	u32 tid = (u32)bpf_get_current_pid_tgid();
+	u64 *addr = faulting.lookup(&tid);
+
+	if (!addr)
+		return 0;
+	return lookup_entry(entry, *addr);
+}
+#else
+int trace_lookup_entry(struct pt_regs *ctx, unsigned long entry, void *vma,
+		       unsigned long addr)
+{
+	if (!vma)
+		return 0;
+	return lookup_entry(entry, addr);
+}
+#endif
 
 int trace_lookup_return(struct pt_regs *ctx)
 {

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ebpf.btf import BTFError, func_arg_counts
 from ebpf.events import COUNTERS, SBSTAT_FIELDS, EventFormatError, FaultEvent
 
 HERE = Path(__file__).resolve().parent
@@ -34,6 +35,7 @@ BPF_SOURCE = HERE / "faulttrace.c"
 LOCK_PATH = Path(os.environ.get("AZSWAP_RUN_DIR", "/run/azswap")) / "faulttrace.lock"
 TRACEFS = Path("/sys/kernel/tracing")
 PROBE_FUNC = "swap_cache_get_folio"
+FAULT_FUNC = "handle_mm_fault"
 
 PHASE_UNKNOWN, PHASE_TOOL, PHASE_LLM_WAIT, PHASE_IDLE = 0, 1, 2, 3
 PHASE_CODES = {"unknown": 0, "tool": 1, "llm-wait": 2, "idle": 3}
@@ -74,6 +76,19 @@ def cgroup_id(path: str | os.PathLike[str]) -> int:
 def module_tracepoints(tracefs: Path = TRACEFS) -> bool:
     return all((tracefs / "events" / "azswap" / ev).is_dir()
                for ev in ("azswap_load", "azswap_store"))
+
+
+def lookup_arg_count() -> int:
+    """swap_cache_get_folio()'s parameters on the running kernel: 3 (entry, vma, addr) up to
+    6.17, 1 (entry) after the swap-table rework.  Read from the kernel's BTF; anything else is
+    a kernel this tracer does not know how to probe."""
+    try:
+        n = func_arg_counts({PROBE_FUNC}).get(PROBE_FUNC)
+    except BTFError as e:
+        raise BPFUnavailable(f"cannot read the kernel's BTF: {e}") from None
+    if n not in (1, 3):
+        raise BPFUnavailable(f"{PROBE_FUNC} takes {n} arguments here: no probe for that")
+    return n
 
 
 class InstanceLock:
@@ -142,6 +157,8 @@ class FaultTracer:
         self._mu = threading.Lock()
 
     # -- loading ---------------------------------------------------------------------------
+    probe_args = 3  # swap_cache_get_folio()'s parameters on this kernel (see lookup_arg_count)
+
     def start(self) -> FaultTracer:
         if os.geteuid() != 0:
             raise NotRoot("must run as root (BPF is root-only: kernel.unprivileged_bpf_disabled)")
@@ -165,9 +182,17 @@ class FaultTracer:
         if self.with_module:
             cflags.append("-DAZSWAP_TRACEPOINTS")
         try:
-            if not BPF.get_kprobe_functions(PROBE_FUNC.encode()):
-                raise BPFUnavailable(f"kernel function {PROBE_FUNC} is not probeable here")
+            for fn in (PROBE_FUNC, FAULT_FUNC):
+                if not BPF.get_kprobe_functions(fn.encode()):
+                    raise BPFUnavailable(f"kernel function {fn} is not probeable here")
+            self.probe_args = lookup_arg_count()
+            if self.probe_args == 1:
+                cflags.append("-DLOOKUP_ENTRY_ONLY")
             self.bpf = BPF(src_file=str(BPF_SOURCE).encode(), cflags=cflags)
+            if self.probe_args == 1:
+                self.bpf.attach_kprobe(event=FAULT_FUNC.encode(), fn_name=b"trace_fault_entry")
+                self.bpf.attach_kretprobe(event=FAULT_FUNC.encode(),
+                                          fn_name=b"trace_fault_return")
             self.bpf.attach_kprobe(event=PROBE_FUNC.encode(), fn_name=b"trace_lookup_entry")
             self.bpf.attach_kretprobe(event=PROBE_FUNC.encode(), fn_name=b"trace_lookup_return")
             self.bpf[b"events"].open_ring_buffer(self._on_event)
