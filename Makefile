@@ -10,7 +10,8 @@ PYTEST := $(VENV)/bin/pytest
 # The first target is the default: `make` alone prints help.
 .DEFAULT_GOAL := help
 
-.PHONY: help setup setup-apt kmod kmod-debug hostlib test test-host test-vm lint demo bench clean
+.PHONY: help setup setup-apt kmod kmod-debug hostlib test test-host test-vm test-debug \
+	debug-kernel soak lint demo bench clean
 
 help:
 	@echo "make setup    install Debian packages + .venv (idempotent)"
@@ -20,11 +21,14 @@ help:
 	@echo "make dkms-install  the same module through DKMS, rebuilt for every kernel"
 	@echo "make hostlib  build the store core as build/libazcore.so (+ ASan variant)"
 	@echo "make test     host tests + in-guest tests under QEMU, one summary"
+	@echo "make test-debug  the in-guest tests on the debug kernel (KASAN, lockdep, kmemleak, ...)"
+	@echo "make soak     SOAK_MINUTES=N (30) of swap stress + netlink churn on the debug kernel"
+	@echo "make debug-kernel  build (or find cached) the debug kernel (DEBUG_KERNEL=1 make setup too)"
 	@echo "make demo     sandbox fan-out in a QEMU guest: azswap vs zram/zswap"
 	@echo "make bench    full evaluation report in bench-report/"
 
 setup:
-	@$(TOP)/scripts/setup.sh
+	@AZSWAP_SETUP_DEBUG_KERNEL=$(DEBUG_KERNEL) $(TOP)/scripts/setup.sh
 
 setup-apt:
 	@$(TOP)/scripts/setup.sh apt
@@ -61,6 +65,22 @@ test-host: setup hostlib
 
 test-vm: setup kmod kmod-debug
 	$(PYTEST) vm-tests/guest
+
+# The debug-kernel tier: its kernel is built once (about an hour on 2 CPUs, cached in
+# ~/.cache/azswap) and the module against it, out of the checkout; KASAN under TCG is slow,
+# hence the longer guest timeout.
+DEBUG_VM_TIMEOUT ?= 7200
+SOAK_MINUTES ?= 30
+
+debug-kernel: setup
+	@$(TOP)/scripts/debug-kernel.sh build >/dev/null
+
+test-debug: debug-kernel
+	AZSWAP_VM_ARGS=--debug-kernel AZSWAP_VM_TIMEOUT=$(DEBUG_VM_TIMEOUT) $(PYTEST) vm-tests/guest
+
+soak: debug-kernel
+	$(TOP)/vm-tests/run --debug-kernel --memory 2G --timeout $$(( $(SOAK_MINUTES) * 60 + 1800 )) \
+		-- $(PY) vm-tests/guest/soak.py --minutes $(SOAK_MINUTES)
 
 demo: setup kmod hostlib
 	$(PY) -m controlplane.demo $(DEMO_ARGS)
