@@ -111,6 +111,7 @@ class Injector:
 
 # -- generic netlink, by hand ----------------------------------------------------------------
 
+NETLINK_GENERIC = 16
 NLM_F_REQUEST, NLM_F_ACK, NLM_F_DUMP = 0x1, 0x4, 0x300
 NLMSG_ERROR, NLMSG_DONE = 2, 3
 _ATTR = {name: (num, kind) for num, name, kind in ATTRS}
@@ -151,7 +152,7 @@ class Genl:
         self._open()
 
     def _open(self) -> None:
-        self.sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_GENERIC)
+        self.sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_GENERIC)
         self.sock.bind((0, 0))
 
     def close(self) -> None:

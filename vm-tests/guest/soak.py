@@ -55,6 +55,7 @@ def _runner() -> object:
 class Soak:
     def __init__(self, minutes: float, npages: int) -> None:
         self.minutes = minutes
+        # The clock starts with the stress (set-up under TCG can take minutes).
         self.start = time.monotonic()
         self.deadline = self.start + minutes * 60
         self.npages = npages
@@ -99,7 +100,7 @@ class Soak:
 
             codecs = [[("POLICY_CODEC", 0)], [("POLICY_CODEC", 1), ("POLICY_LEVEL", 3)],
                       [("POLICY_CODEC", 1), ("POLICY_LEVEL", 1)]]
-            while self.running():
+            while step == 0 or self.running():
                 step += 1
                 cg = rng.choice(churn_cgs)
                 kind = registered.get(cg.id)
@@ -149,7 +150,9 @@ class Soak:
 
     def busy(self, d: ag.Dev) -> None:
         try:
-            while self.running():
+            first = True
+            while first or self.running():
+                first = False
                 assert d.write("compact", "1") == 0, "compact failed"
                 self.count("compact")
                 err = d.write("reset", "1")
@@ -206,10 +209,12 @@ class Soak:
                 threading.Thread(target=self.churn, args=(churn_cgs, scgs), daemon=True),
                 threading.Thread(target=self.busy, args=(d,), daemon=True),
             ]
+            self.start = time.monotonic()
+            self.deadline = self.start + self.minutes * 60
             for t in threads:
                 t.start()
             cgroups = [tcg, *scgs, *plain]
-            while self.running():
+            while self.rounds == 0 or self.running():
                 self.rounds += 1
                 v = self.rounds
                 for k, sb in enumerate(sandboxes):
@@ -232,8 +237,8 @@ class Soak:
             t.join(timeout=600)
             if t.is_alive():
                 self.errors.append(f"{t.name} did not stop")
+        io, kinds, obj = d.io(), d.kinds(), d.obj()
         try:
-            io, kinds, obj = d.io(), d.kinds(), d.obj()
             self.verify(workers)
             for cg in [tcg, *scgs]:
                 for cmd in ("SANDBOX_DEL", "TEMPLATE_DEL"):
@@ -253,7 +258,6 @@ class Soak:
             assert io["stores"] > 0 and kinds["tdelta"] + kinds["xdelta"] > 0, (io, kinds)
         except Exception:
             self.failed("final check")
-            io, kinds, obj = d.io(), d.kinds(), d.obj()
         finally:
             for w in workers:
                 w.stop()
