@@ -91,8 +91,9 @@ class Soak:
             def must(cmd: str, attrs: list, want: int = 0, dump: bool = False) -> list:
                 code, replies = nl.call(cmd, attrs, dump=dump)
                 if code != want:
+                    shown = [(n, v if n != "PAGES" else f"<{len(v)} bytes>") for n, v in attrs]
                     raise AssertionError(
-                        f"{cmd} {attrs}: {os.strerror(code) if code else 'ok'}, "
+                        f"{cmd} {shown}: {os.strerror(code) if code else 'ok'}, "
                         f"expected {os.strerror(want) if want else 'ok'}"
                     )
                 self.count(cmd)
@@ -117,7 +118,7 @@ class Soak:
                     must("TEMPLATE_ADD", [("CGROUP_ID", SYNTHETIC), ("GROUP", 1)])
                     for b in range(rng.randint(1, 4)):
                         pages = b"".join(
-                            (f"soak {step} {b} {i} ".encode() * 300)[:4096] for i in range(15)
+                            (f"soak {step} {b} {i} ".encode() * 400)[:4096] for i in range(15)
                         )
                         must("TEMPLATE_LOAD",
                              [("CGROUP_ID", SYNTHETIC), ("INDEX", b * 15), ("PAGES", pages)])
