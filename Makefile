@@ -75,7 +75,7 @@ SOAK_MINUTES ?= 30
 debug-kernel: setup
 	@$(TOP)/scripts/debug-kernel.sh build >/dev/null
 
-test-debug: debug-kernel
+test-debug: debug-kernel kmod-debug
 	AZSWAP_VM_ARGS=--debug-kernel AZSWAP_VM_TIMEOUT=$(DEBUG_VM_TIMEOUT) $(PYTEST) vm-tests/guest
 
 soak: debug-kernel

@@ -3,6 +3,7 @@
 #
 #   scripts/debug-kernel.sh build   build the kernel if it is not cached; print its directory
 #   scripts/debug-kernel.sh module  build kmod/ against it (out of the checkout); print the .ko
+#   scripts/debug-kernel.sh module-selftest  the same with the core's self-test (AZSWAP_DEBUG=1)
 #   scripts/debug-kernel.sh dir     print the cache directory (exit 1 when not built yet)
 #
 # The kernel is Debian's linux-source-6.1 configured with virtme-ng's minimal config plus
@@ -128,11 +129,14 @@ check_config() {
 
 # kmod/ copied into the cache and built there against the debug tree, so the stock build's
 # objects in the checkout are left alone.
+# $1: module (the production build) or module-selftest (AZSWAP_DEBUG=1: with the store
+# core's self-test, as `make kmod-debug` builds it for the stock kernel).
 module() {
-	local dir out
+	local dir out extra=""
 	dir=$(cache_dir)
 	[ -e "$dir/.done" ] || dir=$(build)
-	out=$dir/module
+	out=$dir/$1
+	[ "$1" = module-selftest ] && extra="AZSWAP_DEBUG=1"
 	exec 8>"$dir/.module-lock"
 	flock 8
 	mkdir -p "$out"
@@ -140,8 +144,9 @@ module() {
 	tar -C "$top" -cf - --exclude='*.o' --exclude='*.ko' --exclude='*.mod' --exclude='*.mod.c' \
 		--exclude='.*.cmd' --exclude='Module.symvers' --exclude='modules.order' \
 		--exclude='kmod/core/fuzz' --exclude='kmod/core/host' Kbuild kmod | tar -C "$out" -xf -
-	if ! make -s -C "$dir/linux" M="$out" modules >"$dir/module.log" 2>&1; then
-		cat "$dir/module.log" >&2
+	# shellcheck disable=SC2086
+	if ! make -s -C "$dir/linux" M="$out" $extra modules >"$out.log" 2>&1; then
+		cat "$out.log" >&2
 		die "module build against the debug kernel failed"
 	fi
 	echo "$out/kmod/azswap.ko"
@@ -149,11 +154,11 @@ module() {
 
 case "${1:-build}" in
 build) build ;;
-module) module ;;
+module | module-selftest) module "$1" ;;
 dir)
 	d=$(cache_dir)
 	[ -e "$d/.done" ] || { echo "$d"; exit 1; }
 	echo "$d"
 	;;
-*) die "usage: $0 build|module|dir" ;;
+*) die "usage: $0 build|module|module-selftest|dir" ;;
 esac
