@@ -218,9 +218,14 @@ class Soak:
             while self.rounds == 0 or self.running():
                 self.rounds += 1
                 v = self.rounds
+                # The verifier models one edit over the pristine pages: rewrite them first
+                # (a sandbox's pages then equal the template's: duplicates), then edit (near-
+                # duplicates: deltas).
                 for k, sb in enumerate(sandboxes):
+                    sb.call("fill")
                     sb.call(f"edit {v * 10 + k} {2 + (v + k) % 4}")
                 for k, w in enumerate(workers[-len(plain):]):
+                    w.call("fill")
                     w.call(f"edit {v * 10 + 5 + k} 3")
                 for cg in cgroups:
                     cg.reclaim("1G")
