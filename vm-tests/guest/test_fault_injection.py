@@ -230,7 +230,9 @@ def test_allocation_failures_store_delta_template_netlink(
             _stats_churn(inj, nl, t, [tcg.id, *(c.id for c in scgs)])
             # Pages faulted back in and stored again, delta pages among them.
             ag.verify_all(workers)
+            # (az_verify models one edit over pristine pages: rewrite them, then edit.)
             for k, w in enumerate(sandboxes):
+                w.call("fill")
                 w.call(f"edit {k + 3} 5")
             for cg in [tcg, *scgs, plain]:
                 r = _reclaim_marked(inj, cg, rounds=2)
