@@ -13,7 +13,7 @@ PYTEST := $(VENV)/bin/pytest
 .DEFAULT_GOAL := help
 
 .PHONY: help setup setup-apt kmod kmod-debug kmod-all hostlib test test-host test-vm \
-	test-kernels lint demo bench clean
+	test-kernels test-debug debug-kernel soak lint demo bench clean
 
 help:
 	@echo "make setup    install Debian packages + .venv (idempotent)"
@@ -25,11 +25,14 @@ help:
 	@echo "make hostlib  build the store core as build/libazcore.so (+ ASan variant)"
 	@echo "make test     host tests + in-guest tests under QEMU (all on 6.1; stress, netlink, eBPF on 6.12 and 7.3)"
 	@echo "make test-kernels  the whole guest suite on each of 6.1, 6.12 and 7.3"
+	@echo "make test-debug  the in-guest tests on the debug kernel (KASAN, lockdep, kmemleak, ...)"
+	@echo "make soak     SOAK_MINUTES=N (30) of swap stress + netlink churn on the debug kernel"
+	@echo "make debug-kernel  build (or find cached) the debug kernel (DEBUG_KERNEL=1 make setup too)"
 	@echo "make demo     sandbox fan-out in a QEMU guest: azswap vs zram/zswap"
 	@echo "make bench    full evaluation report in bench-report/"
 
 setup:
-	@$(TOP)/scripts/setup.sh
+	@AZSWAP_SETUP_DEBUG_KERNEL=$(DEBUG_KERNEL) $(TOP)/scripts/setup.sh
 
 setup-apt:
 	@$(TOP)/scripts/setup.sh apt
@@ -96,6 +99,22 @@ kmod-all: setup-apt
 test-kernels: setup kmod-all
 	@rc=0; for s in $(SERIES); do echo "== guest suite on $$s"; \
 	  AZSWAP_KERNEL=$$s $(PYTEST) vm-tests/guest || rc=1; done; exit $$rc
+
+# The debug-kernel tier: its kernel is built once (about an hour on 2 CPUs, cached in
+# ~/.cache/azswap) and the module against it, out of the checkout; KASAN under TCG is slow,
+# hence the longer guest timeout.
+DEBUG_VM_TIMEOUT ?= 7200
+SOAK_MINUTES ?= 30
+
+debug-kernel: setup
+	@$(TOP)/scripts/debug-kernel.sh build >/dev/null
+
+test-debug: debug-kernel kmod-debug
+	AZSWAP_VM_ARGS=--debug-kernel AZSWAP_VM_TIMEOUT=$(DEBUG_VM_TIMEOUT) $(PYTEST) vm-tests/guest
+
+soak: debug-kernel
+	$(TOP)/vm-tests/run --debug-kernel --memory 2G --timeout $$(( $(SOAK_MINUTES) * 60 + 1800 )) \
+		-- $(PY) vm-tests/guest/soak.py --minutes $(SOAK_MINUTES)
 
 demo: setup kmod hostlib
 	$(PY) -m controlplane.demo $(DEMO_ARGS)

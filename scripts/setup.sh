@@ -3,12 +3,14 @@
 #   scripts/setup.sh apt   - Debian packages only (kernel image + headers, QEMU, bcc, libs)
 #   scripts/setup.sh       - packages, the other kernel series (scripts/kernels.sh: 6.12, 7.3),
 #                            then .venv (Debian python3, system site packages for bcc)
+#   AZSWAP_SETUP_DEBUG_KERNEL=1 scripts/setup.sh   - and the debug-kernel tier's kernel
+#                            (scripts/debug-kernel.sh; otherwise built on first use)
 set -eu
 top=$(cd "$(dirname "$0")/.." && pwd)
 APT_PKGS="linux-image-amd64 linux-headers-amd64 qemu-system-x86 python3-bpfcc bpfcc-tools
   kmod python3-venv python3-dev busybox-static cpio liblz4-dev libzstd-dev libxxhash-dev
   linux-source-6.1 xz-utils udev gcc make util-linux procps clang libclang-rt-14-dev
-  dkms shellcheck zstd debootstrap"
+  dkms shellcheck zstd debootstrap flex bison libelf-dev bc libssl-dev"
 
 need_apt() {
 	for p in $APT_PKGS; do
@@ -42,4 +44,7 @@ if [ ! -e "$stamp" ] || [ "$top/pyproject.toml" -nt "$stamp" ]; then
 	echo "setup: installing Python packages"
 	"$venv/bin/pip" install -q --disable-pip-version-check -e "${top}[test]"
 	touch "$stamp"
+fi
+if [ "${AZSWAP_SETUP_DEBUG_KERNEL:-}" = 1 ]; then
+	"$top/scripts/debug-kernel.sh" build >/dev/null
 fi

@@ -13,13 +13,16 @@ Inside the guest (AZSWAP_IN_GUEST=1) and in the collect-only subprocess (AZSWAP_
 this plugin stays out of the way and pytest collects the files normally.
 
 Environment: AZSWAP_KERNEL (the series to boot: 6.1, the default, 6.12 or 7.3; read by
-vm-tests/run), AZSWAP_VM_MEMORY (default 2G), AZSWAP_VM_CPUS (2), AZSWAP_VM_TIMEOUT (seconds, 2400).
+vm-tests/run), AZSWAP_VM_MEMORY (default 2G), AZSWAP_VM_CPUS (2), AZSWAP_VM_TIMEOUT (seconds, 2400),
+AZSWAP_VM_ARGS (more vm-tests/run options, split like a shell would: "--debug-kernel" runs the
+guest tests on the debug-kernel tier, which is what `make test-debug` does).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -96,6 +99,7 @@ def _run_guest(session: pytest.Session) -> GuestRun:
     timeout = os.environ.get("AZSWAP_VM_TIMEOUT", "2400")
     cmd = [
         str(TOP / "vm-tests" / "run"), "--memory", memory, "--cpus", cpus, "--timeout", timeout,
+        *shlex.split(os.environ.get("AZSWAP_VM_ARGS", "")),
         "--", "env", f"PYTHONPATH={TOP / 'vm-tests'}", sys.executable, "-m", "pytest",
         "-p", "no:cacheprovider", "-p", "guest_report", "-v", "-rs", *nodeids,
     ]

@@ -23,6 +23,8 @@
 #include <stdint.h>
 #include <stddef.h>
 #include <string.h>
+#include <errno.h>
+#include <unistd.h>
 
 #define PG 4096
 #define WORDS (PG / 8)
@@ -220,4 +222,25 @@ uint64_t az_touch(const void *buf, uint64_t npages)
 	for (i = 0; i < npages; i++)
 		s += c[i * PG + 100];
 	return s;
+}
+
+/*
+ * One read(2) or write(2) with the calling thread marked for fault
+ * injection (/proc/thread-self/make-it-fail, opened by the caller on
+ * @mark_fd): the fault-injection tests aim failslab and fail_page_alloc at
+ * what the kernel allocates inside that system call only, with nothing
+ * allocated here between the marks.  Returns the byte count or -errno.
+ */
+long az_marked_io(int mark_fd, int fd, void *buf, uint64_t len, int is_read)
+{
+	long r;
+	int err;
+
+	if (write(mark_fd, "1", 1) != 1)
+		return -errno;
+	r = is_read ? read(fd, buf, len) : write(fd, buf, len);
+	err = errno;
+	if (write(mark_fd, "0", 1) != 1)
+		return -errno;
+	return r < 0 ? -err : r;
 }

@@ -308,6 +308,8 @@ def build_azpages() -> ctypes.CDLL:
     lib.az_touch.restype = u64
     lib.az_kind.argtypes = [u64, u64]
     lib.az_kind.restype = ctypes.c_int
+    lib.az_marked_io.argtypes = [ctypes.c_int, ctypes.c_int, vp, u64, ctypes.c_int]
+    lib.az_marked_io.restype = ctypes.c_long
     return lib
 
 

@@ -1,0 +1,38 @@
+#!/bin/bash
+# Run the whole in-guest suite N times in a row and report every run that did not pass:
+#   scripts/guest-suite-loop.sh [N] [extra vm-tests/run options, e.g. --debug-kernel]
+# Each run is `pytest vm-tests/guest` (one guest boot); its console log, the runner's kernel
+# log of a run that timed out (a hang) and pytest's summary land in vm-tests/out/loop/RUN/.
+# AZSWAP_VM_TIMEOUT (default 1800 s) bounds one run, so a hang shows as a timeout.
+set -u
+top=$(cd "$(dirname "$0")/.." && pwd)
+n=${1:-10}
+shift || true
+out=$top/vm-tests/out/loop
+mkdir -p "$out"
+export AZSWAP_VM_TIMEOUT=${AZSWAP_VM_TIMEOUT:-1800}
+export AZSWAP_VM_ARGS="${AZSWAP_VM_ARGS:-} $*"
+pass=0
+fail=0
+for i in $(seq 1 "$n"); do
+	d=$out/$i
+	rm -rf "$d"
+	mkdir -p "$d"
+	t0=$SECONDS
+	(cd "$top" && nice -n 10 .venv/bin/pytest -q -p no:cacheprovider vm-tests/guest) \
+		>"$d/pytest.txt" 2>&1
+	rc=$?
+	cp "$top/vm-tests/out/guest-console.log" "$d/" 2>/dev/null
+	hang=no
+	if grep -q 'vm-tests/run: timed out' "$d/guest-console.log" 2>/dev/null; then
+		hang=yes
+		cp "$top/vm-tests/out/last-dmesg.txt" "$d/" 2>/dev/null
+	fi
+	last=$(grep -Eo '[^ ]*::[^ ]* (PASSED|FAILED|SKIPPED|ERROR)' "$d/guest-console.log" 2>/dev/null |
+		tail -n 1)
+	summary=$(tail -n 1 "$d/pytest.txt")
+	echo "run $i: exit $rc, $((SECONDS - t0)) s, hang: $hang, last test: ${last:-none}; $summary"
+	if [ "$rc" = 0 ]; then pass=$((pass + 1)); else fail=$((fail + 1)); fi
+done
+echo "guest-suite-loop: $n runs, $pass passed, $fail failed (logs: $out)"
+[ "$fail" = 0 ]
