@@ -1,6 +1,6 @@
 """microVM sandboxes, live: recorded guest memory replayed into VMM-like processes in a guest.
 
-    vm-tests/run --memory 4G -- .venv/bin/python -m controlplane.bench.microvm \\
+    vm-tests/run --memory 4G -- .venv/bin/python -m bench.microvm \\
         [--dir vm-tests/out/microvm] [--styles private,anon,private-reclaim] \\
         [--systems azswap-lz4,azswap-zstd,zram-lz4,zram-zstd,zswap-lz4,zswap-zstd] [--json OUT]
 
@@ -11,9 +11,9 @@ style and every system:
 
  1. the template image is rebuilt on tmpfs (/run/azvm/template.ram, charged to this driver's
     cgroup, never reclaimed: it is the host page cache a VMM maps); the swap system is set up
-    (controlplane/bench/swapbench.py's per-system setup: zram, zswap over brd, azswap);
+    (bench/swapbench.py's per-system setup: zram, zswap over brd, azswap);
     for azswap the template is registered with a synthetic id (TEMPLATE_ADD) and the image loaded
-    as bases (TEMPLATE_LOAD, cli/azctl/snapshot.py's streamed loader, as
+    as bases (TEMPLATE_LOAD, controlplane/snapshot.py's streamed loader, as
     `azctl template add --from-file` does), and every VM's cgroup is registered as a sandbox;
  2. each recorded VM becomes a VMM-like process (vm-tests/workloads/player.c) in its own memory
     cgroup /sys/fs/cgroup/azvm/vmN, its guest RAM at the same virtual address in every VM:
@@ -32,8 +32,8 @@ style and every system:
     checked against the recording (checksums); private-reclaim then reads the whole image back
     (tmpfs swap-in, timed) and checks every page of it.
 
-Figures go to $AZSWAP_OUT/microvm-live.json; `python -m controlplane.bench.microvm_report` joins
-them with the host replay's unlimited-search limit and prints both views (docs/microvm.md).
+Figures go to $AZSWAP_OUT/microvm-live.json; `python -m bench.microvm_report` joins
+them with the host replay's unlimited-search limit and prints both views (docs/lab/microvm.md).
 """
 
 from __future__ import annotations
@@ -58,9 +58,8 @@ from typing import Any
 
 import numpy as np
 
-from ..trace import PAGE_SIZE, ROLE_TEMPLATE, Vma, read_trace
-from . import record
-from .swapbench import (
+from bench import record
+from bench.swapbench import (
     CG,
     Azswap,
     Player,
@@ -74,8 +73,9 @@ from .swapbench import (
     sh,
     wfile,
 )
+from controlplane.trace import PAGE_SIZE, ROLE_TEMPLATE, Vma, read_trace
 
-TOP = Path(__file__).resolve().parents[2]
+TOP = Path(__file__).resolve().parents[1]
 CGROOT = CG / "azvm"
 RUN = Path("/run/azvm")
 VM_BASE = 0x2000_0000_0000  # guest RAM's address in every VMM process (page index VM_BASE >> 12)
@@ -265,7 +265,7 @@ def azswap_template(rec: Recording, style: str) -> dict[str, Any]:
     sys.path.insert(0, str(TOP / "cli"))
     from azctl import snapshot
 
-    from ..netlink import AzswapNetlink
+    from controlplane.netlink import AzswapNetlink
 
     base = 0 if style in PRIVATE else VM_BASE // PAGE_SIZE
     t0 = time.perf_counter()
@@ -278,7 +278,7 @@ def azswap_template(rec: Recording, style: str) -> dict[str, Any]:
 
 
 def azswap_register(cgs: dict[str, Path]) -> dict[str, int]:
-    from ..netlink import AzswapNetlink
+    from controlplane.netlink import AzswapNetlink
 
     with AzswapNetlink() as nl:
         return {n: nl.sandbox_add(GROUP, cgroup_path="/" + str(p.relative_to(CG)))
@@ -286,7 +286,7 @@ def azswap_register(cgs: dict[str, Path]) -> dict[str, int]:
 
 
 def azswap_owner_stats(ids: dict[str, int], tid: int) -> list[dict[str, Any]]:
-    from ..netlink import AzswapNetlink
+    from controlplane.netlink import AzswapNetlink
 
     names = {v: k for k, v in ids.items()}
     names[tid] = "template"
@@ -296,7 +296,7 @@ def azswap_owner_stats(ids: dict[str, int], tid: int) -> list[dict[str, Any]]:
 
 
 def azswap_unregister(ids: dict[str, int], tid: int) -> None:
-    from ..netlink import AzswapNetlink
+    from controlplane.netlink import AzswapNetlink
 
     with AzswapNetlink() as nl:
         for cid in ids.values():
@@ -570,7 +570,7 @@ def summary_line(r: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m controlplane.bench.microvm",
+        prog="python -m bench.microvm",
         description=__doc__.split("\n\n")[0],
         epilog="\n\n".join(__doc__.split("\n\n")[1:]),
         formatter_class=argparse.RawDescriptionHelpFormatter,

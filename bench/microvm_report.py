@@ -1,11 +1,11 @@
 """microVM sandboxes: the two views (owned pages, fleet) from a live run and the host replay.
 
-    python -m controlplane.bench.microvm_report [--dir vm-tests/out/microvm]
+    python -m bench.microvm_report [--dir vm-tests/out/microvm]
         [--live vm-tests/out/microvm-live.json] [--limit-json DIR/limit.json] [--md DIR/report.md]
 
 Inputs: DIR/manifest.json and DIR/microvm.aztrace (vm-tests/microvm/record.py), the live figures of
-`python -m controlplane.bench.microvm` (in the test guest). The unlimited-search limit on the same
-owned pages comes from the host build of the store core (controlplane/replay.py, strategies
+`python -m bench.microvm` (in the test guest). The unlimited-search limit on the same
+owned pages comes from the host build of the store core (controlplane/trace/replay.py, strategies
 limit-lz4 and limit-zstd, plus per-page lz4/zstd and the default-effort store for reference); it
 is computed once and cached in --limit-json.
 
@@ -32,10 +32,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..replay import STRATEGIES, replay
-from ..trace import PAGE_SIZE, ROLE_TEMPLATE, Trace, read_trace
+from controlplane.trace import PAGE_SIZE, ROLE_TEMPLATE, Trace, read_trace
+from controlplane.trace.replay import STRATEGIES, replay
 
-TOP = Path(__file__).resolve().parents[2]
+TOP = Path(__file__).resolve().parents[1]
 LIMIT_STRATEGIES = ("lz4", "zstd", "xdelta", "all", "limit-lz4", "limit-zstd")
 MiB = float(1 << 20)
 
@@ -416,7 +416,7 @@ def markdown(live: dict[str, Any], owned: list[dict[str, Any]], fleet: list[dict
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m controlplane.bench.microvm_report",
+        prog="python -m bench.microvm_report",
         description=__doc__.split("\n\n")[0],
         epilog="\n\n".join(__doc__.split("\n\n")[1:]),
         formatter_class=argparse.RawDescriptionHelpFormatter,

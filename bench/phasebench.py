@@ -1,11 +1,11 @@
 """Phase benchmark (issue 6): fan-out sandboxes with LLM-wait/tool cycles under three regimes.
 
-    vm-tests/run --memory 2G -- .venv/bin/python -m controlplane.bench.phasebench \\
+    vm-tests/run --memory 2G -- .venv/bin/python -m bench.phasebench \\
         [--sandboxes 4] [--pages 4096] [--hot 0.25] [--cycles 6] [--wait 2.0] [--tool-cpu 0.1] \\
         [--modes a,b,c,ca,cl] [--prefetch-lead 0] [--wait-jitter 0.25] [--swap azswap|zram] \
         [--json OUT]
 
-Every sandbox is a process in its own memory cgroup (controlplane/bench/pagesandbox.py) owning
+Every sandbox is a process in its own memory cgroup (bench/pagesandbox.py) owning
 --pages pages of text-like, verifiable data.  It alternates an LLM wait (sleep --wait s, the
 sandboxes staggered) and a tool phase: touch its hot set (--hot of its pages, same pages in the
 same first-touch order each cycle, every 8th one rewritten, plus 1% fresh random pages), verify
@@ -50,9 +50,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from controlplane.bench.pagesandbox import PageSandbox
-from controlplane.bench.record import cg_stat
-from controlplane.coldpages import mark_cold
+from bench.coldpages import mark_cold
+from bench.pagesandbox import PageSandbox
+from bench.record import cg_stat
 from controlplane.scheduler import lower_thread_priority
 
 CGROOT = Path("/sys/fs/cgroup")
@@ -88,7 +88,7 @@ class SwapDev:
             self.kind = "zram"
 
     def _azswap(self, size: str) -> str:
-        top = Path(__file__).resolve().parents[2]
+        top = Path(__file__).resolve().parents[1]
         for m in ("zsmalloc", "lz4_compress", "lz4_decompress", "zstd_compress",
                   "zstd_decompress"):
             _sh("modprobe", m)
@@ -290,7 +290,7 @@ def run_mode(mode: str, a: Args, dev: SwapDev, prefetcher: Any, rnd: int = 0) ->
                     after = mem_current(b.cg)
                     if after > 512 * 1024 and not b.cold and a.cold:
                         # what the pass kept had its accessed bit set (the tool, the prefetch):
-                        # clear the bits so the next pass takes it (controlplane/coldpages.py)
+                        # clear the bits so the next pass takes it (bench/coldpages.py)
                         b.cold = True
                         c0 = time.thread_time()
                         mark_cold(b.cg)

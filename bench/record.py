@@ -1,6 +1,6 @@
 """Run the ML sandbox workloads (vm-tests/workloads/mlsandbox.py) and record them as page traces.
 
-    python -m controlplane.bench.record --style fork|fresh-aslr|fresh-noaslr [--n 8] [--size S]
+    python -m bench.record --style fork|fresh-aslr|fresh-noaslr [--n 8] [--size S]
         [--seed 1] --out TRACE
 
 fork          a template process builds the state and forks N sandboxes (each joins its own memory
@@ -26,10 +26,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..recorder import Proc, record
-from ..trace import PAGE_SIZE, ROLE_SANDBOX, ROLE_TEMPLATE
+from controlplane.trace import PAGE_SIZE, ROLE_SANDBOX, ROLE_TEMPLATE
+from controlplane.trace.recorder import Proc, record
 
-TOP = Path(__file__).resolve().parents[2]
+TOP = Path(__file__).resolve().parents[1]
 WORKLOAD = TOP / "vm-tests" / "workloads" / "mlsandbox.py"
 STYLES = ("fork", "fresh-aslr", "fresh-noaslr")
 CGROOT = Path("/sys/fs/cgroup")
@@ -243,7 +243,7 @@ def _read_tasks(path: Path) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m controlplane.bench.record", description=__doc__.split("\n\n")[0]
+        prog="python -m bench.record", description=__doc__.split("\n\n")[0]
     )
     ap.add_argument("--style", choices=STYLES, required=True)
     ap.add_argument("--n", type=int, default=8)

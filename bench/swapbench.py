@@ -1,11 +1,11 @@
 """In-guest swap benchmark: the same recorded pages on azswap, zram, zswap and no compression.
 
-    vm-tests/run --memory 3G -- .venv/bin/python -m controlplane.bench.swapbench \\
+    vm-tests/run --memory 3G -- .venv/bin/python -m bench.swapbench \\
         [--trace T.aztrace ...] [--record fork,fresh-aslr,fresh-noaslr --n 8 --size default] \\
         [--systems none,zram-lz4,zram-zstd,zswap-lz4,zswap-zstd,azswap-lz4,azswap-zstd,
                    azswap-lz4-noshuf,azswap-zstd-noshuf,azdev-lz4,azdev-zstd]
 
-For every trace (recorded beforehand with ``python -m controlplane.bench.record``, or here with
+For every trace (recorded beforehand with ``python -m bench.record``, or here with
 --record) and every system, in this one guest:
 
  1. the system is set up as the only swap device (zram: /dev/zram0 with lz4/zstd; zswap: enabled
@@ -50,12 +50,12 @@ from typing import Any
 
 import numpy as np
 
-from ..abi import Codec
-from ..trace import PAGE_SIZE, ROLE_TEMPLATE, Owner, Trace, Vma, read_trace
-from . import record
-from .record import cg_stat
+from bench import record
+from bench.record import cg_stat
+from controlplane.abi import Codec
+from controlplane.trace import PAGE_SIZE, ROLE_TEMPLATE, Owner, Trace, Vma, read_trace
 
-TOP = Path(__file__).resolve().parents[2]
+TOP = Path(__file__).resolve().parents[1]
 PLAYER_SRC = TOP / "vm-tests" / "workloads" / "player.c"
 CG = Path("/sys/fs/cgroup")
 CGROOT = CG / "azbench"
@@ -239,7 +239,7 @@ class Azswap(System):
         """Once the template's bases are stored: the sandboxes' codec, when it differs."""
         if self.base_algo == self.algo:
             return
-        from ..netlink import AzswapNetlink
+        from controlplane.netlink import AzswapNetlink
 
         codec, _, level = self.algo.partition(":")
         fields = {"codec": int(Codec[codec.upper()])}
@@ -249,7 +249,7 @@ class Azswap(System):
             nl.policy_set(**fields)
 
     def register(self, cgroups: dict[str, Path], owners: list[Owner]) -> None:
-        from ..netlink import AzswapNetlink
+        from controlplane.netlink import AzswapNetlink
 
         with AzswapNetlink() as nl:
             for o in owners:
@@ -260,7 +260,7 @@ class Azswap(System):
                     self.ids[o.name] = nl.sandbox_add(GROUP, cgroup_path=rel)
 
     def unregister(self) -> None:
-        from ..netlink import AzswapNetlink
+        from controlplane.netlink import AzswapNetlink
 
         with AzswapNetlink() as nl:
             for name, cid in self.ids.items():
@@ -296,7 +296,7 @@ class Azswap(System):
         return out
 
     def owner_stats(self) -> list[dict[str, Any]]:
-        from ..netlink import AzswapNetlink
+        from controlplane.netlink import AzswapNetlink
 
         names = {v: k for k, v in self.ids.items()}
         with AzswapNetlink() as nl:
@@ -732,7 +732,7 @@ def parity(results: list[dict[str, Any]], style: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m controlplane.bench.swapbench",
+        prog="python -m bench.swapbench",
         description=__doc__.split("\n\n")[0],
         epilog="\n\n".join(__doc__.split("\n\n")[1:]),
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -761,7 +761,7 @@ def main(argv: list[str] | None = None) -> int:
     exe = build_player(tmp)
     traces = list(a.trace)
     if a.record:
-        from .record import run_and_record
+        from bench.record import run_and_record
 
         (out_dir / "traces").mkdir(parents=True, exist_ok=True)
         for style in a.record.split(","):

@@ -23,7 +23,7 @@ from controlplane import errors
 from controlplane.client import DaemonClient
 from controlplane.daemon import MAX_LINE, Daemon, DaemonConfig
 from controlplane.scheduler import SchedulerConfig
-from controlplane.testing import (
+from tests.fakes import (
     FakeCgroup,
     FakeClock,
     FakeModule,
@@ -285,7 +285,7 @@ from pathlib import Path
 logging.basicConfig(level=logging.INFO)
 from controlplane.daemon import Daemon, DaemonConfig
 from controlplane.scheduler import SchedulerConfig
-from controlplane.testing import FakeModule, FakeCgroup, FakeClock, make_proc
+from tests.fakes import FakeModule, FakeCgroup, FakeClock, make_proc
 tmp = Path(sys.argv[1])
 cfg = DaemonConfig(socket_path=tmp / "run/s.sock", cgroup_root=tmp / "cg",
                    proc_root=make_proc(tmp / "proc"), sys_block=tmp / "sys", state_dir=tmp / "run",

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from controlplane.corelib import PAGE_SIZE, CoreError, Store
+from controlplane.trace.corelib import PAGE_SIZE, CoreError, Store
 
 from . import pages
 

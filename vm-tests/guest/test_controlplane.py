@@ -153,7 +153,7 @@ def test_controlplane_end_to_end(dev0: ag.Dev, azpages: Any, workers: list) -> N
 
         # -- non-root clients are refused ----------------------------------------------------
         # (azctl runs from a world-readable copy: the checkout may sit in a 0700 directory)
-        from controlplane.testing import WorldReadableCopy
+        from tests.fakes import WorldReadableCopy
 
         os.chmod(RUN, 0o711)  # let nobody reach the socket: its own 0600 mode must refuse
         try:
