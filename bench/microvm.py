@@ -13,8 +13,8 @@ style and every system:
     cgroup, never reclaimed: it is the host page cache a VMM maps); the swap system is set up
     (bench/swapbench.py's per-system setup: zram, zswap over brd, azswap);
     for azswap the template is registered with a synthetic id (TEMPLATE_ADD) and the image loaded
-    as bases (TEMPLATE_LOAD, controlplane/snapshot.py's streamed loader, as
-    `azctl template add --from-file` does), and every VM's cgroup is registered as a sandbox;
+    as bases (TEMPLATE_LOAD, controlplane/snapshot.py's streamed loader, which the daemon's
+    template_load op uses), and every VM's cgroup is registered as a sandbox;
  2. each recorded VM becomes a VMM-like process (vm-tests/workloads/player.c) in its own memory
     cgroup /sys/fs/cgroup/azvm/vmN, its guest RAM at the same virtual address in every VM:
       private  the template image mapped MAP_PRIVATE (as Firecracker does) and the VM's differing
@@ -58,25 +58,16 @@ from typing import Any
 
 import numpy as np
 
-from bench import record
-from bench.swapbench import (
-    CG,
-    Azswap,
-    Player,
-    build_player,
-    cg_stat,
-    checksums,
-    make_system,
-    pct,
-    reclaim,
-    rfile,
-    sh,
-    wfile,
-)
+from bench.kit import cgroups
+from bench.kit.cgroups import reclaim_all as reclaim
+from bench.kit.cgroups import stat as cg_stat
+from bench.kit.shell import read, sh, write
+from bench.kit.swapdev import Azswap, make_system
+from bench.swapbench import Player, build_player, checksums, pct
 from controlplane.trace import PAGE_SIZE, ROLE_TEMPLATE, Vma, read_trace
 
 TOP = Path(__file__).resolve().parents[1]
-CGROOT = CG / "azvm"
+CGROOT = Path("/sys/fs/cgroup/azvm")
 RUN = Path("/run/azvm")
 VM_BASE = 0x2000_0000_0000  # guest RAM's address in every VMM process (page index VM_BASE >> 12)
 GROUP = 1
@@ -251,20 +242,18 @@ class Vmm:
 
 # ------------------------------------------------------------------ cgroups
 def make_cgroups(names: list[str]) -> dict[str, Path]:
-    return record.make_cgroups(CGROOT, names)
+    return cgroups.make_tree(CGROOT, names)
 
 
 def remove_cgroups() -> None:
-    record.remove_cgroups(CGROOT)
+    cgroups.remove_tree(CGROOT)
 
 
 # ------------------------------------------------------------------ azswap template
 def azswap_template(rec: Recording, style: str) -> dict[str, Any]:
     """TEMPLATE_ADD (synthetic id) + TEMPLATE_LOAD of the image, keyed where the VMs' pages are:
     the file page offset for private mappings, VM_BASE >> 12 + offset for anonymous guest RAM."""
-    sys.path.insert(0, str(TOP / "cli"))
-    from azctl import snapshot
-
+    from controlplane import snapshot
     from controlplane.netlink import AzswapNetlink
 
     base = 0 if style in PRIVATE else VM_BASE // PAGE_SIZE
@@ -281,7 +270,7 @@ def azswap_register(cgs: dict[str, Path]) -> dict[str, int]:
     from controlplane.netlink import AzswapNetlink
 
     with AzswapNetlink() as nl:
-        return {n: nl.sandbox_add(GROUP, cgroup_path="/" + str(p.relative_to(CG)))
+        return {n: nl.sandbox_add(GROUP, cgroup_path="/" + str(p.relative_to(CGROOT.parent)))
                 for n, p in cgs.items()}
 
 
@@ -311,7 +300,7 @@ def image_copy(src: Path, dst: Path, cg: Path) -> None:
     """Copy the image to @dst (tmpfs) from a process in @cg, so that its pages are charged there
     (zero pages stay holes, as in the image)."""
     subprocess.run(["cp", "--sparse=always", str(src), str(dst)], check=True,
-                   preexec_fn=record._join(cg))
+                   preexec_fn=cgroups.joiner(cg))
 
 
 def image_readback(rec: Recording, path: Path) -> tuple[float, int]:
@@ -493,14 +482,14 @@ def run_one(rec: Recording, style: str, sysname: str, exe: Path, tmp: Path,
             res["image"] = {
                 "pages": int(rec.tmpl_nonzero.sum()), "shmem_bytes": shmem,
                 "shmem_after_reclaim": cg_stat(cg).get("shmem", 0), "reclaim_s": spent,
-                "swap_current": int(rfile(cg / "memory.swap.current")),
+                "swap_current": int(read(cg / "memory.swap.current")),
                 "pool_bytes": sf.get("pool", 0) - s2.get("pool", 0),
                 "meta_bytes": sf.get("meta", 0) - s2.get("meta", 0)}
             log(f"{style}/{sysname}: image: {(shmem - res['image']['shmem_after_reclaim']) >> 20}"
                 f" MiB swapped out in {spent:.1f}s, "
                 f"{res['image']['pool_bytes'] / 2**20:.1f} MiB in the pool")
         for vm in rec.vms:
-            res["vms"][vm.name]["swap_current"] = int(rfile(cgs[vm.name] / "memory.swap.current"))
+            res["vms"][vm.name]["swap_current"] = int(read(cgs[vm.name] / "memory.swap.current"))
         swapped = sum(r["anon_bytes"] - r["anon_after_reclaim"] for r in res["vms"].values())
         res["swapped_out_bytes"] = swapped
         res["pool_bytes"] = sf.get("pool", 0)
@@ -611,8 +600,8 @@ def main(argv: list[str] | None = None) -> int:
     jpath = a.json or out_dir / "microvm-live.json"
     global LOG
     LOG = jpath.with_suffix(".log")
-    wfile("/proc/sys/vm/page-cluster", "0")
-    wfile("/proc/sys/vm/swappiness", "100")
+    write("/proc/sys/vm/page-cluster", "0")
+    write("/proc/sys/vm/swappiness", "100")
     sh("swapoff", "-a", check=False)
     if not RUN.is_mount():
         RUN.mkdir(parents=True, exist_ok=True)

@@ -212,10 +212,11 @@ def owned_view(live: dict[str, Any], lim: dict[str, Any]) -> list[dict[str, Any]
 def template_meta(run: dict[str, Any]) -> int:
     """azswap metadata of the template alone (fixed cost), 0 when the run cannot tell it apart.
 
-    Runs that register the sandboxes before loading the template (microvm.py since session 3)
-    take stats_before after the per-slot tables exist, so stats_after_template - stats_before
-    is the template's objects and index entries.  In older runs that difference also held the
-    per-slot index tables, so all their metadata stays in the per-VM cost (conservative).
+    Runs that register the sandboxes before loading the template (meta_order
+    "sandboxes-first") take stats_before after the per-slot tables exist, so
+    stats_after_template - stats_before is the template's objects and index entries.  In runs
+    that loaded the template first that difference also holds the per-slot index tables, so all
+    their metadata stays in the per-VM cost (conservative).
     """
     if run.get("meta_order") != "sandboxes-first":
         return 0
@@ -234,7 +235,7 @@ def fleet_view(live: dict[str, Any], projections: tuple[int, ...]) -> list[dict[
         pool = r["pool_bytes"]
         tmpl_pool = r.get("template_pool_bytes", 0)
         tmpl_meta = template_meta(r)
-        # The decoded-base cache has one size for any number of VMs (runs since session 4
+        # The decoded-base cache has one size for any number of VMs (0 when the run did not
         # record it; its few bytes of bookkeeping per page stay in the per-VM cost).
         bcache = r.get("stats_before", {}).get("base_cache_pages", 0) * PAGE_SIZE
         tmpl_meta += bcache

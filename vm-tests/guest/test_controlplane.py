@@ -271,8 +271,8 @@ def test_controlplane_end_to_end(dev0: ag.Dev, azpages: Any, workers: list) -> N
             assert st["totals"]["pages"] == sum(o.pages for o in owners.values())
             assert st["totals"]["stored_bytes"] == sum(o.stored_bytes for o in owners.values())
             mm = dev0.mm()  # the module's global figures: the per-owner sums must match
-            assert st["totals"]["pages"] * ag.PAGE == mm["orig"]
-            assert st["totals"]["stored_bytes"] == mm["stored"]
+            assert st["totals"]["pages"] * ag.PAGE == mm["orig_data_size"]
+            assert st["totals"]["stored_bytes"] == mm["compr_data_size"]
         mm = dev0.mm()
         log(
             f"status totals: pages {st['totals']['pages']} stored {st['totals']['stored_bytes']}"

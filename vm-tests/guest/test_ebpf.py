@@ -17,7 +17,7 @@ IN_GUEST = bool(os.environ.get("AZSWAP_IN_GUEST"))
 pytestmark = pytest.mark.skipif(not IN_GUEST, reason="runs inside the test kernel (vm-tests/run)")
 
 TOP = Path(__file__).resolve().parents[2]
-CLI = [sys.executable, str(TOP / "ebpf" / "faulttrace.py")]
+CLI = [sys.executable, "-m", "ebpf.faulttrace"]
 KPROBES = Path("/sys/kernel/debug/kprobes/list")
 
 
