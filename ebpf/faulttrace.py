@@ -24,9 +24,9 @@ EXAMPLES = """examples:
     python -m ebpf.faulttrace -c sb1               # trace /sys/fs/cgroup/sb1 until Ctrl-C
     python -m ebpf.faulttrace -c sb1 -c sb2 -d 30  # two sandboxes for 30 s, then the summary
     python -m ebpf.faulttrace -c sb1 -e            # one line per fault (first touches, repeats)
-    python -m ebpf.faulttrace -c sb1 -o 20            # summary shows the first 20 pages faulted back
-    python -m ebpf.faulttrace -c sb1 --no-module-events   # faults only, azswap module not needed
-    python -m ebpf.faulttrace -c sb1 -d 10 -j         # summary as JSON
+    python -m ebpf.faulttrace -c sb1 -o 20         # the summary shows the first 20 pages back
+    python -m ebpf.faulttrace -c sb1 --no-module-events  # faults only, no azswap module needed
+    python -m ebpf.faulttrace -c sb1 -d 10 -j      # summary as JSON
 """
 
 
