@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import hostbench
+from bench.kit.shell import logger
 from bench.record import STYLES, run_and_record
 from bench.swapbench import DEFAULT_SYSTEMS, SYSTEMS
 from controlplane.trace import PAGE_SIZE, ROLE_TEMPLATE, Trace, read_trace
@@ -42,8 +43,7 @@ from controlplane.trace import replay as rp
 TOP = Path(__file__).resolve().parents[1]
 
 
-def log(msg: str) -> None:
-    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+log = logger("bench")
 
 
 def subset(tr: Trace, k: int) -> Trace:

@@ -61,7 +61,7 @@ import numpy as np
 from bench.kit import cgroups
 from bench.kit.cgroups import reclaim_all as reclaim
 from bench.kit.cgroups import stat as cg_stat
-from bench.kit.shell import read, sh, write
+from bench.kit.shell import logger, read, sh, write
 from bench.kit.swapdev import Azswap, make_system
 from bench.swapbench import Player, build_player, checksums, pct
 from controlplane.trace import PAGE_SIZE, ROLE_TEMPLATE, Vma, read_trace
@@ -84,15 +84,7 @@ ON_REQUEST = ("azswap-lz4-noshuf", "azswap-zstd-noshuf", "azswap-zstd:6", "azswa
 CHUNK = 1024  # pages per socket write
 
 
-LOG: Path | None = None
-
-
-def log(msg: str) -> None:
-    line = f"[microvm {time.strftime('%H:%M:%S')}] {msg}"
-    print(line, flush=True)
-    if LOG is not None:  # progress readable from the host while the guest runs
-        with open(LOG, "a") as f:
-            f.write(line + "\n")
+log = logger("microvm")
 
 
 @dataclass
@@ -598,8 +590,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     out_dir = Path(os.environ.get("AZSWAP_OUT", TOP / "vm-tests" / "out"))
     jpath = a.json or out_dir / "microvm-live.json"
-    global LOG
-    LOG = jpath.with_suffix(".log")
+    log.file = jpath.with_suffix(".log")
     write("/proc/sys/vm/page-cluster", "0")
     write("/proc/sys/vm/swappiness", "100")
     sh("swapoff", "-a", check=False)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import subprocess
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 
@@ -18,13 +17,24 @@ def sh(*cmd: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return r
 
 
-def logger(name: str) -> Callable[[str], None]:
-    """A ``log(msg)`` printing ``[name HH:MM:SS] msg``, flushed (guest output streams)."""
+class Logger:
+    """``log(msg)`` prints ``[name HH:MM:SS] msg``, flushed (guest output streams to the host);
+    with ``file`` set, the line is appended there too (progress readable while a guest runs)."""
 
-    def log(msg: str) -> None:
-        print(f"[{name} {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.file: Path | None = None
 
-    return log
+    def __call__(self, msg: str) -> None:
+        line = f"[{self.name} {time.strftime('%H:%M:%S')}] {msg}"
+        print(line, flush=True)
+        if self.file is not None:
+            with open(self.file, "a") as f:
+                f.write(line + "\n")
+
+
+def logger(name: str) -> Logger:
+    return Logger(name)
 
 
 def write(path: str | os.PathLike[str], value: str | int) -> None:

@@ -20,6 +20,7 @@ from bench.kit.cgroups import LeafCgroup
 from bench.kit.module import (  # noqa: F401  (the tests use them through this module)
     KO,
     KO_DEBUG,
+    TOP,
     cleanup_module,
     disable_zswap,
     insmod,
