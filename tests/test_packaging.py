@@ -96,10 +96,12 @@ def test_wheel_runs_from_a_fresh_venv(wheel: Path, tmp_path: Path) -> None:
     site = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()"
                            "['purelib'])"], capture_output=True, text=True, check=True)
     Path(site.stdout.strip(), "azswap-test-deps.pth").write_text(deps + "\n")
-    proc = subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-index",
-                           str(wheel)], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "AZCORE_LIB")}
+    # --ignore-installed: the dependencies' directory also lists this checkout's editable azswap
+    proc = subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-index",
+                           "--ignore-installed", str(wheel)], capture_output=True, text=True,
+                          env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
 
     def run(*cmd: str) -> str:
         p = subprocess.run(list(cmd), cwd=tmp_path, env=env, capture_output=True, text=True,
