@@ -69,7 +69,7 @@ hostlib: setup-apt
 	$(MAKE) -f $(TOP)/kmod/core/host.mk TOP=$(TOP)
 
 lint: setup
-	$(VENV)/bin/ruff check controlplane cli ebpf examples tests vm-tests
+	$(VENV)/bin/ruff check controlplane cli ebpf bench examples tests vm-tests
 
 # Host tests and guest tests run in one pytest session: vm-tests/conftest.py boots the
 # test kernel once (vm-tests/run) for every in-guest test collected and reports each one.
@@ -117,10 +117,10 @@ soak: debug-kernel
 		-- $(PY) vm-tests/guest/soak.py --minutes $(SOAK_MINUTES)
 
 demo: setup kmod hostlib
-	$(PY) -m controlplane.demo $(DEMO_ARGS)
+	$(PY) -m bench.demo $(DEMO_ARGS)
 
 bench: setup kmod hostlib
-	$(PY) -m controlplane.bench $(BENCH_ARGS)
+	$(PY) -m bench $(BENCH_ARGS)
 
 include $(TOP)/packaging/install.mk
 

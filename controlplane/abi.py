@@ -119,6 +119,29 @@ POLICY_FIELDS: dict[str, str] = {
     "shuffle": "AZSWAP_A_POLICY_SHUFFLE",
 }
 
+# The values each policy knob accepts (kmod/uapi/azswap_nl.h, docs/netlink.md): the module
+# refuses anything else with EINVAL.  Python code that checks a knob takes its range from here.
+POLICY_RANGES: dict[str, tuple[int, int]] = {
+    "codec": (int(Codec.LZ4), int(Codec.ZSTD)),
+    "level": (1, 9),
+    "dedup": (0, 1),
+    "tdelta": (0, 1),
+    "xdelta": (0, 1),
+    "sim_effort": (0, 64),
+    "delta_max_pct": (1, 100),
+    "shuffle": (0, 1),
+}
+
+
+def policy_error(key: str, value: int) -> str | None:
+    """Why ``key=value`` is not a valid policy knob, or None when it is."""
+    if key not in POLICY_RANGES:
+        return f"unknown policy field {key}"
+    lo, hi = POLICY_RANGES[key]
+    if not lo <= int(value) <= hi:
+        return f"{POLICY_FIELDS[key]}: {value} not in {lo}..{hi}"
+    return None
+
 
 @dataclass(frozen=True)
 class Info:

@@ -1,12 +1,18 @@
 """cgroup v2 files the control plane reads and writes (senpai's Cgroup class, for our needs).
 
-The cgroup2 root and /proc are injectable so tests run against a fake tree in a tmp dir.
+The one place that knows cgroupfs: paths and ids (:func:`cgroup_dir`, :func:`cgroup_id`,
+:func:`find_by_id`), the files (:class:`Cgroup`), creating and removing a directory
+(:func:`create`, :func:`remove`).  The registry, the scheduler, the prefetcher, the fault tracer
+and the lab all go through it.  The cgroup2 root and /proc are injectable so tests run against a
+fake tree in a tmp dir.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,6 +66,76 @@ def normalize(path: str) -> str:
     if ".." in p.split("/"):
         raise errors.InvalidValue(f"cgroup path {path!r}: '..' not allowed")
     return p
+
+
+def cgroup_dir(path: str | os.PathLike[str], root: Path = CGROUP_ROOT) -> Path:
+    """A cgroup directory from a path under the cgroup2 root ("/sandboxes/sb1", the registry's
+    form, or "sandboxes/sb1") or an absolute one under it ("/sys/fs/cgroup/sandboxes/sb1")."""
+    s, r = str(path), str(root)
+    if s == r or s.startswith(r + "/"):
+        return Path(s)
+    return Path(root) / s.strip("/")
+
+
+def cgroup_id(path: str | os.PathLike[str], root: Path = CGROUP_ROOT) -> int:
+    """The cgroup v2 id of a cgroup (its directory's inode number, what the module and
+    bpf_get_current_cgroup_id() use)."""
+    d = cgroup_dir(path, root)
+    try:
+        return os.stat(d).st_ino
+    except OSError as e:
+        raise errors.from_oserror(e, f"cgroup {d}") from None
+
+
+def procs(directory: str | os.PathLike[str]) -> list[int]:
+    """The pids in the cgroup.procs of a cgroup directory; empty when it cannot be read (the
+    cgroup went away meanwhile)."""
+    try:
+        return [int(x) for x in (Path(directory) / "cgroup.procs").read_text().split()]
+    except OSError:
+        return []
+
+
+def create(path: str | os.PathLike[str], root: Path = CGROUP_ROOT,
+           controllers: str = "+memory") -> Path:
+    """mkdir -p a cgroup, enabling ``controllers`` in the subtree of each parent it creates
+    (and of its direct parent), so the new leaf has them; returns its directory."""
+    d = cgroup_dir(path, root)
+    r = Path(root)
+    parts = d.relative_to(r).parts
+    cur = r
+    for name in parts:
+        if controllers:
+            with contextlib.suppress(OSError):  # already on, or not available: the leaf says
+                (cur / "cgroup.subtree_control").write_text(controllers)
+        cur = cur / name
+        try:
+            cur.mkdir(exist_ok=True)
+        except OSError as e:
+            raise errors.from_oserror(e, f"mkdir {cur}") from None
+    return d
+
+
+def remove(path: str | os.PathLike[str], root: Path = CGROUP_ROOT, timeout: float = 10.0,
+           recursive: bool = False) -> None:
+    """rmdir a cgroup (and, with ``recursive``, its child cgroups first).  A cgroup stays busy
+    for a moment after its last task exits, so EBUSY is retried until ``timeout``; a cgroup
+    that is already gone is not an error."""
+    d = cgroup_dir(path, root)
+    if recursive and d.is_dir():
+        for child in sorted(p for p in d.iterdir() if p.is_dir()):
+            remove(child, root, timeout, recursive=True)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            d.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError as e:
+            if e.errno != errno.EBUSY or time.monotonic() >= deadline:
+                raise errors.from_oserror(e, f"rmdir {d}") from None
+            time.sleep(0.05)
 
 
 class Cgroup:
@@ -143,18 +219,24 @@ class Cgroup:
                 os.close(fd)
 
 
-def find_by_id(cgroup_id: int, root: Path = CGROUP_ROOT) -> str | None:
-    """The path of the cgroup whose directory inode is ``cgroup_id`` (a walk of the tree)."""
-    root = Path(root)
-    for dirpath, dirnames, _ in os.walk(root):
-        for d in dirnames:
-            full = os.path.join(dirpath, d)
-            try:
-                if os.stat(full).st_ino == cgroup_id:
-                    return "/" + os.path.relpath(full, root)
-            except OSError:
-                continue
+def find_dir_by_id(cgid: int, root: Path = CGROUP_ROOT, limit: int = 100000) -> Path | None:
+    """The directory of the cgroup whose id (inode) is ``cgid``, by a walk of the tree (at most
+    ``limit`` directories)."""
+    for seen, (dirpath, _dirs, _files) in enumerate(os.walk(root)):
+        if seen >= limit:
+            break
+        with contextlib.suppress(OSError):
+            if os.stat(dirpath).st_ino == cgid:
+                return Path(dirpath)
     return None
+
+
+def find_by_id(cgid: int, root: Path = CGROUP_ROOT) -> str | None:
+    """The path (relative to the root, registry form) of the cgroup whose id is ``cgid``."""
+    d = find_dir_by_id(cgid, root)
+    if d is None or d == Path(root):
+        return None
+    return "/" + os.path.relpath(d, root)
 
 
 @dataclass(frozen=True)

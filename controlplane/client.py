@@ -88,11 +88,14 @@ class DaemonClient:
         message = str(error.get("message", code))
         raise errors.from_code(code, message)
 
-    def request(self, op: str, **fields: Any) -> Any:
-        """Send one request and return its ``result`` (or raise its error)."""
+    def request(self, op: str, timeout: float | None = -1.0, **fields: Any) -> Any:
+        """Send one request and return its ``result`` (or raise its error).  ``timeout``
+        overrides the client's for this request (None: wait as long as it takes)."""
         with self._lock:
             self._ensure()
             assert self._sock is not None
+            wait = self.timeout if timeout == -1.0 else timeout
+            self._sock.settimeout(wait)
             rid = next(self._ids)
             line = json.dumps({"id": rid, "op": op, **fields}, separators=(",", ":")) + "\n"
             try:
@@ -108,9 +111,7 @@ class DaemonClient:
                     break
             except TimeoutError:
                 self.close()
-                raise errors.AzswapError(
-                    f"no reply from the daemon within {self.timeout}s"
-                ) from None
+                raise errors.AzswapError(f"no reply from the daemon within {wait}s") from None
             except (BrokenPipeError, ConnectionResetError):
                 # the daemon may have refused us (one error line, then close) before we wrote
                 reply = self._pending_reply()
@@ -164,13 +165,21 @@ class DaemonClient:
     def metrics(self) -> str:
         return str(self.request("metrics")["text"])
 
-    def template_add(
-        self, name: str, group: int, cgroup: str | None = None, file: str | None = None
-    ) -> dict[str, Any]:
-        return self.request("template_add", name=name, group=group, cgroup=cgroup, file=file)
+    def template_add(self, name: str, group: int, cgroup: str) -> dict[str, Any]:
+        """Register a running template: the cgroup its pages are charged to."""
+        return self.request("template_add", name=name, group=group, cgroup=cgroup)
 
-    def template_loaded(self, name: str, pages: int) -> dict[str, Any]:
-        return self.request("template_loaded", name=name, pages=pages)
+    def template_load(
+        self, name: str, group: int, file: str, batch: int | None = None,
+        timeout: float | None = None,
+    ) -> dict[str, Any]:
+        """Register template NAME from a memory snapshot file (a path the daemon can read) and
+        load it as bases, in one operation; ``timeout`` (default: none) bounds the wait for the
+        reply, which comes when the whole file is loaded."""
+        fields: dict[str, Any] = {"name": name, "group": group, "file": file}
+        if batch is not None:
+            fields["batch"] = batch
+        return self.request("template_load", timeout=timeout, **fields)
 
     def template_rm(self, name: str) -> dict[str, Any]:
         return self.request("template_rm", name=name)

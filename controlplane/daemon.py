@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from controlplane import errors, metrics, restore
-from controlplane.abi import Phase, validate_group
+from controlplane.abi import MAX_LOAD_PAGES, Phase, validate_group
 from controlplane.cgroup import CGROUP_ROOT, PROC_ROOT, normalize
 from controlplane.phase import PhaseConfig, PhaseModel
 from controlplane.registry import RUN_DIR, ModuleBackend, Registry, Sandbox, state_path
@@ -467,16 +467,21 @@ class Daemon:
         return {"text": metrics.to_prometheus(self.stats())}
 
     def op_template_add(self, req: dict[str, Any]) -> dict[str, Any]:
-        cgroup, file = _opt_str(req, "cgroup"), _opt_str(req, "file")
         t = self.registry.add_template(
-            _str(req, "name"), validate_group(_int(req, "group")), cgroup, file
+            _str(req, "name"), validate_group(_int(req, "group")), cgroup_path=_str(req, "cgroup")
         )
         self.publish({"event": "template_add", **t.to_dict()})
         return t.to_dict()
 
-    def op_template_loaded(self, req: dict[str, Any]) -> dict[str, Any]:
-        self.registry.note_loaded(_str(req, "name"), _int(req, "pages"))
-        return self.registry.template(_str(req, "name")).to_dict()
+    def op_template_load(self, req: dict[str, Any]) -> dict[str, Any]:
+        batch = _int(req, "batch") if req.get("batch") is not None else MAX_LOAD_PAGES
+        if not 1 <= batch <= MAX_LOAD_PAGES:
+            raise errors.InvalidValue(f"batch: {batch} pages is not 1..{MAX_LOAD_PAGES}")
+        t, res = self.registry.load_template(
+            _str(req, "name"), validate_group(_int(req, "group")), _str(req, "file"), batch
+        )
+        self.publish({"event": "template_add", **t.to_dict()})
+        return {**t.to_dict(), "pages_total": res.pages_total, "pages_zero": res.pages_zero}
 
     def op_template_rm(self, req: dict[str, Any]) -> dict[str, Any]:
         t = self.registry.remove_template(_str(req, "name"))
@@ -506,7 +511,7 @@ class Daemon:
         "stats": op_stats,
         "metrics": op_metrics,
         "template_add": op_template_add,
-        "template_loaded": op_template_loaded,
+        "template_load": op_template_load,
         "template_rm": op_template_rm,
         "policy_get": op_policy_get,
         "policy_set": op_policy_set,

@@ -52,6 +52,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from controlplane import cgroup
 from ebpf.events import PAGE_SIZE, FaultEvent, FaultRecords
 
 log = logging.getLogger("azswap.prefetch")
@@ -66,7 +67,6 @@ IOV_MAX = 1024
 PM_SWAP = 1 << 62
 PM_PRESENT = 1 << 63
 
-CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
 # -- learning ------------------------------------------------------------------------------------
@@ -253,33 +253,6 @@ def madvise_ranges(pidfd: int, ranges: Sequence[Range],
     return done, calls, skipped
 
 
-def cgroup_dir(path: str | os.PathLike[str], root: Path = CGROUP_ROOT) -> Path:
-    """A cgroup directory from a path under the cgroup2 root ("/sandboxes/sb1", the registry's
-    form, or "sandboxes/sb1") or an absolute one under it ("/sys/fs/cgroup/sandboxes/sb1")."""
-    s = str(path)
-    if s == str(root) or s.startswith(str(root) + "/"):
-        return Path(s)
-    return root / s.strip("/")
-
-
-def find_cgroup(cgroup_id: int, root: Path = CGROUP_ROOT, limit: int = 100000) -> Path | None:
-    """The cgroup directory whose id (inode) is cgroup_id, by walking the tree."""
-    for seen, (dirpath, _dirs, _files) in enumerate(os.walk(root)):
-        if seen >= limit:
-            break
-        with contextlib.suppress(OSError):
-            if os.stat(dirpath).st_ino == cgroup_id:
-                return Path(dirpath)
-    return None
-
-
-def cgroup_procs(cgroup: Path) -> list[int]:
-    try:
-        return [int(x) for x in (cgroup / "cgroup.procs").read_text().split()]
-    except OSError:
-        return []
-
-
 def swapped_out(pid: int, pages: Sequence[int], proc: Path = Path("/proc")) -> set[int]:
     """The addresses among ``pages`` whose PTE is a swap entry now (pagemap bit 62)."""
     out: set[int] = set()
@@ -393,7 +366,7 @@ class Prefetcher:
         clock: Callable[[], float] = time.monotonic,
         madvise: Callable[[int, Sequence[tuple[int, int]]], int] = process_madvise,
         open_pidfd: Callable[[int], int] = pidfd_open,
-        procs: Callable[[Path], list[int]] = cgroup_procs,
+        procs: Callable[[Path], list[int]] = cgroup.procs,
         swapped: Callable[[int, Sequence[int]], set[int]] = swapped_out,
         touch: Callable[[int, Sequence[int]], int] = process_vm_touch,
     ) -> None:
@@ -414,14 +387,14 @@ class Prefetcher:
         self.status = "ready" if tracer is not None else "no tracer"
 
     # -- registration and phases -------------------------------------------------------------
-    def add_sandbox(self, name: str, cgroup: str | os.PathLike[str],
+    def add_sandbox(self, name: str, cg_path: str | os.PathLike[str],
                     cgroup_id: int | None = None) -> SandboxState:
         with self._mu:
             st = self.sandboxes.get(name)
             if st is not None:
                 return st
-            path = cgroup_dir(cgroup)
-            cgid = cgroup_id if cgroup_id is not None else os.stat(path).st_ino
+            path = cgroup.cgroup_dir(cg_path)
+            cgid = cgroup_id if cgroup_id is not None else cgroup.cgroup_id(path)
             if self.tracer is not None:
                 self.tracer.add_sandbox(name, cgid)
             st = SandboxState(name, path, cgid)
@@ -438,7 +411,7 @@ class Prefetcher:
             cgid = getattr(sandbox, "cgroup_id", None)
             cg: str | Path | None = sandbox.cgroup_path
             if not cg and cgid is not None:
-                cg = find_cgroup(cgid)
+                cg = cgroup.find_dir_by_id(cgid)
             if not cg:
                 raise LookupError(f"sandbox {sandbox.name}: no cgroup path known")
             st = self.add_sandbox(sandbox.name, cg, cgid)

@@ -28,8 +28,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from controlplane import errors
-from controlplane.abi import Cmd, Event, Info, OwnerStats, Phase, Policy
+from controlplane import errors, snapshot
+from controlplane.abi import MAX_LOAD_PAGES, Cmd, Event, Info, OwnerStats, Phase, Policy
 from controlplane.cgroup import CGROUP_ROOT, Cgroup, find_by_id, normalize
 
 log = logging.getLogger("azswap.registry")
@@ -239,6 +239,28 @@ class Registry:
         with self._lock:
             self.template(name).pages_loaded = pages
             self.save()
+
+    def load_template(
+        self, name: str, group: int, source_file: str, batch_pages: int = MAX_LOAD_PAGES
+    ) -> tuple[Template, snapshot.LoadResult]:
+        """Register template NAME from a memory snapshot file and load its non-zero pages as
+        bases (TEMPLATE_LOAD, streamed in batches).  On any failure the template is removed
+        again: a half-loaded template is never left registered."""
+        snapshot.check_file(source_file)  # refuse before registering anything
+        t = self.add_template(name, group, source_file=source_file)
+        assert t.source_file is not None
+
+        def load_batch(index: int, pages: bytes) -> None:
+            self.module.template_load(t.cgroup_id, index, pages)
+
+        try:
+            res = snapshot.load(t.source_file, load_batch, batch_pages=batch_pages)
+        except BaseException:
+            with contextlib.suppress(errors.AzswapError):
+                self.remove_template(name)
+            raise
+        self.note_loaded(name, res.pages_loaded)
+        return self.template(name), res
 
     # -- persistence and recovery -------------------------------------------------------------
 

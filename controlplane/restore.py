@@ -6,17 +6,17 @@ touches it; ``azctl prefetch SANDBOX`` calls it by hand.  ``restore`` returns a 
 figures (pages requested, bytes, seconds...) or None; it must not raise for "nothing recorded
 yet".
 
-:func:`load_prefetcher` uses ``controlplane.prefetch`` when it is importable and provides a
-``make_prefetcher()`` factory (or a ``Prefetcher`` class with a no-argument constructor), and the
-no-op otherwise, saying why in the log.
+:func:`load_prefetcher` builds ``controlplane.prefetch.make_prefetcher()``; when the prefetcher
+cannot start (no BPF, no tracer) the daemon runs with the no-op one and says why in the log and
+in every restore result.
 """
 
 from __future__ import annotations
 
-import importlib
 import logging
 from typing import Any, Protocol, runtime_checkable
 
+from controlplane.prefetch import make_prefetcher
 from controlplane.registry import Sandbox
 
 log = logging.getLogger("azswap.restore")
@@ -66,24 +66,9 @@ def load_prefetcher(enabled: bool = True) -> Prefetcher:
         noop.reason = "prefetch disabled"
         return noop
     try:
-        mod = importlib.import_module("controlplane.prefetch")
-    except ImportError as e:
-        noop.reason = f"controlplane.prefetch unavailable: {e}"
-        log.info("prefetch: %s", noop.reason)
-        return noop
-    factory = getattr(mod, "make_prefetcher", None) or getattr(mod, "Prefetcher", None)
-    if factory is None:
-        noop.reason = "controlplane.prefetch has no make_prefetcher()/Prefetcher"
-        log.info("prefetch: %s", noop.reason)
-        return noop
-    try:
-        p = factory()
+        p = make_prefetcher()
     except Exception as e:  # the prefetcher is optional: a broken one must not stop the daemon
         noop.reason = f"prefetcher failed to start: {e}"
-        log.warning("prefetch: %s", noop.reason)
-        return noop
-    if not isinstance(p, Prefetcher):
-        noop.reason = f"{type(p).__name__} has no restore(sandbox)"
         log.warning("prefetch: %s", noop.reason)
         return noop
     return p

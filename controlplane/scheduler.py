@@ -30,8 +30,7 @@ Control law, per tick (every ``interval`` seconds):
 5. Mode: the store policy is device-wide.  Before compressing a sandbox whose wait has lasted
    ``dense_after`` seconds the scheduler switches the module to the dense policy (zstd, deeper
    similarity search), otherwise to the fast one (lz4, shallow search).  Objects carry their
-   encoding, so the codec switches live; a module that refuses it (EBUSY, older builds) gets only
-   the non-codec knobs (logged once).
+   encoding, so the codec switches live.
 
 Everything external is injected (clock, sleep, CPU clock, /proc root, the list of targets with
 their Cgroup objects, the policy setter) so the tests drive it with a fake clock and a fake cgroup
@@ -245,7 +244,6 @@ class Scheduler:
         self.state: dict[str, CompressState] = {}
         self._force_pending: set[str] = set()
         self.mode: str | None = None
-        self.codec_locked = False
         self.last_report: TickReport | None = None
 
     # -- inputs from other threads ------------------------------------------------------------
@@ -475,22 +473,8 @@ class Scheduler:
         if not c.manage_policy or self.policy_setter is None or mode == self.mode:
             return
         pol = dict(c.dense_policy if mode == "dense" else c.fast_policy)
-        if self.codec_locked:
-            pol.pop("codec", None)
         try:
             self.policy_setter(dict(pol))
-        except errors.Busy:
-            # codec changes are refused while pages are stored: keep the rest of the mode
-            if not self.codec_locked:
-                log.info("policy: codec change refused (pages stored), switching knobs only")
-            self.codec_locked = True
-            pol.pop("codec", None)
-            try:
-                if pol:
-                    self.policy_setter(dict(pol))
-            except errors.AzswapError as e:
-                log.warning("policy %s: %s", mode, e)
-                return
         except errors.AzswapError as e:
             log.warning("policy %s: %s", mode, e)
             return

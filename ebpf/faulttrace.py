@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """faulttrace: swap-in faults of azswap sandboxes (cgroups), in order, with decode latency.
 
 Traces every fault on a swap PTE by the processes of the given cgroups (major: read from the
@@ -18,19 +17,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):  # run as a script: make `ebpf` importable
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 from ebpf.events import KIND_NAMES, FaultEvent, FaultRecords, format_log2_hist
 from ebpf.tracer import FaultTracer, TracerError, cgroup_id
 
 EXAMPLES = """examples:
-    ./faulttrace.py -c sb1                  # trace /sys/fs/cgroup/sb1 until Ctrl-C
-    ./faulttrace.py -c sb1 -c sb2 -d 30     # two sandboxes for 30 s, then the summary
-    ./faulttrace.py -c sb1 -e               # one line per fault (first touches and repeats)
-    ./faulttrace.py -c sb1 -o 20            # summary shows the first 20 pages faulted back
-    ./faulttrace.py -c sb1 --no-module-events   # faults only, azswap module not needed
-    ./faulttrace.py -c sb1 -d 10 -j         # summary as JSON
+    python -m ebpf.faulttrace -c sb1               # trace /sys/fs/cgroup/sb1 until Ctrl-C
+    python -m ebpf.faulttrace -c sb1 -c sb2 -d 30  # two sandboxes for 30 s, then the summary
+    python -m ebpf.faulttrace -c sb1 -e            # one line per fault (first touches, repeats)
+    python -m ebpf.faulttrace -c sb1 -o 20         # the summary shows the first 20 pages back
+    python -m ebpf.faulttrace -c sb1 --no-module-events  # faults only, no azswap module needed
+    python -m ebpf.faulttrace -c sb1 -d 10 -j      # summary as JSON
 """
 
 

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from controlplane import cgroup as cgroups
+from controlplane import errors
 from ebpf.btf import BTFError, func_arg_counts
 from ebpf.events import COUNTERS, SBSTAT_FIELDS, EventFormatError, FaultEvent
 
@@ -62,15 +64,12 @@ class ModuleAbsent(TracerError):
 
 
 def cgroup_id(path: str | os.PathLike[str]) -> int:
-    """The cgroup v2 id of a cgroup directory (its inode number, what
+    """The cgroup v2 id of a cgroup (controlplane.cgroup: its directory's inode number, what
     bpf_get_current_cgroup_id() returns)."""
-    root = "/sys/fs/cgroup"
-    s = str(path)
-    p = Path(s) if s == root or s.startswith(root + "/") else Path(root) / s.strip("/")
     try:
-        return os.stat(p).st_ino
-    except OSError as e:
-        raise TracerError(f"cgroup {p}: {e.strerror}") from None
+        return cgroups.cgroup_id(path)
+    except errors.AzswapError as e:
+        raise TracerError(str(e)) from None
 
 
 def module_tracepoints(tracefs: Path = TRACEFS) -> bool:

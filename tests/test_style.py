@@ -1,7 +1,9 @@
-"""Style gates: ruff over the Python tree, checkpatch (linux-source-6.1) over the module."""
+"""Style gates: ruff over the Python tree, checkpatch (linux-source-6.1) over the module, the
+layout (what ships holds no lab or test code), no history in code."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -10,7 +12,8 @@ from pathlib import Path
 import pytest
 
 TOP = Path(__file__).resolve().parent.parent
-PY_DIRS = ["controlplane", "cli", "ebpf", "examples", "tests", "vm-tests"]
+PY_DIRS = ["controlplane", "cli", "ebpf", "bench", "examples", "tests", "vm-tests"]
+PRODUCT_DIRS = ["controlplane", "cli", "ebpf"]
 CHECKPATCH_FILES = [
     "scripts/checkpatch.pl", "scripts/spelling.txt", "scripts/const_structs.checkpatch",
 ]
@@ -55,3 +58,21 @@ def test_module_checkpatch_clean() -> None:
     )
     problems = [ln for ln in proc.stdout.splitlines() if "ERROR" in ln or "WARNING" in ln]
     assert not problems, "\n".join(problems)
+
+
+def test_product_holds_no_lab_or_test_code() -> None:
+    for d in PRODUCT_DIRS:
+        for p in sorted((TOP / d).rglob("*.py")):
+            text = p.read_text()
+            rel = p.relative_to(TOP)
+            assert "sys.path" not in text, f"{rel}: sys.path"
+            assert not re.search(r"^\s*(import|from) (pytest|bench|tests)\b", text, re.M), rel
+
+
+def test_no_numbered_history_in_code() -> None:
+    pat = re.compile(r"\b(issue|session|work item)s? ?[0-9]+", re.I)
+    files = [p for d in [*PY_DIRS, "kmod"] for ext in ("py", "c", "h")
+             for p in (TOP / d).rglob(f"*.{ext}") if ".venv" not in p.parts]
+    hits = [f"{p.relative_to(TOP)}: {m.group(0)}" for p in files
+            for m in [pat.search(p.read_text(errors="replace"))] if m]
+    assert not hits, hits

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from controlplane.testing import WorldReadableCopy
+from tests.fakes import WorldReadableCopy
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root + setpriv"

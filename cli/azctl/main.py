@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import sys
@@ -13,12 +12,12 @@ from typing import Any
 
 import click
 
-from azctl import render, snapshot
+from azctl import render
 from azctl.env import Env, need_root
-from controlplane import errors, metrics
+from controlplane import errors, metrics, snapshot
 from controlplane.abi import MAX_LOAD_PAGES, POLICY_FIELDS, Codec
 from controlplane.client import DEFAULT_SOCKET
-from controlplane.registry import Registry, state_path
+from controlplane.scheduler import SchedulerConfig
 
 EXIT_CODES_HELP = "\b\nExit codes:\n" + "\n".join(
     f"  {code:<3} {what}" for code, what in sorted(errors.EXIT_CODES.items())
@@ -33,6 +32,7 @@ Examples:
   azctl phase sb1 tool                 stop compressing, prefetch its working set
   azctl template add base --group 1 --from-file /srv/vm/base.mem
   azctl stats --json | jq .totals.ratio
+  azctl --direct status                the module itself, when no daemon runs
   eval "$(_AZCTL_COMPLETE=bash_source azctl)"    shell completion (bash; zsh_source, fish_source)
 
 {EXIT_CODES_HELP}
@@ -68,6 +68,7 @@ def _env(ctx: click.Context) -> Env:
 
 
 json_opt = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+_SCHED = SchedulerConfig()  # the daemon's defaults, shown by `azctl daemon --help`
 
 
 @click.group(cls=AzGroup, epilog=ROOT_HELP_EPILOG, context_settings={"max_content_width": 100})
@@ -86,13 +87,29 @@ json_opt = click.option("--json", "as_json", is_flag=True, help="Machine-readabl
     default=None,
     help="Where the daemon keeps sandbox names [default: /run/azswap].",
 )
+@click.option(
+    "--direct",
+    is_flag=True,
+    help="Talk to the module (netlink, sysfs) instead of the daemon, for a host where no daemon "
+    "runs: status, top, stats, sandbox ls, template ls, policy get/set.",
+)
 @click.option("--debug", is_flag=True, help="Show tracebacks.")
 @click.pass_context
 def cli(
-    ctx: click.Context, socket: Path | None, dev: int | None, state_dir: Path | None, debug: bool
+    ctx: click.Context,
+    socket: Path | None,
+    dev: int | None,
+    state_dir: Path | None,
+    direct: bool,
+    debug: bool,
 ) -> None:
-    """Control azswap: devices, sandboxes, templates, phases and policy."""
+    """Control azswap: devices, sandboxes, templates, phases and policy.
+
+    Every command talks to the daemon (azctl daemon); without one running it fails with one
+    line, unless --direct is given for the commands that can read the module itself.
+    """
     env = _env(ctx)
+    env.direct = env.direct or direct
     if socket is not None:
         env.socket = socket
     if state_dir is not None:
@@ -194,7 +211,7 @@ def sandbox_add(
     ctx: click.Context, name: str, cgroup: str, group: int, template: str | None, as_json: bool
 ) -> None:
     """Register sandbox NAME (its cgroup and trust group)."""
-    sb = _env(ctx).client().register(name, cgroup, group, template)
+    sb = _env(ctx).client("sandbox add").register(name, cgroup, group, template)
     _done(as_json, sb, f"sandbox {sb['name']}: cgroup {sb['cgroup_path']} id {sb['cgroup_id']}")
 
 
@@ -204,27 +221,16 @@ def sandbox_add(
 @click.pass_context
 def sandbox_rm(ctx: click.Context, name: str, as_json: bool) -> None:
     """Unregister sandbox NAME (its stored pages stay readable)."""
-    sb = _env(ctx).client().unregister(name)
+    sb = _env(ctx).client("sandbox rm").unregister(name)
     _done(as_json, sb, f"sandbox {sb['name']} removed")
-
-
-def _listing(env: Env) -> dict[str, Any]:
-    if env.daemon_running():
-        return dict(env.client().list())
-    reg = Registry(env.module(), state_path(env.dev, env.state_dir), env.cgroup_root, readonly=True)
-    reg.recover()
-    return {
-        "sandboxes": [s.to_dict() for s in reg.list_sandboxes()],
-        "templates": [t.to_dict() for t in reg.list_templates()],
-    }
 
 
 @sandbox.command("ls", epilog="\b\nExamples:\n  azctl sandbox ls\n  azctl sandbox ls --json")
 @json_opt
 @click.pass_context
 def sandbox_ls(ctx: click.Context, as_json: bool) -> None:
-    """List sandboxes (from the daemon, or from the module when it is not running)."""
-    rows = _listing(_env(ctx))["sandboxes"]
+    """List sandboxes (with --direct: the module's, named from the daemon's state file)."""
+    rows = _env(ctx).listing()["sandboxes"]
     if as_json:
         render.print_json(rows)
     else:
@@ -274,60 +280,28 @@ def template_add(
     A snapshot file kept in host memory (tmpfs) that VMs map privately can be swapped too:
     register the cgroup its pages are charged to (the one that wrote it) as a sandbox of the
     same group (azctl sandbox add), and each of its pages swaps out as a duplicate of its base
-    (docs/microvm.md, private-reclaim).
+    (docs/lab/microvm.md, private-reclaim).
     """
     if (cgroup is None) == (image is None):
         raise click.UsageError("give exactly one of --cgroup and --from-file")
-    env = _env(ctx)
-    client = env.client()
+    client = _env(ctx).client("template add")
     if image is None:
-        t = client.template_add(name, group, cgroup=cgroup)
+        t = client.template_add(name, group, cgroup)
         _done(as_json, t, f"template {name}: cgroup {t['cgroup_path']} id {t['cgroup_id']}")
         return
-    snapshot.check_file(image)  # refuse before registering anything
-    t = client.template_add(name, group, file=image)
-    module = env.module()
-    cid = int(t["cgroup_id"])
-    try:
-        res = _load_with_progress(image, cid, module, batch, quiet=as_json)
-    except BaseException:
-        with contextlib.suppress(errors.AzswapError):
-            client.template_rm(name)  # never leave a half-loaded template registered
-        raise
-    t = client.template_loaded(name, res.pages_loaded)
-    out = {**t, "pages_total": res.pages_total, "pages_zero": res.pages_zero}
+    snapshot.check_file(image)  # a clear error before the daemon is asked
+    path = os.path.realpath(image)  # the daemon's working directory is not ours
+    if as_json:
+        t = client.template_load(name, group, path, batch)
+    else:
+        with render.console(stderr=True).status(f"loading {image}"):
+            t = client.template_load(name, group, path, batch)
     _done(
         as_json,
-        out,
-        f"template {name}: {res.pages_loaded} pages loaded from {image} "
-        f"({res.pages_zero} zero pages skipped), id {cid}",
+        t,
+        f"template {name}: {t['pages_loaded']} pages loaded from {image} "
+        f"({t['pages_zero']} zero pages skipped), id {t['cgroup_id']}",
     )
-
-
-def _load_with_progress(
-    image: str, cid: int, module: Any, batch: int, quiet: bool
-) -> snapshot.LoadResult:
-    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
-
-    total = os.stat(image).st_size // snapshot.PAGE_SIZE
-
-    def load_batch(index: int, pages: bytes) -> None:
-        module.template_load(cid, index, pages)
-
-    if quiet:
-        return snapshot.load(image, load_batch, batch_pages=batch)
-    with Progress(
-        TextColumn("loading"),
-        BarColumn(),
-        TextColumn("{task.completed}/{task.total} pages"),
-        TimeRemainingColumn(),
-        console=render.console(stderr=True),
-        transient=True,
-    ) as prog:
-        task = prog.add_task("load", total=total)
-        return snapshot.load(
-            image, load_batch, lambda done: prog.update(task, completed=done), batch
-        )
 
 
 @template.command("rm", epilog="\b\nExample:\n  azctl template rm base")
@@ -345,7 +319,7 @@ def template_rm(ctx: click.Context, name: str, as_json: bool) -> None:
 @click.pass_context
 def template_ls(ctx: click.Context, as_json: bool) -> None:
     """List templates."""
-    rows = _listing(_env(ctx))["templates"]
+    rows = _env(ctx).listing()["templates"]
     if as_json:
         render.print_json(rows)
     else:
@@ -363,7 +337,7 @@ def template_ls(ctx: click.Context, as_json: bool) -> None:
 @click.pass_context
 def phase(ctx: click.Context, name: str, phase: str, as_json: bool) -> None:
     """Hint that sandbox NAME entered PHASE (llm-wait compresses, tool stops and prefetches)."""
-    r = _env(ctx).client().phase(name, phase)
+    r = _env(ctx).client("phase").phase(name, phase)
     _done(as_json, r, f"{name}: {r['phase']}")
 
 
@@ -374,7 +348,7 @@ def phase(ctx: click.Context, name: str, phase: str, as_json: bool) -> None:
 @click.pass_context
 def compress(ctx: click.Context, name: str, wait: float, as_json: bool) -> None:
     """Compress sandbox NAME now, whatever its phase (in the daemon's CPU budget)."""
-    r = _env(ctx).client().compress(name, wait)
+    r = _env(ctx).client("compress").compress(name, wait)
     st = r.get("state") or {}
     msg = f"{name}: compression queued"
     if st.get("done"):
@@ -392,7 +366,7 @@ def compress(ctx: click.Context, name: str, wait: float, as_json: bool) -> None:
 @click.pass_context
 def prefetch(ctx: click.Context, name: str, as_json: bool) -> None:
     """Prefetch sandbox NAME's recorded working set now."""
-    r = _env(ctx).client().prefetch(name)
+    r = _env(ctx).client("prefetch").prefetch(name)
     _done(as_json, r, f"{name}: {r.get('result')}")
 
 
@@ -409,7 +383,7 @@ def policy() -> None:
 @click.pass_context
 def policy_get(ctx: click.Context, as_json: bool) -> None:
     """Show the store policy."""
-    p = _env(ctx).module().policy_get().to_dict()
+    p = _env(ctx).policy_get()
     if as_json:
         render.print_json(p)
     else:
@@ -447,14 +421,10 @@ def _parse_assignments(items: tuple[str, ...]) -> dict[str, int]:
 @json_opt
 @click.pass_context
 def policy_set(ctx: click.Context, assignments: tuple[str, ...], as_json: bool) -> None:
-    """Set policy knobs (KEY=VALUE ...); the module validates all, then applies all."""
-    fields = _parse_assignments(assignments)
-    env = _env(ctx)
-    if env.daemon_running():
-        p = env.client().policy_set(**fields)  # the daemon stops switching fast/dense modes
-    else:
-        env.module().policy_set(**fields)
-        p = env.module().policy_get().to_dict()
+    """Set policy knobs (KEY=VALUE ...); the module validates all, then applies all.
+
+    Through the daemon, which then stops switching the fast/dense modes itself."""
+    p = _env(ctx).policy_set(_parse_assignments(assignments))
     if as_json:
         render.print_json(p)
     else:
@@ -471,33 +441,40 @@ def policy_set(ctx: click.Context, assignments: tuple[str, ...], as_json: bool) 
 @click.option(
     "--grace",
     type=click.FloatRange(0),
-    default=1.0,
+    default=_SCHED.grace,
     show_default=True,
     help="Seconds of llm-wait before compressing.",
 )
 @click.option(
     "--idle-grace",
     type=click.FloatRange(0),
-    default=30.0,
+    default=_SCHED.idle_grace,
     show_default=True,
     help="Seconds of inferred idleness before compressing.",
 )
 @click.option(
     "--dense-after",
     type=click.FloatRange(0),
-    default=10.0,
+    default=_SCHED.dense_after,
     show_default=True,
     help="Wait age from which the dense policy (zstd, deeper search) is used.",
 )
 @click.option(
     "--cpu-budget",
     type=click.FloatRange(0.01, 1.0),
-    default=0.25,
+    default=_SCHED.cpu_budget,
     show_default=True,
     help="Fraction of one CPU for reclaim.",
 )
-@click.option("--chunk", default="16M", show_default=True, help="Bytes per memory.reclaim write.")
-@click.option("--interval", type=click.FloatRange(0.05), default=1.0, show_default=True)
+@click.option(
+    "--chunk",
+    default=f"{_SCHED.chunk_bytes >> 20}M",
+    show_default=True,
+    help="Bytes per memory.reclaim write.",
+)
+@click.option(
+    "--interval", type=click.FloatRange(0.05), default=_SCHED.interval, show_default=True
+)
 @click.option("--no-policy", is_flag=True, help="Never switch the store policy fast/dense.")
 @click.option("--no-prefetch", is_flag=True, help="Do not prefetch on tool hints.")
 @click.option(
@@ -523,7 +500,6 @@ def daemon(
 ) -> None:
     """Run the control plane in the foreground (registry, phase scheduler, socket API)."""
     from controlplane.daemon import Daemon, DaemonConfig
-    from controlplane.scheduler import SchedulerConfig
     from controlplane.sysfs import parse_size
 
     env = _env(ctx)

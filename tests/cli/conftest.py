@@ -15,7 +15,7 @@ from click.testing import CliRunner, Result
 
 from controlplane.daemon import Daemon, DaemonConfig
 from controlplane.scheduler import SchedulerConfig
-from controlplane.testing import FakeCgroup, FakeClock, FakeModule, make_cgroup, make_proc
+from tests.fakes import FakeCgroup, FakeClock, FakeModule, make_cgroup, make_proc
 
 
 @dataclass

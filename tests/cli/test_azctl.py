@@ -14,7 +14,7 @@ from azctl.env import Env
 
 from controlplane import errors
 from controlplane.netlink import MAX_LOAD_PAGES, PAGE_SIZE
-from controlplane.testing import WorldReadableCopy
+from tests.fakes import WorldReadableCopy
 
 from .conftest import World
 
@@ -98,13 +98,33 @@ def test_top_runs_one_frame(world: World) -> None:
     assert r.exit_code == 0 and "pool" in r.output
 
 
-def test_status_without_daemon_reads_the_module(offline: World) -> None:
+def test_without_daemon_every_command_fails_with_one_line(offline: World) -> None:
     offline.module.sandbox_add(3, cgroup_path="/sb/a")
-    r = offline.run("status", "--json")
-    d = json.loads(r.output)
+    for args in (["status"], ["stats", "--json"], ["sandbox", "ls"], ["template", "ls"],
+                 ["policy", "get"], ["policy", "set", "dedup=0"]):
+        line = one_error_line(offline.run(*args), 5)
+        assert "daemon not running" in line and "--direct" in line, args
+    assert offline.module.policy.dedup == 1  # nothing went to the module behind our back
+
+
+def test_direct_reads_the_module(offline: World) -> None:
+    offline.module.sandbox_add(3, cgroup_path="/sb/a")
+    d = json.loads(offline.run("--direct", "status", "--json").output)
     assert d["daemon"] is False and [s["name"] for s in d["sandboxes"]] == ["a"]
-    assert "daemon not running" in offline.run("status").output
-    assert [s["name"] for s in json.loads(offline.run("sandbox", "ls", "--json").output)] == ["a"]
+    rows = json.loads(offline.run("--direct", "sandbox", "ls", "--json").output)
+    assert [s["name"] for s in rows] == ["a"]
+    p = json.loads(offline.run("--direct", "policy", "set", "sim_effort=9", "--json").output)
+    assert p["sim_effort"] == 9 and offline.module.policy.sim_effort == 9
+    assert json.loads(offline.run("--direct", "policy", "get", "--json").output) == p
+
+
+def test_direct_refuses_what_only_the_daemon_does(world: World) -> None:
+    for args in (["sandbox", "add", "a", "--cgroup", "/sb/a", "--group", "1"],
+                 ["phase", "a", "tool"], ["compress", "a"], ["prefetch", "a"],
+                 ["template", "add", "t", "--group", "1", "--cgroup", "/tpl/base"]):
+        line = one_error_line(world.run("--direct", *args), 7)
+        assert "needs the daemon" in line, args
+    assert world.module.owners == {}
 
 
 def test_daemon_not_running_exit_code(offline: World) -> None:
@@ -144,7 +164,7 @@ def test_policy_get_set_and_errors(world: World) -> None:
 
 def test_permission_denied_from_the_module(offline: World) -> None:
     offline.module.admin = False
-    line = one_error_line(offline.run("policy", "set", "dedup=0"), 4)
+    line = one_error_line(offline.run("--direct", "policy", "set", "dedup=0"), 4)
     assert "permission denied" in line
 
 
@@ -162,6 +182,19 @@ def _image(path: Path, pages: list[int]) -> Path:
         for v in pages:
             f.write(bytes(PAGE_SIZE) if v == 0 else bytes([v, 1, 2, 3]) * (PAGE_SIZE // 4))
     return path
+
+
+def test_daemon_options_default_to_the_scheduler_config() -> None:
+    from azctl.main import daemon
+
+    from controlplane.scheduler import SchedulerConfig
+    from controlplane.sysfs import parse_size
+
+    c = SchedulerConfig()
+    d = {p.name: p.default for p in daemon.params}
+    assert (d["grace"], d["idle_grace"], d["dense_after"], d["cpu_budget"], d["interval"]) == (
+        c.grace, c.idle_grace, c.dense_after, c.cpu_budget, c.interval)
+    assert parse_size(d["chunk"]) == c.chunk_bytes
 
 
 def test_template_from_file_streams_in_bounded_batches(world: World, tmp_path: Path) -> None:
@@ -249,7 +282,7 @@ def test_module_not_loaded(tmp_path: Path, args: list[str]) -> None:
     from click.testing import CliRunner
 
     env = Env(socket=tmp_path / "none.sock", sys_block=tmp_path, state_dir=tmp_path)
-    res = CliRunner().invoke(cli, args, obj=env)
+    res = CliRunner().invoke(cli, ["--direct", *args], obj=env)
     line = one_error_line(res, 3)
     assert "module not loaded" in line
 
@@ -257,7 +290,7 @@ def test_module_not_loaded(tmp_path: Path, args: list[str]) -> None:
 @pytest.mark.skipif(not NO_MODULE, reason="azswap is loaded on this machine")
 def test_module_not_loaded_real_binary(tmp_path: Path) -> None:
     p = subprocess.run(
-        [str(AZCTL), "--socket", str(tmp_path / "none.sock"), "status"],
+        [str(AZCTL), "--direct", "--socket", str(tmp_path / "none.sock"), "status"],
         capture_output=True,
         text=True,
         timeout=60,

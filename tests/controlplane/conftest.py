@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from controlplane.testing import FakeClock, make_proc
+from tests.fakes import FakeClock, make_proc
 
 
 @pytest.fixture

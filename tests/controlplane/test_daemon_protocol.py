@@ -23,7 +23,7 @@ from controlplane import errors
 from controlplane.client import DaemonClient
 from controlplane.daemon import MAX_LINE, Daemon, DaemonConfig
 from controlplane.scheduler import SchedulerConfig
-from controlplane.testing import (
+from tests.fakes import (
     FakeCgroup,
     FakeClock,
     FakeModule,
@@ -285,7 +285,7 @@ from pathlib import Path
 logging.basicConfig(level=logging.INFO)
 from controlplane.daemon import Daemon, DaemonConfig
 from controlplane.scheduler import SchedulerConfig
-from controlplane.testing import FakeModule, FakeCgroup, FakeClock, make_proc
+from tests.fakes import FakeModule, FakeCgroup, FakeClock, make_proc
 tmp = Path(sys.argv[1])
 cfg = DaemonConfig(socket_path=tmp / "run/s.sock", cgroup_root=tmp / "cg",
                    proc_root=make_proc(tmp / "proc"), sys_block=tmp / "sys", state_dir=tmp / "run",
@@ -577,3 +577,42 @@ def test_half_closed_client_gets_every_reply(daemon: Running) -> None:
     replies = [json.loads(ln) for ln in f.readlines()]
     assert [(x["id"], x["ok"]) for x in replies] == [(1, True), (2, True)]
     s.close()
+
+
+def test_template_load_is_one_operation(daemon: Running, tmp_path: Path) -> None:
+    img = tmp_path / "snap.img"
+    page = bytes(range(256)) * 16
+    img.write_bytes(page * 3 + bytes(4096) + page * 20)
+    with DaemonClient(daemon.cfg.socket_path) as c:
+        events = DaemonClient(daemon.cfg.socket_path).subscribe(timeout=5)
+        t = c.template_load("vm", 2, str(img), batch=4)
+        assert (t["pages_total"], t["pages_zero"], t["pages_loaded"]) == (24, 1, 23)
+        assert t["source_file"] == str(img) and t["group"] == 2
+        loaded = daemon.module.loaded[t["cgroup_id"]]
+        assert sorted(loaded) == [i for i in range(24) if i != 3]
+        assert next(events)["event"] == "template_add"
+        assert c.list()["templates"][0]["pages_loaded"] == 23
+        with pytest.raises(errors.InvalidValue, match="batch"):
+            c.template_load("vm2", 2, str(img), batch=16)
+        with pytest.raises(errors.AlreadyExists):
+            c.template_load("vm", 2, str(img))
+
+
+def test_a_failed_template_load_leaves_nothing_registered(daemon: Running, tmp_path: Path) -> None:
+    img = tmp_path / "snap.img"
+    img.write_bytes(b"\1" * 4096 * 40)
+    orig = daemon.module.template_load
+
+    def fail(cid: int, index: int, pages: bytes) -> None:
+        if index > 0:
+            raise errors.from_netlink(12, "pool full", "TEMPLATE_LOAD")
+        orig(cid, index, pages)
+
+    daemon.module.template_load = fail  # type: ignore[method-assign]
+    with DaemonClient(daemon.cfg.socket_path) as c:
+        with pytest.raises(errors.AzswapError):
+            c.template_load("vm", 2, str(img))
+        assert c.list()["templates"] == []
+        with pytest.raises(errors.UnknownCgroup):
+            c.template_load("vm", 2, str(tmp_path / "missing"))
+    assert daemon.module.owners == {}

@@ -12,7 +12,7 @@ from controlplane import errors
 from controlplane.netlink import Phase
 from controlplane.phase import PhaseConfig, PhaseModel
 from controlplane.scheduler import MiB, Scheduler, SchedulerConfig, Target
-from controlplane.testing import FakeCgroup, FakeClock, make_cgroup, make_proc
+from tests.fakes import FakeCgroup, FakeClock, make_cgroup, make_proc
 
 
 class Rig:
@@ -222,28 +222,33 @@ def test_busy_sandbox_without_hints_is_left_alone(tmp_path: Path, clock: FakeClo
     assert r.phases.get("sb0", clock()).phase == Phase.TOOL
 
 
-def test_dense_mode_for_long_waits_and_codec_busy_fallback(
-    tmp_path: Path, clock: FakeClock
-) -> None:
+def test_dense_mode_for_long_waits(tmp_path: Path, clock: FakeClock) -> None:
     r = Rig(tmp_path, clock, grace=0.0, dense_after=10.0, cpu_budget=0.01)
     r.hint("sb0", Phase.LLM_WAIT)
     r.sched.tick()
     assert r.policies[-1]["codec"] == 0 and r.sched.mode == "fast"
+    clock.advance(11.0)
+    r.sched.tick()
+    assert r.policies[-1] == {"codec": 1, "level": 3, "sim_effort": 12}
+    assert r.sched.mode == "dense"
+
+
+def test_a_refused_mode_switch_is_retried(tmp_path: Path, clock: FakeClock) -> None:
+    r = Rig(tmp_path, clock, grace=0.0, dense_after=10.0, cpu_budget=0.01)
     calls: list[dict[str, int]] = []
 
     def setter(p: dict[str, int]) -> None:
         calls.append(p)
-        if "codec" in p:
-            raise errors.from_netlink(errno.EBUSY, "codec change while pages are stored", "X")
+        if len(calls) == 1:
+            raise errors.from_netlink(errno.EINVAL, "refused", "POLICY_SET")
 
     r.sched.policy_setter = setter
-    clock.advance(11.0)
+    r.hint("sb0", Phase.LLM_WAIT)
     r.sched.tick()
-    assert calls == [
-        {"codec": 1, "level": 3, "sim_effort": 12},
-        {"level": 3, "sim_effort": 12},
-    ]
-    assert r.sched.mode == "dense" and r.sched.codec_locked
+    assert r.sched.mode is None  # refused: not recorded as switched
+    clock.advance(1.0)
+    r.sched.tick()
+    assert calls[-1]["codec"] == 0 and r.sched.mode == "fast"
 
 
 def test_forced_compress_ignores_phase(tmp_path: Path, clock: FakeClock) -> None:

@@ -11,7 +11,7 @@ import pytest
 from controlplane import errors, metrics, sysfs
 from controlplane.netlink import Phase
 from controlplane.registry import SYNTHETIC_BIT, Registry, synthetic_id
-from controlplane.testing import FakeModule, make_cgroup
+from tests.fakes import FakeModule, make_cgroup
 
 
 def make_dev(root: Path, n: int = 0) -> Path:

@@ -18,7 +18,7 @@ import time
 import lz4.block
 import zstandard
 
-from controlplane.corelib import PAGE_SIZE, Store
+from controlplane.trace.corelib import PAGE_SIZE, Store
 
 from . import pages
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from controlplane.corelib import Store, default_lib_path
+from controlplane.trace.corelib import Store, default_lib_path
 
 REPO = Path(__file__).resolve().parents[2]
 

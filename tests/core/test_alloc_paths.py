@@ -17,7 +17,7 @@ import errno
 
 import pytest
 
-from controlplane.corelib import CoreError, PageInfo, Reserve, Store
+from controlplane.trace.corelib import CoreError, PageInfo, Reserve, Store
 
 from . import pages
 

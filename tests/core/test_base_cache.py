@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from controlplane.corelib import CoreError, Store
+from controlplane.trace.corelib import CoreError, Store
 
 from . import pages
 from .test_redundancy import T1, A, B, check_accounting, empty_everything, setup_groups

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from controlplane.corelib import Store
+from controlplane.trace.corelib import Store
 
 from . import pages
 from .conftest import REPO

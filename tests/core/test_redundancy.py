@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from controlplane.corelib import PAGE_SIZE, CoreError, Store
+from controlplane.trace.corelib import PAGE_SIZE, CoreError, Store
 
 from . import pages
 

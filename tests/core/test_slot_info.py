@@ -5,7 +5,7 @@ from __future__ import annotations
 import ctypes
 import os
 
-from controlplane.corelib import Store
+from controlplane.trace.corelib import Store
 
 
 def _info(st: Store, slot: int) -> tuple[int, int]:

@@ -15,7 +15,7 @@ from hypothesis import event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from controlplane.corelib import CODEC_LZ4, CODEC_ZSTD, Store
+from controlplane.trace.corelib import CODEC_LZ4, CODEC_ZSTD, Store
 
 from . import pages
 from .conftest import REPO, build_hostlib

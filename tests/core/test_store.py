@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from controlplane.corelib import PAGE_SIZE, CoreError, Store
+from controlplane.trace.corelib import PAGE_SIZE, CoreError, Store
 
 from . import pages
 
@@ -487,7 +487,7 @@ def test_meta_bytes_count_index_fields_once(make_store):
     """meta_bytes holds the index tables once and each object's header once.
 
     The objects' index fields (hash, chain link, similarity positions) live in the header:
-    index_bytes reports them, meta_bytes must not add them again (it did until session 4).
+    index_bytes reports them, meta_bytes must not add them again.
     """
     s = make_store(1024)
     obj_size = s.lib.az_debug_obj_size()

@@ -12,9 +12,9 @@ from types import ModuleType
 import numpy as np
 import pytest
 
-from controlplane.bench import microvm, microvm_report
-from controlplane.corelib import default_lib_path
+from bench import microvm, microvm_report
 from controlplane.trace import ROLE_SANDBOX, ROLE_TEMPLATE, read_trace
+from controlplane.trace.corelib import default_lib_path
 
 TOP = Path(__file__).resolve().parents[2]
 PAGE = 4096
@@ -345,7 +345,7 @@ def test_composition_of_owned_pages(record: ModuleType, tmp_path: Path) -> None:
 
 @pytest.mark.skipif(not default_lib_path().exists(), reason="make hostlib first")
 def test_stream_bound_on_a_small_recording(record: ModuleType, tmp_path: Path) -> None:
-    from controlplane.bench import microvm_bound
+    from bench import microvm_bound
 
     results = _fake_recording(tmp_path, record)
     stats = record.write_trace(tmp_path, results, {"style": "microvm-snapshot"})

@@ -197,28 +197,6 @@ def test_restore_accepts_a_registry_sandbox() -> None:
     assert res["sandbox"] == "other" and p.sandboxes["other"].cgroup_id == 88
 
 
-def test_cgroup_paths_in_registry_form() -> None:
-    from pathlib import Path
-
-    from controlplane.prefetch import cgroup_dir
-
-    root = Path("/sys/fs/cgroup")
-    assert cgroup_dir("/sandboxes/sb1") == root / "sandboxes/sb1"
-    assert cgroup_dir("sandboxes/sb1/") == root / "sandboxes/sb1"
-    assert cgroup_dir("/sys/fs/cgroup/sandboxes/sb1") == root / "sandboxes/sb1"
-
-
-def test_sandbox_found_by_cgroup_id(tmp_path) -> None:
-    import os
-
-    from controlplane.prefetch import find_cgroup
-
-    d = tmp_path / "a" / "b"
-    d.mkdir(parents=True)
-    assert find_cgroup(os.stat(d).st_ino, root=tmp_path) == d
-    assert find_cgroup(1, root=tmp_path) is None
-
-
 def test_events_arriving_after_the_phase_change_still_count() -> None:
     p, _k = make()
     cycle(p, range(4))

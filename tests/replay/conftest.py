@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from controlplane.corelib import default_lib_path
+from controlplane.trace.corelib import default_lib_path
 
 REPO = Path(__file__).resolve().parents[2]
 

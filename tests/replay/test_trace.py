@@ -16,9 +16,8 @@ from pathlib import Path
 import pytest
 import tpages as pages
 
-from controlplane import replay as rp
-from controlplane.recorder import Proc, record
-from controlplane.trace import (
+from controlplane.trace import replay as rp
+from controlplane.trace.format import (
     END_FIX,
     HEADER,
     OWNER_FIX,
@@ -33,6 +32,7 @@ from controlplane.trace import (
     parse_trace,
     read_trace,
 )
+from controlplane.trace.recorder import Proc, record
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -366,7 +366,7 @@ def test_bench_report_from_replay_and_guest_results(tmp_path: Path, store_lib: N
     """`make bench`'s report step: every chart and section is produced from measured inputs."""
     import argparse
 
-    from controlplane.bench import __main__ as bench
+    from bench import __main__ as bench
 
     p = tmp_path / "r.aztrace"
     write_trace(p, nsb=2, n=32)
@@ -423,7 +423,7 @@ def test_bench_fails_when_the_guest_failed(
 ) -> None:
     """`make bench` exits non-zero when vm-tests/run did (e.g. a splat: 125), and writes no
     report from a failed guest run."""
-    from controlplane.bench import __main__ as bench
+    from bench import __main__ as bench
 
     calls: list[list[str]] = []
 

@@ -1,30 +1,39 @@
-"""Helpers for the in-guest azswap tests: the module, devices, swap, cgroups, page workers.
+"""Helpers for the in-guest azswap tests: devices, cgroups, page workers.
 
-Everything here runs as root inside the test kernel (vm-tests/run). The checkout is read-only in
-the guest: scratch files go to /tmp.
+The module, the shell and the cgroups come from the guest toolkit the benchmarks use
+(bench/kit/); the stat files are parsed by column name (controlplane/sysfs.py).  Everything here
+runs as root inside the test kernel (vm-tests/run). The checkout is read-only in the guest:
+scratch files go to /tmp.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
-import errno
 import hashlib
 import mmap
 import os
-import subprocess
 import time
 from pathlib import Path
 
-TOP = Path(__file__).resolve().parents[2]
-KO = TOP / "kmod" / "azswap.ko"
-# The debug build (make kmod-debug): the same module with the core's self-test.
-KO_DEBUG = TOP / "build" / "kmod-debug" / "kmod" / "azswap.ko"
+from bench.kit.cgroups import LeafCgroup
+from bench.kit.module import (  # noqa: F401  (the tests use them through this module)
+    KO,
+    KO_DEBUG,
+    TOP,
+    cleanup_module,
+    disable_zswap,
+    insmod,
+    loaded,
+    rmmod,
+    swaps,
+)
+from bench.kit.shell import sh
+from controlplane.sysfs import STAT_FILES, parse_columns
+
 HERE = Path(__file__).resolve().parent
 SYS_BLOCK = Path("/sys/block")
-CGROOT = Path("/sys/fs/cgroup")
 PAGE = 4096
-DEPS = ("zsmalloc", "lz4_compress", "lz4_decompress", "zstd_compress", "zstd_decompress")
 
 
 def kernel_series(release: str | None = None) -> str:
@@ -39,57 +48,6 @@ SERIES = kernel_series()
 SWAP_ZEROMAP = SERIES != "6.1"
 
 
-def sh(*cmd: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    r = subprocess.run(list(cmd), capture_output=True, text=True, check=False)
-    if check and r.returncode:
-        raise OSError(f"{' '.join(cmd)}: exit {r.returncode}: {(r.stderr or r.stdout).strip()}")
-    return r
-
-
-# -- module -----------------------------------------------------------------------------------
-
-
-def loaded() -> bool:
-    return Path("/sys/module/azswap").exists()
-
-
-def insmod(ko: Path = KO, **params: object) -> None:
-    for m in DEPS:
-        sh("modprobe", m, check=False)
-    if not ko.exists():
-        raise OSError(f"{ko} missing: build it on the host first (make kmod / make kmod-debug)")
-    args = [f"{k}={v}" for k, v in params.items()]
-    r = sh("insmod", str(ko), *args, check=False)
-    if r.returncode:
-        raise OSError(f"insmod {' '.join(args)} failed: {r.stderr.strip()}")
-
-
-def rmmod(check: bool = True, settle: bool = True) -> subprocess.CompletedProcess[str]:
-    """rmmod azswap. A new block device is probed by udev (blkid opens it, which holds a module
-    reference for a moment), so with @settle "in use" is retried for up to 5 s after udev
-    settles; a reference that stays (a leak) still fails."""
-    r = sh("rmmod", "azswap", check=False)
-    deadline = time.monotonic() + (5 if settle else 0)
-    while r.returncode and "in use" in (r.stderr or "") and time.monotonic() < deadline:
-        with contextlib.suppress(FileNotFoundError):
-            sh("udevadm", "settle", "--timeout=2", check=False)
-        time.sleep(0.1)
-        r = sh("rmmod", "azswap", check=False)
-    if check and r.returncode:
-        raise OSError(f"rmmod azswap: exit {r.returncode}: {(r.stderr or r.stdout).strip()}")
-    return r
-
-
-def disable_zswap() -> None:
-    p = Path("/sys/module/zswap/parameters/enabled")
-    if p.exists() and p.read_text().strip() != "N":
-        p.write_text("N")
-
-
-def swaps() -> list[str]:
-    return [ln.split()[0] for ln in Path("/proc/swaps").read_text().splitlines()[1:]]
-
-
 def assert_azswap_swap(dev: int = 0) -> None:
     """Fail unless azswap<dev> is up (its block device in sysfs) and an active swap device: for
     tests whose point is azswap, whatever the helper that brought a swap device up says."""
@@ -97,18 +55,6 @@ def assert_azswap_swap(dev: int = 0) -> None:
     assert Path(f"/sys/block/{name}").is_dir(), f"/sys/block/{name} missing: azswap is not up"
     active = swaps()
     assert f"/dev/{name}" in active, f"/dev/{name} is not an active swap device: {active}"
-
-
-def swapoff_all_azswap() -> None:
-    for dev in swaps():
-        if "azswap" in dev:
-            sh("swapoff", dev, check=False)
-
-
-def cleanup_module() -> None:
-    swapoff_all_azswap()
-    if loaded():
-        rmmod(check=False)
 
 
 # -- devices ----------------------------------------------------------------------------------
@@ -143,56 +89,21 @@ class Dev:
         if err:
             raise OSError(err, f"{self.name}/{attr} <- {value!r}: {os.strerror(err)}")
 
-    def cols(self, attr: str) -> list[int]:
-        return [int(x) for x in self.read(attr).split()]
+    def stat(self, attr: str) -> dict[str, int]:
+        """A stat file by column name (controlplane/sysfs.py STAT_FILES, docs/sysfs-abi.md)."""
+        return parse_columns(STAT_FILES[attr], self.read(attr))
 
     def mm(self) -> dict[str, int]:
-        names = (
-            "orig",
-            "stored",
-            "pool",
-            "mem_limit",
-            "mem_used_max",
-            "same",
-            "raw",
-            "meta",
-            "index",
-            "template",
-            "compacted",
-        )
-        return dict(zip(names, self.cols("mm_stat"), strict=False))
+        return self.stat("mm_stat")
 
     def io(self) -> dict[str, int]:
-        names = (
-            "failed_stores",
-            "failed_loads",
-            "invalid_io",
-            "notify_free",
-            "stores",
-            "loads",
-            "frees",
-            "partial_io",
-            "miss_free",
-        )
-        return dict(zip(names, self.cols("io_stat"), strict=False))
+        return self.stat("io_stat")
 
     def kinds(self) -> dict[str, int]:
-        names = ("same", "dup", "tdelta", "xdelta", "plain", "raw")
-        return dict(zip(names, self.cols("kind_stat"), strict=False))
+        return self.stat("kind_stat")
 
     def obj(self) -> dict[str, int]:
-        names = (
-            "pages",
-            "objects",
-            "bases",
-            "template_pages",
-            "deferred",
-            "cross_group",
-            "base_cache_pages",
-            "base_cache_hits",
-            "base_cache_misses",
-        )
-        return dict(zip(names, self.cols("obj_stat"), strict=False))
+        return self.stat("obj_stat")
 
     def swapon(self, disksize: str = "256M", prio: int = 100, algo: str | None = None) -> None:
         if algo:
@@ -208,13 +119,14 @@ class Dev:
         """After swapoff only swap's header page (slot 0) is left; discarding the whole
         device must then return the store to nothing: no pages, objects or pool memory."""
         o = self.wait_drained()
-        assert o["pages"] == 1, f"{self.name}: {o} (only the swap header should be left)"
+        assert o["pages_stored"] == 1, f"{self.name}: {o} (only the swap header should be left)"
         sh("blkdiscard", self.path)
         o = self.wait_drained()
         mm = self.mm()
-        assert o["pages"] == 0 and o["objects"] == 0 and o["bases"] == 0, (self.name, o)
+        assert o["pages_stored"] == 0 and o["objects"] == 0 and o["bases"] == 0, (self.name, o)
         assert o["deferred"] == 0 and o["template_pages"] == 0, (self.name, o)
-        assert mm["stored"] == 0 and mm["pool"] == 0 and mm["orig"] == 0, (self.name, mm)
+        assert mm["compr_data_size"] == 0 and mm["mem_used_total"] == 0, (self.name, mm)
+        assert mm["orig_data_size"] == 0, (self.name, mm)
 
     def wait_drained(self, timeout: float = 20) -> dict[str, int]:
         """Wait for the deferred frees to finish; returns obj_stat."""
@@ -230,61 +142,17 @@ class Dev:
 # -- cgroups ----------------------------------------------------------------------------------
 
 
-class Cgroup:
+class Cgroup(LeafCgroup):
+    """A leaf memory cgroup under /sys/fs/cgroup/azt."""
+
+    parent = "azt"
+
     def __init__(self, name: str, memory_max: str = "max") -> None:
-        parent = CGROOT / "azt"
-        if not parent.exists():
-            parent.mkdir()
-        (parent / "cgroup.subtree_control").write_text("+memory")
-        self.path = parent / name
-        if not self.path.exists():
-            self.path.mkdir()
-        self.set("memory.max", memory_max)
-
-    @property
-    def id(self) -> int:
-        """cgroup v2 id: the inode number of its directory."""
-        return os.stat(self.path).st_ino
-
-    @property
-    def rel(self) -> str:
-        return "/" + str(self.path.relative_to(CGROOT))
-
-    def set(self, f: str, v: str) -> None:
-        (self.path / f).write_text(v)
-
-    def get(self, f: str) -> str:
-        return (self.path / f).read_text()
-
-    def reclaim(self, amount: str = "1G") -> None:
-        try:
-            (self.path / "memory.reclaim").write_text(amount)
-        except OSError as e:
-            if e.errno != errno.EAGAIN:
-                raise
-
-    def current(self) -> int:
-        return int(self.get("memory.current"))
-
-    def swap_current(self) -> int:
-        return int(self.get("memory.swap.current"))
-
-    def remove(self) -> None:
-        for _ in range(50):
-            try:
-                self.path.rmdir()
-                return
-            except OSError:
-                time.sleep(0.1)
+        super().__init__(name, memory_max)
 
 
 def remove_cgroups() -> None:
-    parent = CGROOT / "azt"
-    if parent.exists():
-        for c in parent.iterdir():
-            if c.is_dir():
-                with contextlib.suppress(OSError):
-                    c.rmdir()
+    Cgroup.remove_all()
 
 
 # -- patterned pages --------------------------------------------------------------------------

@@ -146,8 +146,8 @@ def test_block_io_roundtrip_partial_and_discard(dev0) -> None:
         os.close(fd)
 
     st = d.mm()
-    assert st["orig"] >= (pages + 3) * 4096
-    assert st["same"] >= pages // 2  # zero and same-filled pages
+    assert st["orig_data_size"] >= (pages + 3) * 4096
+    assert st["same_pages"] >= pages // 2  # zero and same-filled pages
     # Discard frees the slots: they read back as zeroes.
     ag.sh("blkdiscard", "-o", str(4096 * 10), "-l", str(4096 * pages), d.path)
     fd = os.open(d.path, os.O_RDONLY | os.O_DIRECT)
@@ -156,10 +156,10 @@ def test_block_io_roundtrip_partial_and_discard(dev0) -> None:
         assert bytes(out) == bytes(len(data))
     finally:
         os.close(fd)
-    assert d.obj()["pages"] == 3
+    assert d.obj()["pages_stored"] == 3
     # Write-zeroes frees too.
     ag.sh("blkdiscard", "-z", "-o", str(4096 * 100), "-l", str(4096 * 3), d.path)
-    assert d.obj()["pages"] == 0
+    assert d.obj()["pages_stored"] == 0
     # I/O beyond the end fails cleanly.
     fd = os.open(d.path, os.O_RDONLY | os.O_DIRECT)
     try:
@@ -286,7 +286,7 @@ def test_codec_change_refused_with_pages_stored(dev0) -> None:
         os.pwrite(fd, buf, 4096)
     finally:
         os.close(fd)
-    assert d.obj()["pages"] == 1
+    assert d.obj()["pages_stored"] == 1
     assert d.write("comp_algorithm", "zstd") == EBUSY
     assert d.read("comp_algorithm") == "lz4"
     assert d.write("dedup", "0") == 0  # other knobs change live
@@ -339,16 +339,17 @@ def test_pool_compacts_itself_after_frees(dev0) -> None:
     try:
         assert os.pwritev(fd, [memoryview(buf)], 0) == n * 4096
         before = d.mm()
-        assert before["compacted"] == 0 and before["pool"] >= 15 << 20
+        assert before["compacted_bytes"] == 0 and before["mem_used_total"] >= 15 << 20
         blkdiscard = 0x1277
         for i in range(0, n, 2):  # free every other page: half of each zspage
             fcntl.ioctl(fd, blkdiscard, struct.pack("QQ", i * 4096, 4096))
         deadline = time.monotonic() + 10  # the work runs <= 1 s after the last free
-        while d.mm()["pool"] >= before["pool"] * 0.75 and time.monotonic() < deadline:
+        pool0 = before["mem_used_total"]
+        while d.mm()["mem_used_total"] >= pool0 * 0.75 and time.monotonic() < deadline:
             time.sleep(0.1)
         after = d.mm()
-        assert after["compacted"] > 0, (before, after)
-        assert after["pool"] < before["pool"] * 0.75, (before, after)
+        assert after["compacted_bytes"] > 0, (before, after)
+        assert after["mem_used_total"] < pool0 * 0.75, (before, after)
         out = _aligned(4096)
         for i in range(1, n, 2):  # the pages that stayed read back intact
             assert os.preadv(fd, [memoryview(out)], i * 4096) == 4096

@@ -17,7 +17,7 @@ IN_GUEST = bool(os.environ.get("AZSWAP_IN_GUEST"))
 pytestmark = pytest.mark.skipif(not IN_GUEST, reason="runs inside the test kernel (vm-tests/run)")
 
 TOP = Path(__file__).resolve().parents[2]
-CLI = [sys.executable, str(TOP / "ebpf" / "faulttrace.py")]
+CLI = [sys.executable, "-m", "ebpf.faulttrace"]
 KPROBES = Path("/sys/kernel/debug/kprobes/list")
 
 
@@ -25,7 +25,7 @@ def run_cli(*args: str, uid: int | None = None) -> subprocess.CompletedProcess[s
     if uid is None:
         return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=300,
                               cwd="/tmp")
-    from controlplane.testing import WorldReadableCopy
+    from tests.fakes import WorldReadableCopy
 
     def drop() -> None:
         os.setgroups([])
@@ -83,7 +83,7 @@ def tracer(swap: str) -> object:
 def _sandbox(name: str, npages: int, seed: int) -> tuple[object, object]:
     from swapdev import Cg
 
-    from controlplane.bench.pagesandbox import PageSandbox
+    from bench.pagesandbox import PageSandbox
 
     cg = Cg(name)
     return cg, PageSandbox(cg.path, npages, seed)

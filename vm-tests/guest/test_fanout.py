@@ -1,4 +1,4 @@
-"""Fan-out integrity (issue 4): a template process and sandboxes forked from it, each in its own
+"""Fan-out integrity: a template process and sandboxes forked from it, each in its own
 cgroup, registered over netlink; everything swapped out with memory.reclaim and back, every page
 verified; no sharing across trust groups; per-owner stats add up to the device's global stats."""
 
@@ -30,8 +30,8 @@ def _check_sums(d: ag.Dev, nl: Client) -> list[dict]:
     owners = nl.request("STATS_GET", dump=True)
     sums = _owner_sums(owners)
     obj, mm, kinds = d.obj(), d.mm(), d.kinds()
-    assert sums["pages"] == obj["pages"], (sums, obj)
-    assert sums["bytes"] == mm["stored"], (sums, mm)
+    assert sums["pages"] == obj["pages_stored"], (sums, obj)
+    assert sums["bytes"] == mm["compr_data_size"], (sums, mm)
     for k in KINDS:
         assert sums[k] == kinds[k], (k, sums, kinds)
     assert obj["cross_group"] == 0, obj

@@ -1,7 +1,7 @@
 """microVM restore styles in the test kernel: a small synthetic snapshot through the live replay.
 
 A template image and two "recorded" VMs (edited, fresh and zeroed pages) go through
-controlplane/bench/microvm.py exactly as a recording does: VMM-like processes (private mapping of
+bench/microvm.py exactly as a recording does: VMM-like processes (private mapping of
 the image, or an anonymous copy) in their own cgroups, memory.reclaim, every page faulted back and
 verified; private-reclaim also swaps the image's own tmpfs pages and reads them back. With azswap
 the image is a snapshot-file template (TEMPLATE_ADD + TEMPLATE_LOAD).
@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from controlplane.bench import microvm
-from controlplane.bench.swapbench import build_player
+from bench import microvm
+from bench.swapbench import build_player
 
 TOP = Path(__file__).resolve().parents[2]
 PAGE = 4096

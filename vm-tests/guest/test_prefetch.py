@@ -43,7 +43,7 @@ def setup(request: pytest.FixtureRequest) -> tuple[object, str]:
 def test_restore_set_and_fault_reduction(setup) -> None:
     from swapdev import Cg
 
-    from controlplane.bench.pagesandbox import PageSandbox
+    from bench.pagesandbox import PageSandbox
 
     p, kind = setup
     cg = Cg("pf")

@@ -20,7 +20,7 @@
    per guest holding the pages that differ from the template at the same offset (index = offset,
    vaddr = guest-physical address), plus DIR/manifest.json (tasks, timings, per-guest page counts).
 
-Nothing here needs KVM (TCG, one vCPU per guest). Docs: docs/microvm.md.
+Nothing here needs KVM (TCG, one vCPU per guest). Docs: docs/lab/microvm.md.
 """
 
 from __future__ import annotations

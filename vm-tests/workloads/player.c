@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: GPL-2.0
 /*
- * player: turns recorded pages back into a live process (used by controlplane/bench/swapbench.py).
+ * player: turns recorded pages back into a live process (used by bench/swapbench.py).
  *
  *   player SOCKET NAME [CGROUP_DIR]
  *

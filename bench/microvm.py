@@ -1,6 +1,6 @@
 """microVM sandboxes, live: recorded guest memory replayed into VMM-like processes in a guest.
 
-    vm-tests/run --memory 4G -- .venv/bin/python -m controlplane.bench.microvm \\
+    vm-tests/run --memory 4G -- .venv/bin/python -m bench.microvm \\
         [--dir vm-tests/out/microvm] [--styles private,anon,private-reclaim] \\
         [--systems azswap-lz4,azswap-zstd,zram-lz4,zram-zstd,zswap-lz4,zswap-zstd] [--json OUT]
 
@@ -11,10 +11,10 @@ style and every system:
 
  1. the template image is rebuilt on tmpfs (/run/azvm/template.ram, charged to this driver's
     cgroup, never reclaimed: it is the host page cache a VMM maps); the swap system is set up
-    (controlplane/bench/swapbench.py's per-system setup: zram, zswap over brd, azswap);
+    (bench/swapbench.py's per-system setup: zram, zswap over brd, azswap);
     for azswap the template is registered with a synthetic id (TEMPLATE_ADD) and the image loaded
-    as bases (TEMPLATE_LOAD, cli/azctl/snapshot.py's streamed loader, as
-    `azctl template add --from-file` does), and every VM's cgroup is registered as a sandbox;
+    as bases (TEMPLATE_LOAD, controlplane/snapshot.py's streamed loader, which the daemon's
+    template_load op uses), and every VM's cgroup is registered as a sandbox;
  2. each recorded VM becomes a VMM-like process (vm-tests/workloads/player.c) in its own memory
     cgroup /sys/fs/cgroup/azvm/vmN, its guest RAM at the same virtual address in every VM:
       private  the template image mapped MAP_PRIVATE (as Firecracker does) and the VM's differing
@@ -32,8 +32,8 @@ style and every system:
     checked against the recording (checksums); private-reclaim then reads the whole image back
     (tmpfs swap-in, timed) and checks every page of it.
 
-Figures go to $AZSWAP_OUT/microvm-live.json; `python -m controlplane.bench.microvm_report` joins
-them with the host replay's unlimited-search limit and prints both views (docs/microvm.md).
+Figures go to $AZSWAP_OUT/microvm-live.json; `python -m bench.microvm_report` joins
+them with the host replay's unlimited-search limit and prints both views (docs/lab/microvm.md).
 """
 
 from __future__ import annotations
@@ -58,25 +58,16 @@ from typing import Any
 
 import numpy as np
 
-from ..trace import PAGE_SIZE, ROLE_TEMPLATE, Vma, read_trace
-from . import record
-from .swapbench import (
-    CG,
-    Azswap,
-    Player,
-    build_player,
-    cg_stat,
-    checksums,
-    make_system,
-    pct,
-    reclaim,
-    rfile,
-    sh,
-    wfile,
-)
+from bench.kit import cgroups
+from bench.kit.cgroups import reclaim_all as reclaim
+from bench.kit.cgroups import stat as cg_stat
+from bench.kit.shell import logger, read, sh, write
+from bench.kit.swapdev import Azswap, make_system
+from bench.swapbench import Player, build_player, checksums, pct
+from controlplane.trace import PAGE_SIZE, ROLE_TEMPLATE, Vma, read_trace
 
-TOP = Path(__file__).resolve().parents[2]
-CGROOT = CG / "azvm"
+TOP = Path(__file__).resolve().parents[1]
+CGROOT = Path("/sys/fs/cgroup/azvm")
 RUN = Path("/run/azvm")
 VM_BASE = 0x2000_0000_0000  # guest RAM's address in every VMM process (page index VM_BASE >> 12)
 GROUP = 1
@@ -93,15 +84,7 @@ ON_REQUEST = ("azswap-lz4-noshuf", "azswap-zstd-noshuf", "azswap-zstd:6", "azswa
 CHUNK = 1024  # pages per socket write
 
 
-LOG: Path | None = None
-
-
-def log(msg: str) -> None:
-    line = f"[microvm {time.strftime('%H:%M:%S')}] {msg}"
-    print(line, flush=True)
-    if LOG is not None:  # progress readable from the host while the guest runs
-        with open(LOG, "a") as f:
-            f.write(line + "\n")
+log = logger("microvm")
 
 
 @dataclass
@@ -251,21 +234,19 @@ class Vmm:
 
 # ------------------------------------------------------------------ cgroups
 def make_cgroups(names: list[str]) -> dict[str, Path]:
-    return record.make_cgroups(CGROOT, names)
+    return cgroups.make_tree(CGROOT, names)
 
 
 def remove_cgroups() -> None:
-    record.remove_cgroups(CGROOT)
+    cgroups.remove_tree(CGROOT)
 
 
 # ------------------------------------------------------------------ azswap template
 def azswap_template(rec: Recording, style: str) -> dict[str, Any]:
     """TEMPLATE_ADD (synthetic id) + TEMPLATE_LOAD of the image, keyed where the VMs' pages are:
     the file page offset for private mappings, VM_BASE >> 12 + offset for anonymous guest RAM."""
-    sys.path.insert(0, str(TOP / "cli"))
-    from azctl import snapshot
-
-    from ..netlink import AzswapNetlink
+    from controlplane import snapshot
+    from controlplane.netlink import AzswapNetlink
 
     base = 0 if style in PRIVATE else VM_BASE // PAGE_SIZE
     t0 = time.perf_counter()
@@ -278,15 +259,15 @@ def azswap_template(rec: Recording, style: str) -> dict[str, Any]:
 
 
 def azswap_register(cgs: dict[str, Path]) -> dict[str, int]:
-    from ..netlink import AzswapNetlink
+    from controlplane.netlink import AzswapNetlink
 
     with AzswapNetlink() as nl:
-        return {n: nl.sandbox_add(GROUP, cgroup_path="/" + str(p.relative_to(CG)))
+        return {n: nl.sandbox_add(GROUP, cgroup_path="/" + str(p.relative_to(CGROOT.parent)))
                 for n, p in cgs.items()}
 
 
 def azswap_owner_stats(ids: dict[str, int], tid: int) -> list[dict[str, Any]]:
-    from ..netlink import AzswapNetlink
+    from controlplane.netlink import AzswapNetlink
 
     names = {v: k for k, v in ids.items()}
     names[tid] = "template"
@@ -296,7 +277,7 @@ def azswap_owner_stats(ids: dict[str, int], tid: int) -> list[dict[str, Any]]:
 
 
 def azswap_unregister(ids: dict[str, int], tid: int) -> None:
-    from ..netlink import AzswapNetlink
+    from controlplane.netlink import AzswapNetlink
 
     with AzswapNetlink() as nl:
         for cid in ids.values():
@@ -311,7 +292,7 @@ def image_copy(src: Path, dst: Path, cg: Path) -> None:
     """Copy the image to @dst (tmpfs) from a process in @cg, so that its pages are charged there
     (zero pages stay holes, as in the image)."""
     subprocess.run(["cp", "--sparse=always", str(src), str(dst)], check=True,
-                   preexec_fn=record._join(cg))
+                   preexec_fn=cgroups.joiner(cg))
 
 
 def image_readback(rec: Recording, path: Path) -> tuple[float, int]:
@@ -493,14 +474,14 @@ def run_one(rec: Recording, style: str, sysname: str, exe: Path, tmp: Path,
             res["image"] = {
                 "pages": int(rec.tmpl_nonzero.sum()), "shmem_bytes": shmem,
                 "shmem_after_reclaim": cg_stat(cg).get("shmem", 0), "reclaim_s": spent,
-                "swap_current": int(rfile(cg / "memory.swap.current")),
+                "swap_current": int(read(cg / "memory.swap.current")),
                 "pool_bytes": sf.get("pool", 0) - s2.get("pool", 0),
                 "meta_bytes": sf.get("meta", 0) - s2.get("meta", 0)}
             log(f"{style}/{sysname}: image: {(shmem - res['image']['shmem_after_reclaim']) >> 20}"
                 f" MiB swapped out in {spent:.1f}s, "
                 f"{res['image']['pool_bytes'] / 2**20:.1f} MiB in the pool")
         for vm in rec.vms:
-            res["vms"][vm.name]["swap_current"] = int(rfile(cgs[vm.name] / "memory.swap.current"))
+            res["vms"][vm.name]["swap_current"] = int(read(cgs[vm.name] / "memory.swap.current"))
         swapped = sum(r["anon_bytes"] - r["anon_after_reclaim"] for r in res["vms"].values())
         res["swapped_out_bytes"] = swapped
         res["pool_bytes"] = sf.get("pool", 0)
@@ -570,7 +551,7 @@ def summary_line(r: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m controlplane.bench.microvm",
+        prog="python -m bench.microvm",
         description=__doc__.split("\n\n")[0],
         epilog="\n\n".join(__doc__.split("\n\n")[1:]),
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -609,10 +590,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     out_dir = Path(os.environ.get("AZSWAP_OUT", TOP / "vm-tests" / "out"))
     jpath = a.json or out_dir / "microvm-live.json"
-    global LOG
-    LOG = jpath.with_suffix(".log")
-    wfile("/proc/sys/vm/page-cluster", "0")
-    wfile("/proc/sys/vm/swappiness", "100")
+    log.file = jpath.with_suffix(".log")
+    write("/proc/sys/vm/page-cluster", "0")
+    write("/proc/sys/vm/swappiness", "100")
     sh("swapoff", "-a", check=False)
     if not RUN.is_mount():
         RUN.mkdir(parents=True, exist_ok=True)

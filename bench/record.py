@@ -1,6 +1,6 @@
 """Run the ML sandbox workloads (vm-tests/workloads/mlsandbox.py) and record them as page traces.
 
-    python -m controlplane.bench.record --style fork|fresh-aslr|fresh-noaslr [--n 8] [--size S]
+    python -m bench.record --style fork|fresh-aslr|fresh-noaslr [--n 8] [--size S]
         [--seed 1] --out TRACE
 
 fork          a template process builds the state and forks N sandboxes (each joins its own memory
@@ -26,10 +26,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..recorder import Proc, record
-from ..trace import PAGE_SIZE, ROLE_SANDBOX, ROLE_TEMPLATE
+from bench.kit import cgroups
+from controlplane.trace import PAGE_SIZE, ROLE_SANDBOX, ROLE_TEMPLATE
+from controlplane.trace.recorder import Proc, record
 
-TOP = Path(__file__).resolve().parents[2]
+TOP = Path(__file__).resolve().parents[1]
 WORKLOAD = TOP / "vm-tests" / "workloads" / "mlsandbox.py"
 STYLES = ("fork", "fresh-aslr", "fresh-noaslr")
 CGROOT = Path("/sys/fs/cgroup")
@@ -43,52 +44,8 @@ def cgroups_usable() -> bool:
     )
 
 
-def make_cgroups(root: Path, names: list[str]) -> dict[str, Path]:
-    root.mkdir(exist_ok=True)
-    with contextlib.suppress(OSError):
-        (root / "cgroup.subtree_control").write_text("+memory")
-    out = {}
-    for n in names:
-        p = root / n
-        p.mkdir(exist_ok=True)
-        out[n] = p
-    return out
-
-
-def remove_cgroups(root: Path) -> None:
-    if not root.exists():
-        return
-    for p in sorted(root.iterdir()):
-        if p.is_dir():
-            for _ in range(100):  # a cgroup empties a little after its last task exits
-                try:
-                    p.rmdir()
-                    break
-                except OSError:
-                    time.sleep(0.1)
-    with contextlib.suppress(OSError):
-        root.rmdir()
-
-
-def cg_stat(cg: Path) -> dict[str, int]:
-    """A cgroup's memory.stat as a dict."""
-    out = {}
-    for line in (cg / "memory.stat").read_text().splitlines():
-        k, v = line.split()
-        out[k] = int(v)
-    return out
-
-
 def cg_anon(cg: Path) -> int:
-    return cg_stat(cg).get("anon", 0)
-
-
-def _join(cg: Path | None):
-    def fn() -> None:
-        if cg is not None:
-            (cg / "cgroup.procs").write_text(str(os.getpid()))
-
-    return fn
+    return cgroups.stat(cg).get("anon", 0)
 
 
 def wait_ready(
@@ -132,7 +89,7 @@ def run_and_record(
     status = Path(tempfile.mkdtemp(prefix="azrec-"))
     cgs: dict[str, Path] = {}
     if cgroup_root is not None:
-        cgs = make_cgroups(cgroup_root, names)
+        cgs = cgroups.make_tree(cgroup_root, names)
     env = dict(os.environ, PYTHONHASHSEED="0", OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
     common = ["--seed", str(seed), "--size", size, "--status", str(status)]
     procs: list[subprocess.Popen] = []
@@ -152,14 +109,16 @@ def run_and_record(
             ]
             if cgs:
                 cmd += ["--cgroup-root", str(cgroup_root)]
-            procs.append(subprocess.Popen(cmd, env=env, preexec_fn=_join(cgs.get("template"))))
+            procs.append(
+                subprocess.Popen(cmd, env=env, preexec_fn=cgroups.joiner(cgs.get("template")))
+            )
         else:
             pre = ["setarch", "-R"] if style == "fresh-noaslr" else []
             procs.append(
                 subprocess.Popen(
                     [*pre, py, str(WORKLOAD), "--role", "template", "--style", "fresh", *common],
                     env=env,
-                    preexec_fn=_join(cgs.get("template")),
+                    preexec_fn=cgroups.joiner(cgs.get("template")),
                 )
             )
             for i in range(n):
@@ -167,7 +126,7 @@ def run_and_record(
                     subprocess.Popen(
                         [*pre, py, str(WORKLOAD), "--role", "sandbox", "--index", str(i), *common],
                         env=env,
-                        preexec_fn=_join(cgs.get(f"sb{i}")),
+                        preexec_fn=cgroups.joiner(cgs.get(f"sb{i}")),
                     )
                 )
         pids = wait_ready(status, names, procs, timeout)
@@ -229,7 +188,7 @@ def run_and_record(
         shutil.rmtree(status, ignore_errors=True)
         if cgroup_root is not None:
             time.sleep(0.3)
-            remove_cgroups(cgroup_root)
+            cgroups.remove_tree(cgroup_root)
 
 
 def _read_tasks(path: Path) -> list[str]:
@@ -243,7 +202,7 @@ def _read_tasks(path: Path) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m controlplane.bench.record", description=__doc__.split("\n\n")[0]
+        prog="python -m bench.record", description=__doc__.split("\n\n")[0]
     )
     ap.add_argument("--style", choices=STYLES, required=True)
     ap.add_argument("--n", type=int, default=8)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from controlplane.coldpages import mark_cold, private_ranges
+from bench.coldpages import mark_cold, private_ranges
 from controlplane.prefetch import IOV_MAX, Range
 
 MAPS = """\

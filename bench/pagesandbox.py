@@ -1,6 +1,6 @@
 """PageSandbox: a process in a memory cgroup that owns N anonymous pages with verifiable content
 and touches chosen pages on command (the tool phase of an agent sandbox, reduced to its memory
-behaviour).  Used by controlplane/bench/phasebench.py and the in-guest prefetch/eBPF tests.
+behaviour).  Used by bench/phasebench.py and the in-guest prefetch/eBPF tests.
 
 Page i holds a 32-byte header (magic, seed, i, version) and text-like compressible bytes chosen by
 (seed, i); ``touch`` reads and verifies every page it is given (all 4096 bytes), optionally

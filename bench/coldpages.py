@@ -24,10 +24,10 @@ import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from controlplane import cgroup as cgroups
 from controlplane.prefetch import (
     IOV_MAX,
     Range,
-    cgroup_procs,
     madvise_ranges,
     pidfd_open,
     process_madvise,
@@ -59,7 +59,7 @@ def private_ranges(pid: int, proc: Path = Path("/proc")) -> list[Range]:
 
 def mark_cold(
     cgroup: Path,
-    procs: Callable[[Path], list[int]] = cgroup_procs,
+    procs: Callable[[Path], list[int]] = cgroups.procs,
     ranges: Callable[[int], list[Range]] = private_ranges,
     madvise: Callable[[int, Sequence[tuple[int, int]]], int] | None = None,
     open_pidfd: Callable[[int], int] = pidfd_open,

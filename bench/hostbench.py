@@ -1,6 +1,6 @@
 """Host figures: store/load MB/s of the store core vs python-lz4 / python-zstandard per page.
 
-    python -m controlplane.bench.hostbench TRACE [TRACE...] [--json OUT] [--repeat 3]
+    python -m bench.hostbench TRACE [TRACE...] [--json OUT] [--repeat 3]
 
 The same pages (every page of each trace, template first) go through:
   - python-lz4 (lz4.block, per page) and python-zstandard (level 3, per page), with zram-like
@@ -9,7 +9,8 @@ The same pages (every page of each trace, template first) go through:
     same-filled/plain/raw), lz4 and zstd-3;
   - the store core with the template and sandboxes registered (dedup + deltas), lz4 and zstd-3.
 MB/s are over the original bytes, best of --repeat runs, one CPU of this machine; the core's
-figures are the C batch calls only (controlplane/replay.py), Python's include one call per page.
+figures are the C batch calls only (controlplane/trace/replay.py), Python's include one call per
+page.
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ from typing import Any
 import lz4.block
 import zstandard
 
-from .. import replay as rp
-from ..trace import PAGE_SIZE, read_trace
+from controlplane.trace import PAGE_SIZE, read_trace
+from controlplane.trace import replay as rp
 
 RAW = PAGE_SIZE * 3 // 4
 
@@ -131,7 +132,7 @@ def print_table(rep: dict[str, Any]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m controlplane.bench.hostbench", description=__doc__.split("\n\n")[0]
+        prog="python -m bench.hostbench", description=__doc__.split("\n\n")[0]
     )
     ap.add_argument("traces", nargs="+")
     ap.add_argument("--repeat", type=int, default=3)

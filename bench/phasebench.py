@@ -1,11 +1,11 @@
-"""Phase benchmark (issue 6): fan-out sandboxes with LLM-wait/tool cycles under three regimes.
+"""Phase benchmark: fan-out sandboxes with LLM-wait/tool cycles under three regimes.
 
-    vm-tests/run --memory 2G -- .venv/bin/python -m controlplane.bench.phasebench \\
+    vm-tests/run --memory 2G -- .venv/bin/python -m bench.phasebench \\
         [--sandboxes 4] [--pages 4096] [--hot 0.25] [--cycles 6] [--wait 2.0] [--tool-cpu 0.1] \\
         [--modes a,b,c,ca,cl] [--prefetch-lead 0] [--wait-jitter 0.25] [--swap azswap|zram] \
         [--json OUT]
 
-Every sandbox is a process in its own memory cgroup (controlplane/bench/pagesandbox.py) owning
+Every sandbox is a process in its own memory cgroup (bench/pagesandbox.py) owning
 --pages pages of text-like, verifiable data.  It alternates an LLM wait (sleep --wait s, the
 sandboxes staggered) and a tool phase: touch its hot set (--hot of its pages, same pages in the
 same first-touch order each cycle, every 8th one rewritten, plus 1% fresh random pages), verify
@@ -38,7 +38,6 @@ $AZSWAP_OUT/phasebench.json.
 from __future__ import annotations
 
 import argparse
-import errno
 import json
 import os
 import random
@@ -50,9 +49,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from controlplane.bench.pagesandbox import PageSandbox
-from controlplane.bench.record import cg_stat
-from controlplane.coldpages import mark_cold
+from bench.coldpages import mark_cold
+from bench.kit import cgroups
+from bench.kit.cgroups import stat as cg_stat
+from bench.kit.swapdev import SwapDevError, System, swap_device
+from bench.pagesandbox import PageSandbox
 from controlplane.scheduler import lower_thread_priority
 
 CGROOT = Path("/sys/fs/cgroup")
@@ -60,93 +61,18 @@ BENCH_CG = CGROOT / "azphase"
 MiB = 1 << 20
 
 
-# -- swap device -------------------------------------------------------------------------------
+# -- cgroups ------------------------------------------------------------------------------------
 
 
-def _sh(*cmd: str) -> int:
-    import subprocess
-
-    return subprocess.run(list(cmd), capture_output=True, text=True, check=False).returncode
-
-
-class SwapDev:
-    def __init__(self, want: str, size: str = "1G") -> None:
-        self.kind = ""
-        p = Path("/sys/module/zswap/parameters/enabled")
-        if p.exists():
-            p.write_text("N")
-        if want == "azswap":
-            self.kind = self._azswap(size)
-        if not self.kind:
-            _sh("modprobe", "zram", "num_devices=1")
-            Path("/sys/block/zram0/reset").write_text("1")
-            Path("/sys/block/zram0/comp_algorithm").write_text("lz4")
-            Path("/sys/block/zram0/disksize").write_text(size)
-            _sh("mkswap", "/dev/zram0")
-            if _sh("swapon", "-p", "100", "/dev/zram0"):
-                raise SystemExit("phasebench: swapon /dev/zram0 failed")
-            self.kind = "zram"
-
-    def _azswap(self, size: str) -> str:
-        top = Path(__file__).resolve().parents[2]
-        for m in ("zsmalloc", "lz4_compress", "lz4_decompress", "zstd_compress",
-                  "zstd_decompress"):
-            _sh("modprobe", m)
-        if not Path("/sys/module/azswap").exists() and _sh(
-                "insmod", str(top / "kmod" / "azswap.ko")):
-            print("phasebench: insmod azswap.ko failed; using zram", file=sys.stderr)
-            return ""
-        try:
-            Path("/sys/block/azswap0/disksize").write_text(size)
-        except OSError as e:
-            print(f"phasebench: azswap0 disksize: {e}; using zram", file=sys.stderr)
-            return ""
-        if _sh("mkswap", "/dev/azswap0") or _sh("swapon", "-p", "100", "/dev/azswap0"):
-            print("phasebench: swapon /dev/azswap0 failed; using zram", file=sys.stderr)
-            _sh("rmmod", "azswap")
-            return ""
-        return "azswap"
-
-    def used_bytes(self) -> int:
-        """Memory the device itself holds for the stored pages."""
-        if self.kind == "zram":
-            cols = Path("/sys/block/zram0/mm_stat").read_text().split()
-            return int(cols[2])  # mem_used_total
-        cols = [int(x) for x in Path("/sys/block/azswap0/mm_stat").read_text().split()]
-        return cols[2] + cols[7]  # pool + meta (docs/sysfs-abi.md column order)
-
-    def split(self) -> dict[str, int]:
-        """payload (compressed bytes of live objects), pool (allocator pages), metadata."""
-        if self.kind == "zram":
-            cols = [int(x) for x in Path("/sys/block/zram0/mm_stat").read_text().split()]
-            return {"payload": cols[1], "pool": cols[2], "meta": 0}
-        cols = [int(x) for x in Path("/sys/block/azswap0/mm_stat").read_text().split()]
-        return {"payload": cols[1], "pool": cols[2], "meta": cols[7]}
-
-    def close(self) -> None:
-        if self.kind == "zram":
-            _sh("swapoff", "/dev/zram0")
-            Path("/sys/block/zram0/reset").write_text("1")
-        elif self.kind == "azswap":
-            _sh("swapoff", "/dev/azswap0")
-            _sh("rmmod", "azswap")
-
-
-# -- cgroups -----------------------------------------------------------------------------------
-
-
-def reclaim(cg: Path, amount: str = "1G") -> float:
+def reclaim(cg: Path, amount: int = 1 << 30) -> float:
+    """One memory.reclaim write (coming up short is not an error); its seconds."""
     t = time.monotonic()
-    try:
-        (cg / "memory.reclaim").write_text(amount)
-    except OSError as e:
-        if e.errno != errno.EAGAIN:
-            raise
+    cgroups.of(cg).reclaim(amount)
     return time.monotonic() - t
 
 
 def mem_current(cg: Path) -> int:
-    return int((cg / "memory.current").read_text())
+    return cgroups.of(cg).memory_current()
 
 
 def pgmajfault(cg: Path) -> int:
@@ -216,14 +142,11 @@ def lead_for(b: Box, a: Args) -> float:
     return 1.5 * statistics.fmean(recent) + 0.05 if recent else 0.5
 
 
-def run_mode(mode: str, a: Args, dev: SwapDev, prefetcher: Any, rnd: int = 0) -> dict[str, Any]:
-    BENCH_CG.mkdir(exist_ok=True)
-    (BENCH_CG / "cgroup.subtree_control").write_text("+memory")
+def run_mode(mode: str, a: Args, dev: System, prefetcher: Any, rnd: int = 0) -> dict[str, Any]:
     boxes: list[Box] = []
     for i in range(a.sandboxes):
         name = f"{mode}{rnd}-{i}"
-        cg = BENCH_CG / name
-        cg.mkdir(exist_ok=True)
+        cg = cgroups.make_tree(BENCH_CG, [name])[name]
         sb = PageSandbox(cg, a.pages, seed=a.seed + i)
         rng = random.Random(a.seed * 100 + i)
         hot = rng.sample(range(a.pages), int(a.pages * a.hot))
@@ -249,8 +172,9 @@ def run_mode(mode: str, a: Args, dev: SwapDev, prefetcher: Any, rnd: int = 0) ->
             parts["other"].append(total - anon - file)
             parts["device"].append(dev_b)
             if mode != "a":
-                for k, v in dev.split().items():
-                    parts[k].append(v)
+                st = dev.stats()
+                for k in ("payload", "pool", "meta"):
+                    parts[k].append(st.get(k, 0))
             stop.wait(0.1)
 
     reclaim_s = [0.0]
@@ -290,7 +214,7 @@ def run_mode(mode: str, a: Args, dev: SwapDev, prefetcher: Any, rnd: int = 0) ->
                     after = mem_current(b.cg)
                     if after > 512 * 1024 and not b.cold and a.cold:
                         # what the pass kept had its accessed bit set (the tool, the prefetch):
-                        # clear the bits so the next pass takes it (controlplane/coldpages.py)
+                        # clear the bits so the next pass takes it (bench/coldpages.py)
                         b.cold = True
                         c0 = time.thread_time()
                         mark_cold(b.cg)
@@ -416,12 +340,7 @@ def run_mode(mode: str, a: Args, dev: SwapDev, prefetcher: Any, rnd: int = 0) ->
             out["prefetch_late"] = sum(b.late for b in boxes)
     for b in boxes:
         b.sb.stop()
-        for _ in range(50):
-            try:
-                b.cg.rmdir()
-                break
-            except OSError:
-                time.sleep(0.1)
+        cgroups.remove_tree(b.cg)
     return out
 
 
@@ -470,9 +389,26 @@ def main(argv: list[str] | None = None) -> int:
     a = Args(ns.sandboxes, ns.pages, ns.hot, ns.cycles, ns.warmup, ns.wait, ns.tool_cpu,
              ns.interval, ns.grace, ns.prefetch_lead, ns.prefetch_async, ns.seed, ns.wait_jitter,
              ns.reclaim_nice, ns.cold)
-    dev = SwapDev(ns.swap)
-    print(f"swap device: {dev.kind}; prefetch {ns.prefetch_method}; {a}", flush=True)
     rounds: dict[str, list[dict[str, Any]]] = {}
+    try:
+        with swap_device(f"{ns.swap}-lz4", 1 << 30) as dev:
+            kind = run_all(ns, a, dev, rounds)
+    except SwapDevError as e:
+        print(f"phasebench: error: {e}", file=sys.stderr)
+        return 1
+    results = {m: median_of(rs) for m, rs in rounds.items()}
+    report(results, kind, a)
+    ns.json.write_text(json.dumps({"swap": kind, "args": a.__dict__,
+                                   "prefetch_method": ns.prefetch_method, "results": results,
+                                   "rounds": rounds}, indent=1))
+    return 0
+
+
+def run_all(ns: argparse.Namespace, a: Args, dev: System,
+            rounds: dict[str, list[dict[str, Any]]]) -> str:
+    """Every round of every mode on ``dev``; the swap kind's name."""
+    kind = dev.name.split("-")[0]
+    print(f"swap device: {dev.name}; prefetch {ns.prefetch_method}; {a}", flush=True)
     prefetcher = None
     try:
         for rnd in range(ns.repeat):
@@ -497,13 +433,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if prefetcher is not None:
             prefetcher.close()
-        dev.close()
-    results = {m: median_of(rs) for m, rs in rounds.items()}
-    report(results, dev.kind, a)
-    ns.json.write_text(json.dumps({"swap": dev.kind, "args": a.__dict__,
-                                   "prefetch_method": ns.prefetch_method, "results": results,
-                                   "rounds": rounds}, indent=1))
-    return 0
+    return kind
 
 
 def median_of(rs: list[dict[str, Any]]) -> dict[str, Any]:

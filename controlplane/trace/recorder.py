@@ -1,6 +1,6 @@
 """Record the private anonymous pages of live processes into a page trace.
 
-    python -m controlplane.recorder OUT.aztrace --template PID [--sandbox PID ...] [--group 1]
+    python -m controlplane.trace.recorder OUT.aztrace --template PID [--sandbox PID ...] [--group 1]
         [--exclusive] [--meta key=value ...]
 
 For every process: /proc/PID/maps lists its mappings; /proc/PID/pagemap tells, per page, whether
@@ -27,7 +27,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from .trace import PAGE_SIZE, ROLE_SANDBOX, ROLE_TEMPLATE, TraceError, TraceWriter
+from controlplane.trace.format import (
+    PAGE_SIZE,
+    ROLE_SANDBOX,
+    ROLE_TEMPLATE,
+    TraceError,
+    TraceWriter,
+)
 
 PM_PRESENT = 1 << 63
 PM_SWAP = 1 << 62
@@ -174,7 +180,7 @@ def record(
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m controlplane.recorder", description=__doc__.split("\n\n")[0]
+        prog="python -m controlplane.trace.recorder", description=__doc__.split("\n\n")[0]
     )
     ap.add_argument("out")
     ap.add_argument("--template", type=int, action="append", default=[], metavar="PID")

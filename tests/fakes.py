@@ -1,8 +1,8 @@
-"""An in-memory stand-in for azswap.ko's netlink interface (for host tests and dry runs).
+"""Test fakes: an in-memory azswap.ko netlink interface, a fake clock, /proc and cgroup trees.
 
-It implements :class:`controlplane.registry.ModuleBackend` with the error behaviour docs/netlink.md
-specifies (EEXIST, ENOENT, EINVAL, EBUSY, EPERM through :func:`errors.from_netlink`), so code above
-it cannot tell the difference.  It is not used by the daemon unless asked for explicitly.
+:class:`FakeModule` implements :class:`controlplane.registry.ModuleBackend` with the error
+behaviour docs/netlink.md specifies (EEXIST, ENOENT, EINVAL, EBUSY, EPERM through
+:func:`errors.from_netlink`), so code above it cannot tell the difference.
 """
 
 from __future__ import annotations
@@ -18,25 +18,14 @@ from controlplane.abi import (
     KINDS,
     MAX_LOAD_PAGES,
     PAGE_SIZE,
-    POLICY_FIELDS,
     Cmd,
     Info,
     OwnerStats,
     Phase,
     Policy,
+    policy_error,
 )
 from controlplane.cgroup import CGROUP_ROOT, Cgroup
-
-_RANGES = {
-    "codec": (0, 1),
-    "level": (1, 9),
-    "dedup": (0, 1),
-    "tdelta": (0, 1),
-    "xdelta": (0, 1),
-    "sim_effort": (0, 64),
-    "delta_max_pct": (1, 100),
-    "shuffle": (0, 1),
-}
 
 
 def _err(cmd: Cmd, code: int, msg: str | None = None) -> errors.AzswapError:
@@ -159,13 +148,9 @@ class FakeModule:
     def policy_set(self, **fields: int) -> None:
         self._admin(Cmd.POLICY_SET)
         for k, v in fields.items():
-            if k not in POLICY_FIELDS:
-                raise _err(Cmd.POLICY_SET, errno.EINVAL, f"unknown policy field {k}")
-            lo, hi = _RANGES[k]
-            if not lo <= int(v) <= hi:
-                raise _err(
-                    Cmd.POLICY_SET, errno.EINVAL, f"{POLICY_FIELDS[k]}: {v} not in {lo}..{hi}"
-                )
+            why = policy_error(k, v)
+            if why is not None:
+                raise _err(Cmd.POLICY_SET, errno.EINVAL, why)
         with self._lock:  # like the module: every knob, the codec too, changes live
             for k, v in fields.items():
                 setattr(self.policy, k, int(v))

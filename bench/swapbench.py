@@ -1,11 +1,11 @@
 """In-guest swap benchmark: the same recorded pages on azswap, zram, zswap and no compression.
 
-    vm-tests/run --memory 3G -- .venv/bin/python -m controlplane.bench.swapbench \\
+    vm-tests/run --memory 3G -- .venv/bin/python -m bench.swapbench \\
         [--trace T.aztrace ...] [--record fork,fresh-aslr,fresh-noaslr --n 8 --size default] \\
         [--systems none,zram-lz4,zram-zstd,zswap-lz4,zswap-zstd,azswap-lz4,azswap-zstd,
                    azswap-lz4-noshuf,azswap-zstd-noshuf,azdev-lz4,azdev-zstd]
 
-For every trace (recorded beforehand with ``python -m controlplane.bench.record``, or here with
+For every trace (recorded beforehand with ``python -m bench.record``, or here with
 --record) and every system, in this one guest:
 
  1. the system is set up as the only swap device (zram: /dev/zram0 with lz4/zstd; zswap: enabled
@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import errno
 import json
 import os
 import shutil
@@ -50,12 +49,14 @@ from typing import Any
 
 import numpy as np
 
-from ..abi import Codec
-from ..trace import PAGE_SIZE, ROLE_TEMPLATE, Owner, Trace, Vma, read_trace
-from . import record
-from .record import cg_stat
+from bench.kit import cgroups
+from bench.kit.cgroups import reclaim_all as reclaim
+from bench.kit.cgroups import stat as cg_stat
+from bench.kit.shell import logger, read, sh, write
+from bench.kit.swapdev import make_system
+from controlplane.trace import PAGE_SIZE, ROLE_TEMPLATE, Owner, Trace, Vma, read_trace
 
-TOP = Path(__file__).resolve().parents[2]
+TOP = Path(__file__).resolve().parents[1]
 PLAYER_SRC = TOP / "vm-tests" / "workloads" / "player.c"
 CG = Path("/sys/fs/cgroup")
 CGROOT = CG / "azbench"
@@ -74,258 +75,16 @@ SYSTEMS = (
 )
 # What runs unless --systems says otherwise: the "-noshuf" variants are on request.
 DEFAULT_SYSTEMS = tuple(s for s in SYSTEMS if not s.endswith("-noshuf"))
-GROUP = 1
 MULTS = (np.arange(1, 513, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)) | np.uint64(1)
 
 
-def log(msg: str) -> None:
-    print(f"[swapbench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-def sh(*cmd: str, check: bool = True) -> str:
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    if check and r.returncode:
-        raise RuntimeError(f"{' '.join(cmd)}: {r.stderr.strip() or r.returncode}")
-    return r.stdout
-
-
-def wfile(path: str | Path, val: str) -> None:
-    with open(path, "w") as f:
-        f.write(val)
-
-
-def rfile(path: str | Path) -> str:
-    with open(path) as f:
-        return f.read().strip()
+log = logger("swapbench")
 
 
 def checksums(data: bytes | memoryview) -> np.ndarray:
     w = np.frombuffer(data, dtype="<u8").reshape(-1, 512)
     with np.errstate(over="ignore"):
         return (w * MULTS).sum(axis=1, dtype=np.uint64)
-
-
-# ------------------------------------------------------------------ systems
-class System:
-    name = "none"
-    swap = False
-
-    def setup(self, nbytes: int) -> None: ...
-
-    def teardown(self) -> None: ...
-
-    def register(self, cgroups: dict[str, Path], owners: list[Owner]) -> None: ...
-
-    def stats(self) -> dict[str, int]:
-        return {}
-
-    def owner_stats(self) -> list[dict[str, Any]]:
-        return []
-
-
-class Zram(System):
-    def __init__(self, algo: str) -> None:
-        self.name = f"zram-{algo}"
-        self.algo = algo
-        self.swap = True
-
-    def setup(self, nbytes: int) -> None:
-        if not Path("/sys/block/zram0").exists():
-            sh("modprobe", "zram", "num_devices=1")
-        wfile("/sys/block/zram0/reset", "1")
-        wfile("/sys/block/zram0/comp_algorithm", self.algo)
-        wfile("/sys/block/zram0/disksize", str(nbytes))
-        sh("mkswap", "/dev/zram0")
-        sh("swapon", "-p", "100", "/dev/zram0")
-
-    def teardown(self) -> None:
-        sh("swapoff", "/dev/zram0", check=False)
-        wfile("/sys/block/zram0/reset", "1")
-
-    def stats(self) -> dict[str, int]:
-        f = [int(x) for x in rfile("/sys/block/zram0/mm_stat").split()]
-        return {
-            "orig": f[0],
-            "payload": f[1],
-            "pool": f[2],
-            "same_pages": f[5],
-            "huge_pages": f[7] if len(f) > 7 else 0,
-        }
-
-
-class Zswap(System):
-    P = Path("/sys/module/zswap/parameters")
-    D = Path("/sys/kernel/debug/zswap")
-
-    def __init__(self, algo: str) -> None:
-        self.name = f"zswap-{algo}"
-        self.algo = algo
-        self.swap = True
-
-    def setup(self, nbytes: int) -> None:
-        if not Path("/sys/kernel/debug/zswap").exists():
-            sh("mount", "-t", "debugfs", "none", "/sys/kernel/debug", check=False)
-        sh("modprobe", "zsmalloc")
-        sh("modprobe", self.algo, check=False)
-        if not Path("/dev/ram0").exists():
-            sh("modprobe", "brd", "rd_nr=1", f"rd_size={nbytes // 1024}")
-        sh("mkswap", "/dev/ram0")
-        sh("swapon", "-p", "100", "/dev/ram0")
-        wfile(self.P / "zpool", "zsmalloc")
-        wfile(self.P / "compressor", self.algo)
-        wfile(self.P / "max_pool_percent", "60")
-        wfile(self.P / "enabled", "Y")
-
-    def teardown(self) -> None:
-        wfile(self.P / "enabled", "N")
-        sh("swapoff", "/dev/ram0", check=False)
-        sh("rmmod", "brd", check=False)
-
-    def stats(self) -> dict[str, int]:
-        d = {p.name: int(rfile(p)) for p in self.D.iterdir() if p.is_file()}
-        used = 0
-        for line in Path("/proc/swaps").read_text().splitlines()[1:]:
-            if line.startswith("/dev/ram0"):
-                used = int(line.split()[3]) * 1024
-        on_disk = max(0, used - d.get("stored_pages", 0) * PAGE_SIZE)
-        return {
-            "orig": d.get("stored_pages", 0) * PAGE_SIZE,
-            "pool": d.get("pool_total_size", 0) + on_disk,
-            "zswap_pool": d.get("pool_total_size", 0),
-            "backing_bytes": on_disk,
-            "same_pages": d.get("same_filled_pages", 0),
-            "rejects": sum(v for k, v in d.items() if k.startswith("reject_")),
-            "written_back": d.get("written_back_pages", 0),
-            "pool_limit_hit": d.get("pool_limit_hit", 0),
-            **{f"debugfs_{k}": v for k, v in d.items()},
-        }
-
-
-class Azswap(System):
-    B = Path("/sys/block/azswap0")
-
-    def __init__(self, algo: str) -> None:
-        self.name = f"azswap-{algo}"
-        # "-noshuf": policy shuffle=0 (float pages raw, as zram; faster loads).
-        self.shuffle = 0 if algo.endswith("-noshuf") else 1
-        # "lz4/zstd:6": template bases in the codec after the slash (the device starts with it),
-        # sandboxes in the first one (after_template() switches the policy, live).
-        self.algo, _, base = algo.removesuffix("-noshuf").partition("/")
-        self.base_algo = base or self.algo
-        # Swap slots per similarity index entry (sysfs sim_slots, docs/store.md).
-        self.sim_slots = 1
-        self.swap = True
-        self.ids: dict[str, int] = {}
-
-    def setup(self, nbytes: int) -> None:
-        if not self.B.exists():
-            ko = TOP / "kmod" / "azswap.ko"
-            sh("modprobe", "zsmalloc", check=False)
-            sh("modprobe", "lz4_compress", check=False)
-            sh("modprobe", "lz4_decompress", check=False)
-            sh("modprobe", "zstd_compress", check=False)
-            sh("modprobe", "zstd_decompress", check=False)
-            sh("insmod", str(ko))
-        with contextlib.suppress(OSError):
-            wfile(self.B / "reset", "1")
-        wfile(self.B / "comp_algorithm", self.base_algo)
-        wfile(self.B / "shuffle", str(self.shuffle))
-        wfile(self.B / "sim_slots", str(self.sim_slots))
-        wfile(self.B / "disksize", str(nbytes))
-        sh("mkswap", "/dev/azswap0")
-        sh("swapon", "-p", "100", "/dev/azswap0")
-
-    def after_template(self) -> None:
-        """Once the template's bases are stored: the sandboxes' codec, when it differs."""
-        if self.base_algo == self.algo:
-            return
-        from ..netlink import AzswapNetlink
-
-        codec, _, level = self.algo.partition(":")
-        fields = {"codec": int(Codec[codec.upper()])}
-        if codec == "zstd":
-            fields["level"] = int(level or 3)
-        with AzswapNetlink() as nl:
-            nl.policy_set(**fields)
-
-    def register(self, cgroups: dict[str, Path], owners: list[Owner]) -> None:
-        from ..netlink import AzswapNetlink
-
-        with AzswapNetlink() as nl:
-            for o in owners:
-                rel = "/" + str(cgroups[o.name].relative_to(CG))
-                if o.role == ROLE_TEMPLATE:
-                    self.ids[o.name] = nl.template_add(GROUP, cgroup_path=rel)
-                else:
-                    self.ids[o.name] = nl.sandbox_add(GROUP, cgroup_path=rel)
-
-    def unregister(self) -> None:
-        from ..netlink import AzswapNetlink
-
-        with AzswapNetlink() as nl:
-            for name, cid in self.ids.items():
-                with contextlib.suppress(Exception):
-                    if name == "template":
-                        nl.template_del(cid)
-                    else:
-                        nl.sandbox_del(cid)
-        self.ids = {}
-
-    def teardown(self) -> None:
-        sh("swapoff", "/dev/azswap0", check=False)
-        self.unregister()
-        with contextlib.suppress(OSError):
-            wfile(self.B / "reset", "1")
-
-    def stats(self) -> dict[str, int]:
-        f = [int(x) for x in rfile(self.B / "mm_stat").split()]
-        k = [int(x) for x in rfile(self.B / "kind_stat").split()]
-        o = [int(x) for x in rfile(self.B / "obj_stat").split()]
-        out = {
-            "orig": f[0],
-            "payload": f[1],
-            "pool": f[2],
-            "meta": f[7],
-            "index": f[8],
-            "template_bytes": f[9],
-            "compacted": f[10] if len(f) > 10 else 0,
-            "base_cache_pages": o[6],
-        }
-        for name, v in zip(("same", "dup", "tdelta", "xdelta", "plain", "raw"), k, strict=False):
-            out[f"kind_{name}"] = v
-        return out
-
-    def owner_stats(self) -> list[dict[str, Any]]:
-        from ..netlink import AzswapNetlink
-
-        names = {v: k for k, v in self.ids.items()}
-        with AzswapNetlink() as nl:
-            return [
-                dict(o.to_dict(), name=names.get(o.cgroup_id, str(o.cgroup_id))) for o in nl.stats()
-            ]
-
-
-class AzswapDevice(Azswap):
-    """azswap as a plain compressed swap device: nothing registered, so no page is shared.
-
-    Same-filled pages and per-page lz4/zstd only: the zram-parity configuration."""
-
-    def __init__(self, algo: str) -> None:
-        super().__init__(algo)
-        self.name = f"azdev-{algo}"
-
-    def register(self, cgroups: dict[str, Path], owners: list[Owner]) -> None:
-        pass
-
-    def owner_stats(self) -> list[dict[str, Any]]:
-        return []
-
-
-def make_system(name: str) -> System:
-    if name == "none":
-        return System()
-    kind, algo = name.split("-", 1)
-    return {"zram": Zram, "zswap": Zswap, "azswap": Azswap, "azdev": AzswapDevice}[kind](algo)
 
 
 # ------------------------------------------------------------------ players
@@ -499,29 +258,11 @@ class Playback:
 
 # ------------------------------------------------------------------ cgroups
 def make_cgroups(names: list[str]) -> dict[str, Path]:
-    return record.make_cgroups(CGROOT, names)
+    return cgroups.make_tree(CGROOT, names)
 
 
 def remove_cgroups() -> None:
-    record.remove_cgroups(CGROOT)
-
-
-def reclaim(cg: Path, kind: str = "anon") -> float:
-    """Push the cgroup's anonymous memory (or its tmpfs pages: kind="shmem") to swap; returns
-    seconds spent in memory.reclaim."""
-    spent = 0.0
-    for _ in range(12):
-        left = cg_stat(cg).get(kind, 0)
-        if left < 64 * 1024:
-            break
-        t0 = time.perf_counter()
-        try:
-            wfile(cg / "memory.reclaim", str(left + (1 << 20)))
-        except OSError as exc:
-            if exc.errno != errno.EAGAIN:
-                raise
-        spent += time.perf_counter() - t0
-    return spent
+    cgroups.remove_tree(CGROOT)
 
 
 # ------------------------------------------------------------------ one run
@@ -572,7 +313,7 @@ def run_system(
             t_sb += reclaim(cgs[o.name])
         s2 = system.stats()
         left = {o.name: cg_stat(cgs[o.name]).get("anon", 0) for o in owners}
-        swapped = {o.name: int(rfile(cgs[o.name] / "memory.swap.current")) for o in owners}
+        swapped = {o.name: int(read(cgs[o.name] / "memory.swap.current")) for o in owners}
         res["anon_after_reclaim"] = left
         res["swap_current"] = swapped
         out_sb = sum(anon[o.name] - left[o.name] for o in sb)
@@ -732,7 +473,7 @@ def parity(results: list[dict[str, Any]], style: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m controlplane.bench.swapbench",
+        prog="python -m bench.swapbench",
         description=__doc__.split("\n\n")[0],
         epilog="\n\n".join(__doc__.split("\n\n")[1:]),
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -754,25 +495,23 @@ def main(argv: list[str] | None = None) -> int:
         if s not in SYSTEMS:
             print(f"swapbench: unknown system {s!r} (known: {', '.join(SYSTEMS)})", file=sys.stderr)
             return 2
-    wfile("/proc/sys/vm/page-cluster", "0")
-    wfile("/proc/sys/vm/swappiness", "100")
+    write("/proc/sys/vm/page-cluster", "0")
+    write("/proc/sys/vm/swappiness", "100")
     sh("swapoff", "-a", check=False)
     tmp = Path(tempfile.mkdtemp(prefix="swapbench-"))
     exe = build_player(tmp)
     traces = list(a.trace)
     if a.record:
-        from .record import run_and_record
+        from bench.record import run_and_record
 
         (out_dir / "traces").mkdir(parents=True, exist_ok=True)
         for style in a.record.split(","):
             path = str(out_dir / "traces" / f"{style}.aztrace")
             run_and_record(style, a.n, a.size, a.seed, path, cgroup_root=CG / "azrecord", log=log)
             traces.append(path)
-    if any(s.startswith("az") for s in systems):
-        ko = TOP / "kmod" / "azswap.ko"
-        if not ko.exists():
-            log("kmod/azswap.ko not built: skipping azswap")
-            systems = [s for s in systems if not s.startswith("az")]
+    if any(s.startswith("az") for s in systems) and not (TOP / "kmod" / "azswap.ko").exists():
+        print("swapbench: kmod/azswap.ko not built (make kmod)", file=sys.stderr)
+        return 1
     report: dict[str, Any] = {
         "kernel": os.uname().release,
         "time": time.time(),

@@ -1,8 +1,8 @@
 """Replay a page trace (docs/trace-format.md) through the host build of the store core.
 
-    python -m controlplane.replay TRACE [--strategies lz4,zstd,dedup,...] [--json OUT]
+    python -m controlplane.trace.replay TRACE [--strategies lz4,zstd,dedup,...] [--json OUT]
 
-The pages go through build/libazcore.so (controlplane/corelib.py): the C files that run in
+The pages go through build/libazcore.so (controlplane/trace/corelib.py): the C files that run in
 azswap.ko. For each strategy the tool stores every page of the trace (template owners first, then
 the rest in file order, in consecutive slots), reads everything back and checks it byte for byte,
 and prints stored bytes, ratio and MB/s (C time only: one batch call per PAGES record).
@@ -32,8 +32,24 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from .corelib import CODEC_LZ4, CODEC_ZSTD, KINDS, PAGE_SIZE, CoreError, PageInfo, Store
-from .trace import ROLE_TEMPLATE, ROLE_UNREGISTERED, Owner, PageRun, Trace, TraceError, read_trace
+from controlplane.trace.corelib import (
+    CODEC_LZ4,
+    CODEC_ZSTD,
+    KINDS,
+    PAGE_SIZE,
+    CoreError,
+    PageInfo,
+    Store,
+)
+from controlplane.trace.format import (
+    ROLE_TEMPLATE,
+    ROLE_UNREGISTERED,
+    Owner,
+    PageRun,
+    Trace,
+    TraceError,
+    read_trace,
+)
 
 
 @dataclass(frozen=True)
@@ -247,7 +263,7 @@ def print_table(rep: dict[str, Any], file: Any = None) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m controlplane.replay",
+        prog="python -m controlplane.trace.replay",
         description=__doc__.split("\n\n")[0],
         epilog="\n\n".join(__doc__.split("\n\n")[1:]),
         formatter_class=argparse.RawDescriptionHelpFormatter,

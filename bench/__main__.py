@@ -1,23 +1,23 @@
 """`make bench`: the evaluation report (markdown + PNG charts + raw JSON) in one command.
 
-    python -m controlplane.bench [--out bench-report] [--n 8] [--size default] [--seed 1]
+    python -m bench [--out bench-report] [--n 8] [--size default] [--seed 1]
         [--styles fork,fresh-aslr,fresh-noaslr] [--systems ...] [--memory 3G] [--reuse-traces]
         [--skip-vm] [--scale 1,2,4,8,16] [--microvm auto|skip|DIR] [--no-phase]
 
 Steps (every figure is measured in this run):
- 1. record each sandbox style on this machine (controlplane.bench.record: the ML workloads of
+ 1. record each sandbox style on this machine (bench.record: the ML workloads of
     vm-tests/workloads/mlsandbox.py, N sandboxes, fixed seed) into OUT/traces/STYLE.aztrace;
     microVM style: the recording of vm-tests/microvm/record.py in vm-tests/out/microvm
-    (--microvm auto: made now if missing, ~11 min the first time, docs/microvm.md);
+    (--microvm auto: made now if missing, ~11 min the first time, docs/lab/microvm.md);
  2. boot the test kernel once (vm-tests/run) and play every process-style trace on every system
-    (controlplane.bench.swapbench): OUT/swapbench.json; then, in the same guest, the tool-phase
-    benchmark (controlplane.bench.phasebench: no compression, aggressive, phase-aware +
+    (bench.swapbench): OUT/swapbench.json; then, in the same guest, the tool-phase
+    benchmark (bench.phasebench: no compression, aggressive, phase-aware +
     prefetch): OUT/phasebench.json;
  3. replay every trace, the microVM one too, through the host store core per strategy, with the
-    unlimited-search limit (controlplane.replay): OUT/replay.json; reduction as sandboxes scale:
-    replay of the first 1, 2, 4, ... sandboxes of the fork-style trace (recorded with
+    unlimited-search limit (controlplane.trace.replay): OUT/replay.json; reduction as sandboxes
+    scale: replay of the first 1, 2, 4, ... sandboxes of the fork-style trace (recorded with
     max(--scale) sandboxes);
- 4. host store/load MB/s vs python-lz4/zstandard (controlplane.bench.hostbench): OUT/host.json;
+ 4. host store/load MB/s vs python-lz4/zstandard (bench.hostbench): OUT/host.json;
  5. OUT/report.md and OUT/*.png.
 """
 
@@ -33,17 +33,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .. import replay as rp
-from ..trace import PAGE_SIZE, ROLE_TEMPLATE, Trace, read_trace
-from . import hostbench
-from .record import STYLES, run_and_record
-from .swapbench import DEFAULT_SYSTEMS, SYSTEMS
+from bench import hostbench
+from bench.kit.shell import logger
+from bench.record import STYLES, run_and_record
+from bench.swapbench import DEFAULT_SYSTEMS, SYSTEMS
+from controlplane.trace import PAGE_SIZE, ROLE_TEMPLATE, Trace, read_trace
+from controlplane.trace import replay as rp
 
-TOP = Path(__file__).resolve().parents[2]
+TOP = Path(__file__).resolve().parents[1]
 
 
-def log(msg: str) -> None:
-    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+log = logger("bench")
 
 
 def subset(tr: Trace, k: int) -> Trace:
@@ -288,7 +288,7 @@ def fmt_replay(rep: list[dict[str, Any]]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m controlplane.bench",
+        prog="python -m bench",
         description=__doc__.split("\n\n")[0],
         epilog="\n\n".join(__doc__.split("\n\n")[1:]),
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -340,12 +340,12 @@ def main(argv: list[str] | None = None) -> int:
             guest_traces.append(str(dst))
         py = str(TOP / ".venv" / "bin" / "python")
         vo = TOP / "vm-tests" / "out"
-        swap = f"{py} -m controlplane.bench.swapbench --systems {a.systems} "
+        swap = f"{py} -m bench.swapbench --systems {a.systems} "
         swap += f"--json {vo / 'swapbench.json'} " + " ".join(f"--trace {p}" for p in guest_traces)
         steps = [swap]
         if not a.no_phase:
             steps.append(
-                f"{py} -m controlplane.bench.phasebench --modes a,b,c,cl --seed {a.seed} "
+                f"{py} -m bench.phasebench --modes a,b,c,cl --seed {a.seed} "
                 f"--json {vo / 'phasebench.json'}"
             )
         # every step runs; the guest's exit status is the first failure
@@ -431,7 +431,7 @@ def microvm_trace(arg: str) -> str | None:
         return str(p)
     if arg != "auto":
         raise SystemExit(f"bench: {p}: no microVM recording there")
-    log("microVM style: recording 8 guests restored from one snapshot (docs/microvm.md)")
+    log("microVM style: recording 8 guests restored from one snapshot (docs/lab/microvm.md)")
     rc = subprocess.run(
         [
             sys.executable,
@@ -501,7 +501,7 @@ def write_report(
         "# azswap evaluation report",
         "",
         f"Generated {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by `python -m "
-        f"controlplane.bench` ({a.n} sandboxes, size `{a.size}`, seed {a.seed}). Every figure "
+        f"bench` ({a.n} sandboxes, size `{a.size}`, seed {a.seed}). Every figure "
         "below was measured in this run.",
         "",
         "## Machine",
@@ -522,7 +522,7 @@ def write_report(
         "processes with ASLR on / off). Each style is recorded once "
         "(docs/trace-format.md) and played back into live processes for every system, so every "
         "system sees byte-identical pages (owned bytes match across rows). `microvm-snapshot` "
-        "(replay only; live figures in docs/microvm.md): 8 QEMU guests restored from one "
+        "(replay only; live figures in docs/lab/microvm.md): 8 QEMU guests restored from one "
         "snapshot, each with its own task, their pages that differ from the snapshot's.",
         "",
     ]

@@ -1,17 +1,17 @@
 """`make demo`: an agent fan-out in a QEMU guest, azswap against zram and zswap, measured now.
 
-    python -m controlplane.demo [--sandboxes 8] [--seed 1] [--size small] [--memory 3G]
+    python -m bench.demo [--sandboxes 8] [--seed 1] [--size small] [--memory 3G]
         [--systems none,zram-lz4,zram-zstd,zswap-lz4,azswap-lz4,azswap-zstd] [--no-phase]
 
 1. On the host: a template Python process with ML memory (model weights, optimizer state, a
    tokenized dataset, a warmed interpreter) forks --sandboxes sandboxes, each running its own
    training/inference trajectory until it waits for the LLM; their private pages are recorded
-   (controlplane.bench.record), so every system sees exactly the same pages.
+   (bench.record), so every system sees exactly the same pages.
 2. In one boot of the test kernel (vm-tests/run): the pages are played into live processes in
    their own memory cgroups and pushed to swap with memory.reclaim on each system in turn, then
-   faulted back and verified (controlplane.bench.swapbench); then sandboxes alternate tool phases
+   faulted back and verified (bench.swapbench); then sandboxes alternate tool phases
    and LLM waits, with no compression, aggressive compression, and azswap's phase-aware
-   compression + prefetch (controlplane.bench.phasebench).
+   compression + prefetch (bench.phasebench).
 3. One table of what was measured in this run: sandbox-owned memory, bytes stored, reduction
    and its ratio to zram-lz4's; tool-phase slowdown with and without phase awareness + prefetch.
 """
@@ -59,7 +59,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 
 
 def _record(a: argparse.Namespace, console: Console) -> Path:
-    from controlplane.bench.record import run_and_record
+    from bench.record import run_and_record
 
     OUT.mkdir(parents=True, exist_ok=True)
     trace = OUT / f"fork-n{a.sandboxes}-s{a.seed}-{a.size}.aztrace"
@@ -75,12 +75,12 @@ def _record(a: argparse.Namespace, console: Console) -> Path:
 def _guest(a: argparse.Namespace, trace: Path, console: Console) -> int:
     py = sys.executable
     steps = [
-        f"{py} -m controlplane.bench.swapbench --trace {trace} --systems {a.systems} "
+        f"{py} -m bench.swapbench --trace {trace} --systems {a.systems} "
         f"--json {OUT / 'swapbench.json'}",
     ]
     if not a.no_phase:
         steps.append(
-            f"{py} -m controlplane.bench.phasebench --sandboxes {min(a.sandboxes, 4)} "
+            f"{py} -m bench.phasebench --sandboxes {min(a.sandboxes, 4)} "
             f"--modes a,b,c,cl --seed {a.seed} --json {OUT / 'phasebench.json'}"
         )
     for name in ("swapbench.json", "phasebench.json"):

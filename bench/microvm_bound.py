@@ -1,6 +1,6 @@
 """microVM recording: how far a general-purpose compressor gets on the owned pages.
 
-    python -m controlplane.bench.microvm_bound [--dir vm-tests/out/microvm] [--level 19]
+    python -m bench.microvm_bound [--dir vm-tests/out/microvm] [--level 19]
         [--per-task] [--json DIR/bound.json]
 
 A reference point for the owned-pages view, not a page store: every VM's owned pages (the pages
@@ -14,7 +14,7 @@ stream), without paying for random access. The stream is decompressed again and 
 what was written, so the figure is of a lossless round trip.
 
 The ratios are printed beside per-page lz4 (zram's rule, from the host replay of the same trace:
-controlplane/replay.py strategy "lz4"), the baseline of the issue's "x zram-lz4" target.
+controlplane/trace/replay.py strategy "lz4"), the baseline of the issue's "x zram-lz4" target.
 Needs the zstd command (scripts/setup.sh installs it). Takes minutes on the 200 MiB recording.
 """
 
@@ -30,11 +30,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from ..replay import STRATEGIES, replay
-from ..trace import ROLE_TEMPLATE, Trace, read_trace
-from .microvm import Recording, load_recording
+from bench.microvm import Recording, load_recording
+from controlplane.trace import ROLE_TEMPLATE, Trace, read_trace
+from controlplane.trace.replay import STRATEGIES, replay
 
-TOP = Path(__file__).resolve().parents[2]
+TOP = Path(__file__).resolve().parents[1]
 MiB = float(1 << 20)
 
 
@@ -113,7 +113,7 @@ def table(res: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m controlplane.bench.microvm_bound",
+        prog="python -m bench.microvm_bound",
         description="Owned pages of a microVM recording as one zstd stream with the template "
                     "image as prefix: a general-purpose reference for the owned-pages view.")
     ap.add_argument("--dir", type=Path, default=TOP / "vm-tests" / "out" / "microvm",

@@ -4,7 +4,7 @@ The same C files that run in azswap.ko are compiled into a shared library
 (``make hostlib`` or ``make -f kmod/core/host.mk``).  This module wraps
 kmod/core/azcore.h for tests, fuzzing and trace replay::
 
-    from controlplane.corelib import Store
+    from controlplane.trace.corelib import Store
     with Store(1024) as st:
         st.put(1, page)
         assert st.get(1) == page
@@ -138,7 +138,7 @@ def default_lib_path() -> Path:
     env = os.environ.get("AZCORE_LIB")
     if env:
         return Path(env)
-    return Path(__file__).resolve().parent.parent / "build" / "libazcore.so"
+    return Path(__file__).resolve().parents[2] / "build" / "libazcore.so"
 
 
 _libs: dict[str, ctypes.CDLL] = {}

@@ -1,11 +1,11 @@
 """microVM sandboxes: the two views (owned pages, fleet) from a live run and the host replay.
 
-    python -m controlplane.bench.microvm_report [--dir vm-tests/out/microvm]
+    python -m bench.microvm_report [--dir vm-tests/out/microvm]
         [--live vm-tests/out/microvm-live.json] [--limit-json DIR/limit.json] [--md DIR/report.md]
 
 Inputs: DIR/manifest.json and DIR/microvm.aztrace (vm-tests/microvm/record.py), the live figures of
-`python -m controlplane.bench.microvm` (in the test guest). The unlimited-search limit on the same
-owned pages comes from the host build of the store core (controlplane/replay.py, strategies
+`python -m bench.microvm` (in the test guest). The unlimited-search limit on the same
+owned pages comes from the host build of the store core (controlplane/trace/replay.py, strategies
 limit-lz4 and limit-zstd, plus per-page lz4/zstd and the default-effort store for reference); it
 is computed once and cached in --limit-json.
 
@@ -32,10 +32,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..replay import STRATEGIES, replay
-from ..trace import PAGE_SIZE, ROLE_TEMPLATE, Trace, read_trace
+from controlplane.trace import PAGE_SIZE, ROLE_TEMPLATE, Trace, read_trace
+from controlplane.trace.replay import STRATEGIES, replay
 
-TOP = Path(__file__).resolve().parents[2]
+TOP = Path(__file__).resolve().parents[1]
 LIMIT_STRATEGIES = ("lz4", "zstd", "xdelta", "all", "limit-lz4", "limit-zstd")
 MiB = float(1 << 20)
 
@@ -212,10 +212,11 @@ def owned_view(live: dict[str, Any], lim: dict[str, Any]) -> list[dict[str, Any]
 def template_meta(run: dict[str, Any]) -> int:
     """azswap metadata of the template alone (fixed cost), 0 when the run cannot tell it apart.
 
-    Runs that register the sandboxes before loading the template (microvm.py since session 3)
-    take stats_before after the per-slot tables exist, so stats_after_template - stats_before
-    is the template's objects and index entries.  In older runs that difference also held the
-    per-slot index tables, so all their metadata stays in the per-VM cost (conservative).
+    Runs that register the sandboxes before loading the template (meta_order
+    "sandboxes-first") take stats_before after the per-slot tables exist, so
+    stats_after_template - stats_before is the template's objects and index entries.  In runs
+    that loaded the template first that difference also holds the per-slot index tables, so all
+    their metadata stays in the per-VM cost (conservative).
     """
     if run.get("meta_order") != "sandboxes-first":
         return 0
@@ -234,7 +235,7 @@ def fleet_view(live: dict[str, Any], projections: tuple[int, ...]) -> list[dict[
         pool = r["pool_bytes"]
         tmpl_pool = r.get("template_pool_bytes", 0)
         tmpl_meta = template_meta(r)
-        # The decoded-base cache has one size for any number of VMs (runs since session 4
+        # The decoded-base cache has one size for any number of VMs (0 when the run did not
         # record it; its few bytes of bookkeeping per page stay in the per-VM cost).
         bcache = r.get("stats_before", {}).get("base_cache_pages", 0) * PAGE_SIZE
         tmpl_meta += bcache
@@ -416,7 +417,7 @@ def markdown(live: dict[str, Any], owned: list[dict[str, Any]], fleet: list[dict
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m controlplane.bench.microvm_report",
+        prog="python -m bench.microvm_report",
         description=__doc__.split("\n\n")[0],
         epilog="\n\n".join(__doc__.split("\n\n")[1:]),
         formatter_class=argparse.RawDescriptionHelpFormatter,
