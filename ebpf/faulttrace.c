@@ -15,8 +15,8 @@
  *    shmem passes vma == NULL (shmem_swapin_folio): not a sandbox's anonymous memory, ignored.
  *    From 6.18 (the swap-table rework) swap_cache_get_folio() takes the entry only: built with
  *    -DLOOKUP_ENTRY_ONLY (the loader reads the kernel's BTF), the fault address comes from a
- *    kprobe/kretprobe on handle_mm_fault() (exported, never inlined), and only lookups made
- *    inside a sandbox task's page fault count.
+ *    kprobe/kretprobe on handle_mm_fault() (exported, never inlined), and only the first lookup
+ *    made inside a sandbox task's page fault counts (the swap-in after a miss looks again).
  *
  *  - tracepoints azswap:azswap_load / azswap:azswap_store (kmod/azswap_trace.h), compiled in
  *    with -DAZSWAP_TRACEPOINTS when the module is loaded: per-sandbox load/store counters, stored
@@ -170,10 +170,18 @@ int trace_lookup_entry(struct pt_regs *ctx, unsigned long entry)
 {
 	u32 tid = (u32)bpf_get_current_pid_tgid();
 	u64 *addr = faulting.lookup(&tid);
+	u64 fault_addr;
 
 	if (!addr)
 		return 0;
-	return lookup_entry(entry, *addr);
+	/*
+	 * Only the fault's first lookup is do_swap_page()'s: in the reworked swap core the
+	 * swap-in that follows a miss looks the entry up again (a racing insert), and counting
+	 * that one too reports every fault twice.
+	 */
+	fault_addr = *addr;
+	faulting.delete(&tid);
+	return lookup_entry(entry, fault_addr);
 }
 #else
 int trace_lookup_entry(struct pt_regs *ctx, unsigned long entry, void *vma,

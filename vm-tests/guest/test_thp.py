@@ -70,10 +70,19 @@ def test_thp_subpages_are_the_sandboxes(dev0, azpages, workers, thp_madvise) -> 
         # The worker's own (Python) memory is in the cgroup too: at least the region's pages.
         oa = _owner(nl, a)
         assert oa["ST_PAGES"] >= NPAGES, oa
-        (nobody,) = nl.request("STATS_GET", [("CGROUP_ID", 0)])  # unregistered cgroups
-        assert nobody["ST_PAGES"] == 0, f"pages charged to no sandbox: {nobody}"
+        # Every swap entry the memcg holds is a's in the store, save zero pages the swap core
+        # keeps out of the device on 6.12+: a THP subpage charged elsewhere shows up here.
+        zero = vm1.get("swpout_zero", 0) - vm0.get("swpout_zero", 0)
+        held = a.swap_current() // ag.PAGE
+        assert oa["ST_PAGES"] >= held - zero, (held, zero, oa)
+        # Unregistered cgroups' pages: only what reclaim outside the test wrote meanwhile
+        # (kswapd may take a page of the guest's own processes).
+        (nobody,) = nl.request("STATS_GET", [("CGROUP_ID", 0)])
+        written = vm1["pswpout"] - vm0["pswpout"]
+        assert nobody["ST_PAGES"] <= written - oa["ST_PAGES"], (written, nobody, oa)
         kinds = dev0.kinds()
-        assert sum(kinds.values()) == oa["ST_PAGES"], kinds
+        stored = oa["ST_PAGES"] + _owner(nl, b)["ST_PAGES"] + nobody["ST_PAGES"]
+        assert sum(kinds.values()) == stored, (kinds, stored)
         # Registered pages share: near-duplicates inside a become deltas, as small pages do.
         assert oa["ST_XDELTA"] + oa["ST_TDELTA"] > 0, oa
 
@@ -83,7 +92,6 @@ def test_thp_subpages_are_the_sandboxes(dev0, azpages, workers, thp_madvise) -> 
         # Every page of b's region that is not same-filled found its twin in a's.
         distinct = sum(azpages.az_kind(77, i) >= 2 for i in range(NPAGES))
         assert ob["ST_DUP"] >= distinct, (distinct, ob)
-        assert nl.request("STATS_GET", [("CGROUP_ID", 0)])[0]["ST_PAGES"] == 0
 
         ag.verify_all(workers)  # swap-in of every page, compared in full
         io = dev0.io()
