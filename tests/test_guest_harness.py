@@ -27,7 +27,8 @@ out = Path(__file__).resolve().parent / "out"
 out.mkdir(exist_ok=True)
 mode = os.environ["FAKE_RUNNER_MODE"]
 nodeids = [a for a in sys.argv[1:] if "::" in a]
-with (out / "guest-results.jsonl").open("a") as f:
+results = next(a.split("=", 1)[1] for a in sys.argv if a.startswith("AZSWAP_RESULTS="))
+with open(results, "a") as f:
     for n in nodeids:
         if mode == "lost" and n.endswith("test_c"):
             continue

@@ -91,16 +91,22 @@ def _run_guest(session: pytest.Session) -> GuestRun:
     run.done = True
     nodeids = [it.nodeid for it in session.items if isinstance(it, GuestItem)]
     OUT.mkdir(parents=True, exist_ok=True)
-    results_file = OUT / "guest-results.jsonl"
+    # Per session: two sessions at once (another series, the debug tier) must not read each
+    # other's results or console.
+    variant = "debug" if "--debug-kernel" in os.environ.get("AZSWAP_VM_ARGS", "") else (
+        os.environ.get("AZSWAP_KERNEL") or "")
+    suffix = f"-{variant}" if variant else ""
+    results_file = OUT / f"guest-results{suffix}-{os.getpid()}.jsonl"
     results_file.unlink(missing_ok=True)
-    log_file = OUT / "guest-console.log"
+    log_file = OUT / f"guest-console{suffix}.log"
     memory = os.environ.get("AZSWAP_VM_MEMORY", "2G")
     cpus = os.environ.get("AZSWAP_VM_CPUS", "2")
     timeout = os.environ.get("AZSWAP_VM_TIMEOUT", "2400")
     cmd = [
         str(TOP / "vm-tests" / "run"), "--memory", memory, "--cpus", cpus, "--timeout", timeout,
         *shlex.split(os.environ.get("AZSWAP_VM_ARGS", "")),
-        "--", "env", f"PYTHONPATH={TOP / 'vm-tests'}", sys.executable, "-m", "pytest",
+        "--", "env", f"PYTHONPATH={TOP / 'vm-tests'}", f"AZSWAP_RESULTS={results_file}",
+        sys.executable, "-m", "pytest",
         "-p", "no:cacheprovider", "-p", "guest_report", "-v", "-rs", *nodeids,
     ]
     tw = session.config.get_terminal_writer()
@@ -122,6 +128,7 @@ def _run_guest(session: pytest.Session) -> GuestRun:
         for line in results_file.read_text().splitlines():
             rec = json.loads(line)
             run.results[rec["nodeid"]] = rec
+        results_file.unlink()
     with capman.global_and_fixture_disabled():
         tw.line(f"vm-tests: guest run finished in {run.seconds:.0f}s, exit {run.rc}, "
                 f"{len(run.results)} results", bold=True)

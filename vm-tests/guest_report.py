@@ -1,7 +1,8 @@
 """pytest plugin loaded inside the guest (``-p guest_report``): one JSON line per test outcome.
 
-The host side (vm-tests/conftest.py) reads $AZSWAP_OUT/guest-results.jsonl and reports each
-guest test under its own node id.
+The host side (vm-tests/conftest.py) names the file in $AZSWAP_RESULTS (one per host session, so
+sessions running at once keep apart; default $AZSWAP_OUT/guest-results.jsonl), reads it and
+reports each guest test under its own node id.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-_OUT = Path(os.environ.get("AZSWAP_OUT", "vm-tests/out")) / "guest-results.jsonl"
+_OUT = Path(os.environ.get("AZSWAP_RESULTS")
+             or Path(os.environ.get("AZSWAP_OUT", "vm-tests/out")) / "guest-results.jsonl")
 _seen: dict[str, dict[str, str]] = {}
 
 
