@@ -32,6 +32,15 @@ CODEC_LZ4 = 0
 CODEC_ZSTD = 1
 
 KINDS = ("same", "dup", "tdelta", "xdelta", "plain", "raw")
+# struct az_stats fields that sum to meta_bytes (azcore.h)
+META_PARTS = (
+    "slot_bytes",
+    "owner_bytes",
+    "obj_meta_bytes",
+    "index_table_bytes",
+    "tnode_bytes",
+    "base_cache_bytes",
+)
 NR_KINDS = len(KINDS)
 
 u32 = ctypes.c_uint32
@@ -95,6 +104,14 @@ class Stats(ctypes.Structure):
         ("base_cache_hits", u64),
         ("base_cache_misses", u64),
         ("compacted_bytes", u64),
+        # meta_bytes by component (all but slot_used_bytes sum to it)
+        ("slot_bytes", u64),
+        ("slot_used_bytes", u64),
+        ("owner_bytes", u64),
+        ("obj_meta_bytes", u64),
+        ("index_table_bytes", u64),
+        ("tnode_bytes", u64),
+        ("base_cache_bytes", u64),
     ]
 
 

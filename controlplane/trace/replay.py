@@ -5,21 +5,35 @@
 The pages go through build/libazcore.so (controlplane/trace/corelib.py): the C files that run in
 azswap.ko. For each strategy the tool stores every page of the trace (template owners first, then
 the rest in file order, in consecutive slots), reads everything back and checks it byte for byte,
-and prints stored bytes, ratio and MB/s (C time only: one batch call per PAGES record).
+and prints the bytes stored, the metadata, the ratios and MB/s (C time only: one batch call per
+PAGES record).
 
-Strategies (cumulative mechanisms, as in the store issue):
+Strategies (cumulative mechanisms):
 
-    lz4        per-page lz4, no owners registered (what zram/zswap do, plus same-filled pages)
-    zstd       per-page zstd level 3
-    dedup      lz4 + owners registered, exact duplicates only
-    tdelta     + template-relative delta (same page index)
-    xdelta     + cross-sandbox / similarity delta (default sim_effort): everything, lz4
-    all        everything, zstd level 3
-    limit-lz4  everything with unlimited search (sim_effort max, delta_max_pct 100), lz4
-    limit-zstd the same with zstd: the practical limit of the store on these pages
+    lz4              per-page lz4, no owners registered (what zram/zswap do, plus same-filled)
+    zstd             per-page zstd level 3
+    dedup            lz4 + owners registered, exact duplicates only
+    tdelta           + template-relative delta (same page index)
+    xdelta           + cross-sandbox / similarity delta (default sim_effort): everything, lz4
+    all              everything, zstd level 3
+    max-effort-lz4   everything with maximum search effort (sim_effort 64, delta_max_pct 100),
+                     lz4 (not a ceiling: it can store more than the default)
+    max-effort-zstd  the same with zstd level 3
+    (limit-lz4 and limit-zstd are deprecated names of the two above)
 
-"ratio" is sandbox bytes / bytes the sandboxes' pages added to the store (the template's pages
-are stored first and reported apart, as its own cost); "total" counts the template too.
+Every replay also reports the stream reference ("stream-ref", not a store strategy): the
+sandboxes' pages as one zstd -19 stream with the template's pages as prefix, no random access:
+the ceiling of what compression sees in these pages (skip it with --no-stream-ref).
+
+Accounting (the JSON fields; docs/trace-format.md):
+    sandbox_bytes          original bytes of the sandboxes' pages (every non-template owner)
+    stored_bytes           pool bytes charged to them (their objects' payload)
+    meta_bytes             what else the store spends: their slot entries and object headers,
+                           the indexes, the owner table and the base cache (core stats)
+    template_stored_bytes  the template's own pool bytes (template_meta_bytes beside)
+    ratio                  sandbox_bytes / stored_bytes
+    net_ratio              sandbox_bytes / (stored_bytes + meta_bytes)
+    total_ratio            (sandbox + template bytes) / (all stored + all metadata)
 """
 
 from __future__ import annotations
@@ -27,15 +41,19 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
+import math
 import sys
 import time
 from dataclasses import dataclass
 from typing import Any
 
+import zstandard
+
 from controlplane.trace.corelib import (
     CODEC_LZ4,
     CODEC_ZSTD,
     KINDS,
+    META_PARTS,
     PAGE_SIZE,
     CoreError,
     PageInfo,
@@ -58,39 +76,49 @@ class Strategy:
     label: str
     register: bool
     policy: dict[str, int]
+    alias_of: str = ""  # a deprecated name of that strategy
 
 
 _ALL = {"dedup": 1, "tdelta": 1, "xdelta": 1}
-_LIMIT = {**_ALL, "sim_effort": 64, "delta_max_pct": 100}
-STRATEGIES: dict[str, Strategy] = {
-    s.name: s
-    for s in (
-        Strategy("lz4", "per-page lz4", False, {"codec": CODEC_LZ4}),
-        Strategy("zstd", "per-page zstd-3", False, {"codec": CODEC_ZSTD, "level": 3}),
-        Strategy(
-            "dedup",
-            "+dedup (lz4)",
-            True,
-            {"codec": CODEC_LZ4, "dedup": 1, "tdelta": 0, "xdelta": 0},
-        ),
-        Strategy(
-            "tdelta",
-            "+template delta",
-            True,
-            {"codec": CODEC_LZ4, "dedup": 1, "tdelta": 1, "xdelta": 0},
-        ),
-        Strategy("xdelta", "+cross-sandbox delta", True, {"codec": CODEC_LZ4, **_ALL}),
-        Strategy("all", "all, zstd-3", True, {"codec": CODEC_ZSTD, "level": 3, **_ALL}),
-        Strategy("limit-lz4", "unlimited search, lz4", True, {"codec": CODEC_LZ4, **_LIMIT}),
-        Strategy(
-            "limit-zstd",
-            "unlimited search, zstd-3",
-            True,
-            {"codec": CODEC_ZSTD, "level": 3, **_LIMIT},
-        ),
-    )
-}
-DEFAULT = list(STRATEGIES)
+_MAX = {**_ALL, "sim_effort": 64, "delta_max_pct": 100}
+_CANONICAL = (
+    Strategy("lz4", "per-page lz4", False, {"codec": CODEC_LZ4}),
+    Strategy("zstd", "per-page zstd-3", False, {"codec": CODEC_ZSTD, "level": 3}),
+    Strategy(
+        "dedup",
+        "+dedup (lz4)",
+        True,
+        {"codec": CODEC_LZ4, "dedup": 1, "tdelta": 0, "xdelta": 0},
+    ),
+    Strategy(
+        "tdelta",
+        "+template delta",
+        True,
+        {"codec": CODEC_LZ4, "dedup": 1, "tdelta": 1, "xdelta": 0},
+    ),
+    Strategy("xdelta", "+cross-sandbox delta", True, {"codec": CODEC_LZ4, **_ALL}),
+    Strategy("all", "all, zstd-3", True, {"codec": CODEC_ZSTD, "level": 3, **_ALL}),
+    Strategy("max-effort-lz4", "max effort, lz4", True, {"codec": CODEC_LZ4, **_MAX}),
+    Strategy(
+        "max-effort-zstd",
+        "max effort, zstd-3",
+        True,
+        {"codec": CODEC_ZSTD, "level": 3, **_MAX},
+    ),
+)
+# Deprecated names: accepted on the command line (mapped, with a note on stderr) and here, for
+# scripts that look them up in STRATEGIES (their results keep the old name).
+ALIASES = {"limit-lz4": "max-effort-lz4", "limit-zstd": "max-effort-zstd"}
+STRATEGIES: dict[str, Strategy] = {s.name: s for s in _CANONICAL}
+for _old, _new in ALIASES.items():
+    _s = STRATEGIES[_new]
+    STRATEGIES[_old] = Strategy(_old, f"{_s.label} (old name)", _s.register, _s.policy, _new)
+NAMES = [s.name for s in _CANONICAL]
+DEFAULT = list(NAMES)
+
+# The reference beside the store strategies (not a store: no random access).
+STREAM_REF = "stream-ref"
+STREAM_LEVEL = 19
 
 
 def _ordered(tr: Trace) -> list[tuple[Owner, PageRun]]:
@@ -170,55 +198,214 @@ def replay(
         owners = st.list_owners() if strategy.register else []
     finally:
         st.close()
-    total = nr * PAGE_SIZE
-    sb_orig = (nr - tmpl_pages) * PAGE_SIZE
-    sb_stored = end["stored_bytes"] - after_tmpl["stored_bytes"]
-    tm_stored = after_tmpl["stored_bytes"]
-    kinds = {k: end["kind_pages"][k] - after_tmpl["kind_pages"][k] for k in KINDS}
+    res = figures(strategy, after_tmpl, end, nr, tmpl_pages)
+    if owners:  # creator pays (azcore.h): the owners' bytes are the same split
+        sb = sum(o["exclusive_bytes"] + o["shared_bytes"] for o in owners if not o["is_template"])
+        tm = sum(o["exclusive_bytes"] + o["shared_bytes"] for o in owners if o["is_template"])
+        if (sb, tm) != (res["stored_bytes"], res["template_stored_bytes"]):
+            raise CoreError(5, f"{strategy.name}: owner bytes {sb}+{tm} do not match the stats")
+    res.update(
+        {
+            "sandbox_kinds": {k: end["kind_pages"][k] - after_tmpl["kind_pages"][k] for k in KINDS},
+            "kinds": end["kind_pages"],
+            "put_mbps": nr * PAGE_SIZE / t_put / 1e6 if t_put else 0.0,
+            "get_mbps": nr * PAGE_SIZE / t_get / 1e6 if t_get else 0.0,
+            "verified_pages": nr,
+            "owners": owners,
+        }
+    )
+    return res
+
+
+def _meta_split(tm: dict[str, Any], end: dict[str, Any]) -> tuple[dict[str, int], dict[str, int]]:
+    """Metadata of the sandboxes and of the template, by component, from the core's stats.
+
+    ``tm`` is a snapshot after the template's pages were stored, ``end`` after everything. The
+    per-page parts (slot entries of used slots, object headers) are split at that point; the
+    parts that exist for the sandboxes' sake (the dedup/similarity/template indexes, the owner
+    table, the base cache) are charged to the sandboxes whole. Unused slot entries are neither
+    (``idle_slot_bytes``). The template stores nothing after ``tm``: each slot is written once.
+    """
+    sb = {
+        "slots": end["slot_used_bytes"] - tm["slot_used_bytes"],
+        "object_headers": end["obj_meta_bytes"] - tm["obj_meta_bytes"],
+        "index_tables": end["index_table_bytes"],
+        "template_index_nodes": end["tnode_bytes"],
+        "owner_table": end["owner_bytes"],
+        "base_cache": end["base_cache_bytes"],
+    }
+    tmpl = {
+        "slots": tm["slot_used_bytes"],
+        "object_headers": tm["obj_meta_bytes"],
+    }
+    return sb, tmpl
+
+
+def _ratio(num: int, den: int) -> float:
+    return num / den if den else float("inf")
+
+
+def figures(
+    strategy: Strategy, tm: dict[str, Any], end: dict[str, Any], nr: int, tmpl_pages: int
+) -> dict[str, Any]:
+    """The JSON contract's figures of one strategy from two core stats snapshots (see
+    :func:`_meta_split`): the sandboxes' bytes, their pool bytes and metadata, and the
+    template's beside them."""
+    if sum(end[k] for k in META_PARTS) != end["meta_bytes"]:
+        raise CoreError(5, "store stats: meta_bytes is not the sum of its components")
+    sb_meta, tm_meta = _meta_split(tm, end)
+    sandbox = (nr - tmpl_pages) * PAGE_SIZE
+    tmpl = tmpl_pages * PAGE_SIZE
+    stored = end["stored_bytes"] - tm["stored_bytes"]
+    tm_stored = tm["stored_bytes"]
+    meta = sum(sb_meta.values())
+    tmeta = sum(tm_meta.values())
     return {
         "strategy": strategy.name,
         "label": strategy.label,
+        "reference": False,
         "policy": strategy.policy,
         "pages": nr,
-        "orig_bytes": total,
-        "stored_bytes": end["stored_bytes"],
-        "pool_bytes": end["pool_bytes"],
-        "meta_bytes": end["meta_bytes"],
-        "index_bytes": end["index_bytes"],
-        "template_orig_bytes": tmpl_pages * PAGE_SIZE,
+        # the contract (docs/trace-format.md)
+        "sandbox_bytes": sandbox,
+        "stored_bytes": stored,
+        "meta_bytes": meta,
         "template_stored_bytes": tm_stored,
-        "sandbox_orig_bytes": sb_orig,
-        "sandbox_stored_bytes": sb_stored,
-        "ratio": sb_orig / sb_stored if sb_stored else float("inf"),
-        "total_ratio": total / end["stored_bytes"] if end["stored_bytes"] else float("inf"),
-        "sandbox_kinds": kinds,
-        "kinds": end["kind_pages"],
-        "put_mbps": total / t_put / 1e6 if t_put else 0.0,
-        "get_mbps": total / t_get / 1e6 if t_get else 0.0,
-        "owners": owners,
+        "ratio": _ratio(sandbox, stored),
+        "net_ratio": _ratio(sandbox, stored + meta),
+        "total_ratio": _ratio(sandbox + tmpl, stored + tm_stored + meta + tmeta),
+        "meta_pct": 100.0 * meta / sandbox if sandbox else 0.0,
+        "meta": sb_meta,
+        "template_bytes": tmpl,
+        "template_meta_bytes": tmeta,
+        "template_meta": tm_meta,
+        # the whole store at the end, as the core reports it
+        "store": {
+            k: end[k]
+            for k in ("stored_bytes", "pool_bytes", "meta_bytes", "index_bytes", "objects", "bases")
+        },
+        "idle_slot_bytes": end["slot_bytes"] - end["slot_used_bytes"],
+        # older names of the figures above
+        "orig_bytes": nr * PAGE_SIZE,
+        "template_orig_bytes": tmpl,
+        "sandbox_orig_bytes": sandbox,
+        "sandbox_stored_bytes": stored,
+    }
+
+
+def _pages(tr: Trace) -> tuple[bytes, bytes]:
+    """(template pages, sandbox pages) in replay order."""
+    runs = _ordered(tr)
+    tmpl = b"".join(r.data for o, r in runs if o.role == ROLE_TEMPLATE)
+    rest = b"".join(r.data for o, r in runs if o.role != ROLE_TEMPLATE)
+    return tmpl, rest
+
+
+def _zstd_params(size: int) -> zstandard.ZstdCompressionParameters:
+    # zstd -19 with a window over everything (prefix included), as `zstd --patch-from` sets it.
+    wlog = min(max(23, math.ceil(math.log2(max(size, 2)))), 30)
+    return zstandard.ZstdCompressionParameters.from_level(
+        STREAM_LEVEL, window_log=wlog, enable_ldm=True
+    )
+
+
+def stream_reference(tr: Trace) -> dict[str, Any]:
+    """The sandboxes' pages as one zstd -19 stream with the template's pages as its prefix.
+
+    No random access and no metadata: a ceiling beside the store strategies, not one of them.
+    The template's own cost is its pages as one zstd -19 stream. The stream is decompressed
+    and compared with the pages.
+    """
+    tmpl, sb = _pages(tr)
+    if not sb:
+        raise TraceError("the trace holds no sandbox pages")
+    prefix = zstandard.ZstdCompressionDict(tmpl, dict_type=zstandard.DICT_TYPE_RAWCONTENT)
+    t0 = time.perf_counter()
+    params = _zstd_params(len(tmpl) + len(sb))
+    if tmpl:
+        comp = zstandard.ZstdCompressor(dict_data=prefix, compression_params=params)
+    else:
+        comp = zstandard.ZstdCompressor(compression_params=params)
+    blob = comp.compress(sb)
+    t_put = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    dec = zstandard.ZstdDecompressor(
+        dict_data=prefix if tmpl else None, max_window_size=1 << params.window_log
+    )
+    back = dec.decompress(blob, max_output_size=len(sb))
+    t_get = time.perf_counter() - t0
+    if back != sb:
+        raise CoreError(5, f"{STREAM_REF}: stream read back differs")
+    tm_stored = 0
+    if tmpl:
+        tm_stored = len(
+            zstandard.ZstdCompressor(compression_params=_zstd_params(len(tmpl))).compress(tmpl)
+        )
+    stored = len(blob)
+    sandbox = len(sb)
+    return {
+        "strategy": STREAM_REF,
+        "label": f"stream ref (zstd-{STREAM_LEVEL}, template prefix)",
+        "reference": True,
+        "policy": {"level": STREAM_LEVEL, "window_log": params.window_log, "ldm": 1},
+        "pages": (len(tmpl) + len(sb)) // PAGE_SIZE,
+        "sandbox_bytes": sandbox,
+        "stored_bytes": stored,
+        "meta_bytes": 0,
+        "template_stored_bytes": tm_stored,
+        "ratio": _ratio(sandbox, stored),
+        "net_ratio": _ratio(sandbox, stored),
+        "total_ratio": _ratio(sandbox + len(tmpl), stored + tm_stored),
+        "meta_pct": 0.0,
+        "meta": {},
+        "template_bytes": len(tmpl),
+        "template_meta_bytes": 0,
+        "template_meta": {},
+        "orig_bytes": len(tmpl) + sandbox,
+        "template_orig_bytes": len(tmpl),
+        "sandbox_orig_bytes": sandbox,
+        "sandbox_stored_bytes": stored,
+        "sandbox_kinds": dict.fromkeys(KINDS, 0),
+        "put_mbps": sandbox / t_put / 1e6 if t_put else 0.0,
+        "get_mbps": sandbox / t_get / 1e6 if t_get else 0.0,
+        "verified_pages": sandbox // PAGE_SIZE,
     }
 
 
 def run(
-    path: str, names: list[str], lib: str | None = None, slots: int = 0, sim_slots: int = 1
+    path: str,
+    names: list[str],
+    lib: str | None = None,
+    slots: int = 0,
+    sim_slots: int = 1,
+    stream_ref: bool = True,
 ) -> dict[str, Any]:
     tr = read_trace(path)
     res = [replay(tr, STRATEGIES[n], lib, slots, sim_slots) for n in names]
+    if stream_ref:
+        res.append(stream_reference(tr))
     return {"trace": path, "meta": tr.meta, "pages": tr.nr_pages, "results": res}
+
+
+def _mib(n: float) -> str:
+    return f"{n / 2**20:.2f}"
 
 
 def print_table(rep: dict[str, Any], file: Any = None) -> None:
     res = rep["results"]
     base = next((r for r in res if r["strategy"] == "lz4"), None)
+    ref = next((r for r in res if r["strategy"] == STREAM_REF), None)
     head = (
         "strategy",
         "sandbox MiB",
         "stored MiB",
+        "meta MiB",
         "ratio",
-        "vs lz4",
+        "net ratio",
+        "net vs lz4",
+        "net / stream",
         "total ratio",
         "tmpl stored MiB",
-        "meta MiB",
         "put MB/s",
         "get MB/s",
         "sandbox pages by kind",
@@ -229,14 +416,16 @@ def print_table(rep: dict[str, Any], file: Any = None) -> None:
         rows.append(
             (
                 r["label"],
-                f"{r['sandbox_orig_bytes'] / 2**20:.1f}",
-                f"{r['sandbox_stored_bytes'] / 2**20:.2f}",
+                f"{r['sandbox_bytes'] / 2**20:.1f}",
+                _mib(r["stored_bytes"]),
+                _mib(r["meta_bytes"]),
                 f"{r['ratio']:.2f}",
-                f"{r['ratio'] / base['ratio']:.2f}x" if base else "-",
+                f"{r['net_ratio']:.2f}",
+                f"{r['net_ratio'] / base['net_ratio']:.2f}x" if base else "-",
+                f"{r['net_ratio'] / ref['net_ratio']:.2f}" if ref else "-",
                 f"{r['total_ratio']:.2f}",
-                f"{r['template_stored_bytes'] / 2**20:.2f}",
-                f"{r['meta_bytes'] / 2**20:.2f}",
-                f"{r['put_mbps']:.0f}",
+                _mib(r["template_stored_bytes"]),
+                f"{r['put_mbps']:.1f}" if r["put_mbps"] < 10 else f"{r['put_mbps']:.0f}",
                 f"{r['get_mbps']:.0f}",
                 kinds,
             )
@@ -245,6 +434,17 @@ def print_table(rep: dict[str, Any], file: Any = None) -> None:
         f"replay of {rep['trace']}: {rep['pages']} pages "
         f"({rep['pages'] * PAGE_SIZE / 2**20:.1f} MiB), style {rep['meta'].get('style', '?')}"
     )
+    store = [r for r in res if not r["reference"]]
+    lines = [
+        "metadata as % of sandbox bytes: "
+        + ", ".join(f"{r['strategy']} {r['meta_pct']:.2f}%" for r in store)
+    ]
+    top = next((r for r in store if r["strategy"] == "all"), store[-1] if store else None)
+    if top:
+        parts = ", ".join(f"{k} {_mib(v)}" for k, v in top["meta"].items() if v)
+        lines.append(f"metadata of {top['strategy']} (MiB): {parts}")
+    if ref:
+        lines.append(f"{STREAM_REF} is a reference (no random access), not a store strategy")
     try:
         from rich.console import Console
         from rich.table import Table
@@ -254,11 +454,33 @@ def print_table(rep: dict[str, Any], file: Any = None) -> None:
             t.add_column(h, justify="left" if h in ("strategy", head[-1]) else "right")
         for row in rows:
             t.add_row(*row)
-        Console(file=file, width=200).print(t)
+        con = Console(file=file, width=220)
+        con.print(t)
+        for ln in lines:
+            con.print(ln, highlight=False)
     except ImportError:  # pragma: no cover
         print(title, file=file)
         for row in (head, *rows):
             print("  ".join(str(c) for c in row), file=file)
+        for ln in lines:
+            print(ln, file=file)
+
+
+def resolve(names: list[str], err: Any = None) -> list[str]:
+    """Map deprecated strategy names to the current ones (a note on ``err``); KeyError for an
+    unknown name."""
+    out = []
+    for n in names:
+        if n in ALIASES:
+            print(
+                f"replay: strategy {n!r} is deprecated, use {ALIASES[n]!r}",
+                file=err if err is not None else sys.stderr,
+            )
+            n = ALIASES[n]
+        if n not in NAMES:
+            raise KeyError(n)
+        out.append(n)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -272,7 +494,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--strategies",
         default=",".join(DEFAULT),
-        help=f"comma-separated, from {','.join(STRATEGIES)}",
+        help=f"comma-separated, from {','.join(NAMES)}",
     )
     ap.add_argument("--json", help="write the results as JSON here")
     ap.add_argument("--lib", help="store core library (default build/libazcore.so)")
@@ -289,18 +511,29 @@ def main(argv: list[str] | None = None) -> int:
         choices=[1, 2, 4, 8, 16, 32, 64],
         help="slots per similarity index entry (the device's sim_slots, default 1)",
     )
+    ap.add_argument(
+        "--no-stream-ref",
+        action="store_true",
+        help=f"skip the zstd-{STREAM_LEVEL} stream reference (slow on large traces)",
+    )
     a = ap.parse_args(argv)
-    names = [n.strip() for n in a.strategies.split(",") if n.strip()]
-    bad = [n for n in names if n not in STRATEGIES]
-    if bad:
+    want = [n.strip() for n in a.strategies.split(",") if n.strip()]
+    stream_ref = not a.no_stream_ref
+    if STREAM_REF in want:  # always reported; naming it is allowed
+        want = [n for n in want if n != STREAM_REF]
+        stream_ref = True
+    try:
+        names = resolve(want)
+    except KeyError as exc:
         print(
-            f"replay: unknown strategy {bad[0]!r} (known: {', '.join(STRATEGIES)})", file=sys.stderr
+            f"replay: unknown strategy {exc.args[0]!r} (known: {', '.join(NAMES)})",
+            file=sys.stderr,
         )
         return 2
     reports = []
     for p in a.traces:
         try:
-            rep = run(p, names, a.lib, a.slots, a.sim_slots)
+            rep = run(p, names, a.lib, a.slots, a.sim_slots, stream_ref)
         except (TraceError, CoreError, FileNotFoundError) as exc:
             print(f"replay: {exc}", file=sys.stderr)
             return 1

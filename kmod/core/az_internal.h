@@ -356,7 +356,7 @@ void az_owners_init(struct az_store *s);
 
 int az_index_ensure(struct az_store *s);
 void az_index_destroy(struct az_store *s);
-u64 az_index_bytes(struct az_store *s, u64 *own_bytes);
+u64 az_index_bytes(struct az_store *s, u64 *table_bytes, u64 *tnode_bytes);
 /* Identical page in @group: returns a referenced object or NULL. */
 struct az_obj *az_dedup_find(struct az_store *s, struct az_ctx *ctx,
 			     u32 group, u64 hash, const void *page,

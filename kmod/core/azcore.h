@@ -128,6 +128,14 @@ struct az_stats {
 	u64 base_cache_hits;	/* monotonic: base reads served by the cache */
 	u64 base_cache_misses;	/* monotonic: base reads that decoded */
 	u64 compacted_bytes;	/* monotonic: pool bytes freed by compaction */
+	/* meta_bytes by component (all but slot_used_bytes sum to it): */
+	u64 slot_bytes;		/* slot table, nr_slots entries */
+	u64 slot_used_bytes;	/* its entries of the slots in use */
+	u64 owner_bytes;	/* owner table */
+	u64 obj_meta_bytes;	/* struct az_obj of live objects */
+	u64 index_table_bytes;	/* dedup, template, similarity tables */
+	u64 tnode_bytes;	/* template index nodes */
+	u64 base_cache_bytes;	/* decoded-base cache */
 };
 
 /*

@@ -133,17 +133,18 @@ void az_index_destroy(struct az_store *s)
 }
 
 /*
- * Index memory: the tables and the template nodes (@own_bytes, memory of
- * the index itself), plus the per-object index fields (hash, chain link,
- * similarity positions) of indexed objects, which live in struct az_obj.
+ * Index memory: the tables (@table_bytes) and the template nodes
+ * (@tnode_bytes), the memory of the index itself, plus the per-object
+ * index fields (hash, chain link, similarity positions) of indexed
+ * objects, which live in struct az_obj.
  */
-u64 az_index_bytes(struct az_store *s, u64 *own_bytes)
+u64 az_index_bytes(struct az_store *s, u64 *table_bytes, u64 *tnode_bytes)
 {
 	struct az_index *x = &s->idx;
 
-	*own_bytes = AZ_READ_ONCE(x->table_bytes) +
-		     AZ_READ_ONCE(x->tnodes) * sizeof(struct az_tnode);
-	return *own_bytes +
+	*table_bytes = AZ_READ_ONCE(x->table_bytes);
+	*tnode_bytes = AZ_READ_ONCE(x->tnodes) * sizeof(struct az_tnode);
+	return *table_bytes + *tnode_bytes +
 	       AZ_READ_ONCE(x->indexed) * (sizeof(u64) + sizeof(void *) +
 					    AZ_NR_SF * sizeof(u32));
 }

@@ -1187,25 +1187,30 @@ u64 az_store_pool_bytes(struct az_store *s)
 void az_store_get_stats(struct az_store *s, struct az_stats *st)
 {
 	unsigned int k;
-	u64 idx_own;
 
 	memset(st, 0, sizeof(*st));
 	st->pages_stored = az_atomic64_read(&s->pages_stored);
 	st->orig_bytes = st->pages_stored * AZ_PAGE_SIZE;
 	st->stored_bytes = az_atomic64_read(&s->stored_bytes);
 	st->pool_bytes = az_pool_bytes(s->pool);
-	st->index_bytes = az_index_bytes(s, &idx_own);
+	st->index_bytes = az_index_bytes(s, &st->index_table_bytes,
+					 &st->tnode_bytes);
 	st->objects = az_atomic64_read(&s->objects);
-	/* The objects' index fields are in sizeof(struct az_obj): once. */
-	st->meta_bytes = s->nr_slots * sizeof(struct az_slot) +
-			 AZ_MAX_OWNERS * sizeof(struct az_owner) +
-			 (st->objects - az_atomic64_read(&s->direct)) *
-			 sizeof(struct az_obj) + idx_own;
 	st->base_cache_pages = az_store_get_base_cache(s);
 	st->base_cache_hits = az_atomic64_read(&s->bc_hits);
 	st->base_cache_misses = az_atomic64_read(&s->bc_misses);
 	st->compacted_bytes = az_atomic64_read(&s->compacted_bytes);
-	st->meta_bytes += st->base_cache_pages * (AZ_PAGE_SIZE + sizeof(void *) + 1);
+	st->slot_bytes = s->nr_slots * sizeof(struct az_slot);
+	st->slot_used_bytes = st->pages_stored * sizeof(struct az_slot);
+	st->owner_bytes = AZ_MAX_OWNERS * sizeof(struct az_owner);
+	/* The objects' index fields are in sizeof(struct az_obj): once. */
+	st->obj_meta_bytes = (st->objects - az_atomic64_read(&s->direct)) *
+			     sizeof(struct az_obj);
+	st->base_cache_bytes = st->base_cache_pages *
+			       (AZ_PAGE_SIZE + sizeof(void *) + 1);
+	st->meta_bytes = st->slot_bytes + st->owner_bytes +
+			 st->obj_meta_bytes + st->index_table_bytes +
+			 st->tnode_bytes + st->base_cache_bytes;
 	st->template_bytes = az_atomic64_read(&s->template_bytes);
 	for (k = 0; k < AZ_NR_KINDS; k++)
 		st->kind_pages[k] = az_atomic64_read(&s->kind_pages[k]);

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from controlplane.trace.corelib import PAGE_SIZE, CoreError, Store
+from controlplane.trace.corelib import META_PARTS, PAGE_SIZE, CoreError, Store
 
 from . import pages
 
@@ -502,6 +502,47 @@ def test_meta_bytes_count_index_fields_once(make_store):
     assert st["objects"] - n1 == 32
     assert st["index_bytes"] - i1 == 32 * (8 + ctypes.sizeof(ctypes.c_void_p) + 3 * 4)
     assert st["meta_bytes"] - m1 == 32 * obj_size
+
+
+def test_meta_bytes_by_component(make_store):
+    """The stats' metadata components sum to meta_bytes at every step, each counting its part.
+
+    The trace replay charges them to sandboxes and the template (docs/trace-format.md), so a
+    cost the store pays must land in exactly one component.
+    """
+    s = make_store(512)
+    obj_size = s.lib.az_debug_obj_size()
+
+    def check() -> dict[str, int]:
+        st = s.stats()
+        assert sum(st[k] for k in META_PARTS) == st["meta_bytes"]
+        assert st["slot_bytes"] == 512 * 16
+        assert st["slot_used_bytes"] == st["pages_stored"] * 16
+        return st
+
+    st = check()
+    assert st["index_table_bytes"] == st["tnode_bytes"] == st["obj_meta_bytes"] == 0
+    assert st["owner_bytes"] > 0 and st["base_cache_bytes"] > 256 * PAGE_SIZE
+    for k in range(8):  # unregistered: DIRECT slots, no object header
+        s.put(k, pages.make("text", k))
+    st = check()
+    assert st["obj_meta_bytes"] == 0 and st["slot_used_bytes"] == 8 * 16
+    s.add_template(7, 1)
+    s.add_sandbox(11, 1)
+    assert check()["index_table_bytes"] > 0
+    for k in range(8):
+        s.put(100 + k, pages.make("text", 50 + k), owner=7, index=k)
+    st = check()
+    assert st["tnode_bytes"] > 0 and st["obj_meta_bytes"] == 8 * obj_size
+    for k in range(8):
+        s.put(200 + k, pages.make("text", 50 + k), owner=11, index=k)  # duplicates
+    st = check()
+    assert st["obj_meta_bytes"] == 8 * obj_size and st["slot_used_bytes"] == 24 * 16
+    for k in range(24):
+        s.free([*range(8), *range(100, 108), *range(200, 208)][k])
+    s.drain()
+    st = check()
+    assert st["slot_used_bytes"] == 0
 
 
 def test_sim_slots_racing_the_first_registration(make_store):
