@@ -94,7 +94,7 @@ def charts(
                 vals.append(x["ratio"] if x else 0)
             ax.bar(np.arange(len(styles)) + j * w, vals, w, label=s)
         for k, r in enumerate(rep):
-            lim = next((x for x in r["results"] if x["strategy"] == "limit-zstd"), None)
+            lim = next((x for x in r["results"] if x["strategy"] == "max-effort-zstd"), None)
             if lim and r["meta"].get("style") in styles:
                 i = styles.index(r["meta"]["style"])
                 ax.hlines(
@@ -154,7 +154,7 @@ def charts(
     if scale:
         fig, ax = plt.subplots(figsize=(7, 4))
         ks = [s["sandboxes"] for s in scale]
-        for strat in ("lz4", "zstd", "xdelta", "all", "limit-zstd"):
+        for strat in ("lz4", "zstd", "xdelta", "all", "max-effort-zstd"):
             ys = [next(x["ratio"] for x in s["results"] if x["strategy"] == strat) for s in scale]
             ax.plot(ks, ys, marker="o", label=rp.STRATEGIES[strat].label)
         ax.set_xscale("log", base=2)
@@ -170,7 +170,7 @@ def charts(
     # 5. reduction per sandbox style, microVM included (replay: per-page lz4 / zstd are what
     # zram and zswap store per page; "all" is azswap's store core)
     if rep:
-        strat = ("lz4", "zstd", "xdelta", "all", "limit-zstd")
+        strat = ("lz4", "zstd", "xdelta", "all", "max-effort-zstd")
         fig, ax = plt.subplots(figsize=(9, 4.5))
         w = 0.8 / len(strat)
         names = [str(r["meta"].get("style", "?")) for r in rep]
@@ -382,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
             sub = subset(big, k)
             res = [
                 rp.replay(sub, rp.STRATEGIES[s])
-                for s in ("lz4", "zstd", "xdelta", "all", "limit-zstd")
+                for s in ("lz4", "zstd", "xdelta", "all", "max-effort-zstd")
             ]
             scale.append({"sandboxes": k, "results": res})
             log(

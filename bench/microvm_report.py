@@ -5,9 +5,9 @@
 
 Inputs: DIR/manifest.json and DIR/microvm.aztrace (vm-tests/microvm/record.py), the live figures of
 `python -m bench.microvm` (in the test guest). The unlimited-search limit on the same
-owned pages comes from the host build of the store core (controlplane/trace/replay.py, strategies
-limit-lz4 and limit-zstd, plus per-page lz4/zstd and the default-effort store for reference); it
-is computed once and cached in --limit-json.
+owned pages comes from the host build of the store core (controlplane/trace/replay.py,
+strategies max-effort-lz4 and max-effort-zstd, plus per-page lz4/zstd and the default-effort store
+for reference); it is computed once and cached in --limit-json.
 
 Owned pages (private-mapping restore): the pages each VM dirtied vs the template image at the same
 offset; raw bytes / bytes each system stores for them (payload = compressed objects; pool = what
@@ -36,7 +36,7 @@ from controlplane.trace import PAGE_SIZE, ROLE_TEMPLATE, Trace, read_trace
 from controlplane.trace.replay import STRATEGIES, replay
 
 TOP = Path(__file__).resolve().parents[1]
-LIMIT_STRATEGIES = ("lz4", "zstd", "xdelta", "all", "limit-lz4", "limit-zstd")
+LIMIT_STRATEGIES = ("lz4", "zstd", "xdelta", "all", "max-effort-lz4", "max-effort-zstd")
 MiB = float(1 << 20)
 
 
@@ -183,7 +183,7 @@ def owned_view(live: dict[str, Any], lim: dict[str, Any]) -> list[dict[str, Any]
             row["owner_bytes"] = sum(o["exclusive_bytes"] + o["shared_bytes"] for o in sb)
             # "lz4/zstd:6": the VMs' codec; "zstd:6": the limit's codec (level 3)
             codec = r["system"].split("-")[1].split("/")[0].split(":")[0]
-            limv = lim["results"].get(f"limit-{codec}")
+            limv = lim["results"].get(f"max-effort-{codec}")
             if limv and payload:
                 row["limit_ratio"] = limv["ratio"]
                 row["pct_of_limit"] = 100.0 * (owned / payload) / limv["ratio"]
