@@ -7,7 +7,8 @@
     zram-ALGO-recomp-ALGO2 zram with ALGO, ALGO2 as its recompression algorithm
                            (`recomp_algorithm`, CONFIG_ZRAM_MULTI_COMP): after each reclaim
                            every slot is marked idle and recompressed (`recompress type=idle`)
-    zswap-ALGO             zswap (zsmalloc, ALGO) in front of a brd ramdisk swap device
+    zswap-ALGO             zswap (zsmalloc, ALGO) in front of a brd ramdisk swap device (set
+                           through `zpool` where the kernel has it; 7.3 has no zpool layer)
     zswap-ALGO-shrink      the same with zswap's shrinker on (`shrinker_enabled`, 6.8+)
     ksm-zram-ALGO          KSM over the sandboxes' processes (they madvise(MADV_MERGEABLE) their
                            mappings; ksmd runs until nothing more merges), then zram-ALGO
@@ -197,7 +198,10 @@ class Zswap(System):
             sh("modprobe", "brd", "rd_nr=1", f"rd_size={nbytes // 1024}")
         sh("mkswap", self.device)
         self._swapon()
-        write(self.P / "zpool", "zsmalloc")
+        # 7.3 has no zpool layer (no zpool.h, no CONFIG_ZPOOL): zswap stores in zsmalloc directly
+        if (self.P / "zpool").exists():
+            write(self.P / "zpool", "zsmalloc")
+        self.info["zpool"] = read(self.P / "zpool") if (self.P / "zpool").exists() else "zsmalloc"
         try:
             write(self.P / "compressor", self.algo)
         except OSError as e:
