@@ -421,6 +421,10 @@ class ZramDict(Zram):
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
 
     def train(self, owners: list[Owner]) -> None:
+        # a kernel without dictionaries says so before minutes of training
+        if not self.sys.exists():
+            sh("modprobe", "zram", "num_devices=1", check=False)
+        self._params_attr()
         tmpl = [o for o in owners if o.role == ROLE_TEMPLATE]
         if not tmpl:
             raise SwapDevError(f"{self.name}: the trace has no template to train a dictionary on")
@@ -439,12 +443,16 @@ class ZramDict(Zram):
         self.info.update(dict_bytes=len(d), dict_samples=len(pages),
                          dict_train_s=time.perf_counter() - t0)
 
-    def _before_disksize(self) -> None:
+    def _params_attr(self) -> Path:
         p = self.sys / "algorithm_params"
         if not p.exists():
             raise FeatureMissing(
                 f"{self.name}: kernel {os.uname().release} has no {p} (zram's algorithm "
                 "parameters and dictionaries are 6.12+)")
+        return p
+
+    def _before_disksize(self) -> None:
+        p = self._params_attr()
         if self.dict_path is None:
             raise SwapDevError(f"{self.name}: no dictionary: train() on the template's pages "
                                "before setup()")

@@ -142,6 +142,10 @@ def test_missing_features_say_why(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         s.sys = dev
         with pytest.raises(swapdev.FeatureMissing, match=what):
             s._before_disksize()
+    d = ZramDict("zstd")
+    d.sys = dev
+    with pytest.raises(swapdev.FeatureMissing, match="algorithm_params"):
+        d.train([])  # before any training, and before looking for a template
     z = ZswapShrink("lz4")
     monkeypatch.setattr(ZswapShrink, "P", tmp_path)
     with pytest.raises(swapdev.FeatureMissing, match="shrinker_enabled"):
