@@ -29,7 +29,7 @@ help:
 	@echo "make soak     SOAK_MINUTES=N (30) of swap stress + netlink churn on the debug kernel"
 	@echo "make debug-kernel  build (or find cached) the debug kernel (DEBUG_KERNEL=1 make setup too)"
 	@echo "make demo     sandbox fan-out in a QEMU guest: azswap vs zram/zswap"
-	@echo "make bench    full evaluation report in bench-report/"
+	@echo "make bench    full evaluation report in bench-report/ (KERNEL=6.12|7.3: the guest on that series)"
 
 setup:
 	@AZSWAP_SETUP_DEBUG_KERNEL=$(DEBUG_KERNEL) $(TOP)/scripts/setup.sh
@@ -119,8 +119,11 @@ soak: debug-kernel
 demo: setup kmod hostlib
 	$(PY) -m bench.demo $(DEMO_ARGS)
 
+# `make bench KERNEL=6.12` runs the guest part on that series (the module built for it; the
+# default series' kmod/azswap.ko must exist too: the guest mounts the other one over it).
 bench: setup kmod hostlib
-	$(PY) -m bench $(BENCH_ARGS)
+	@[ "$(KERNEL)" = 6.1 ] || $(MAKE) --no-print-directory kmod KERNEL=6.1
+	$(PY) -m bench --kernel $(KERNEL) $(BENCH_ARGS)
 
 include $(TOP)/packaging/install.mk
 

@@ -1,16 +1,19 @@
 """`make bench`: the evaluation report (markdown + PNG charts + raw JSON) in one command.
 
     python -m bench [--out bench-report] [--n 8] [--size default] [--seed 1]
-        [--styles fork,fresh-aslr,fresh-noaslr] [--systems ...] [--memory 3G] [--reuse-traces]
-        [--skip-vm] [--scale 1,2,4,8,16] [--microvm auto|skip|DIR] [--no-phase]
+        [--styles fork,fresh-aslr,fresh-noaslr] [--systems ...] [--kernel 6.1|6.12|7.3]
+        [--memory 3G] [--reuse-traces] [--skip-vm] [--scale 1,2,4,8,16]
+        [--microvm auto|skip|DIR] [--no-phase]
 
 Steps (every figure is measured in this run):
  1. record each sandbox style on this machine (bench.record: the ML workloads of
     vm-tests/workloads/mlsandbox.py, N sandboxes, fixed seed) into OUT/traces/STYLE.aztrace;
     microVM style: the recording of vm-tests/microvm/record.py in vm-tests/out/microvm
     (--microvm auto: made now if missing, ~11 min the first time, docs/lab/microvm.md);
- 2. boot the test kernel once (vm-tests/run) and play every process-style trace on every system
-    (bench.swapbench): OUT/swapbench.json; then, in the same guest, the tool-phase
+ 2. boot the test kernel of --kernel's series once (vm-tests/run --kernel; the module built
+    for it by `make kmod KERNEL=SERIES`) and play every process-style trace on every system
+    (bench.swapbench; without --systems its default set, where a Linux baseline the kernel
+    lacks is an "unavailable" row): OUT/swapbench.json; then, in the same guest, the tool-phase
     benchmark (bench.phasebench: no compression, aggressive, phase-aware +
     prefetch): OUT/phasebench.json;
  3. replay every trace, the microVM one too, through the host store core per strategy, with the
@@ -236,13 +239,14 @@ def fmt_sw(sw: dict[str, Any]) -> list[str]:
             f"size {run['meta'].get('size')})",
             "",
             "| system | owned MiB | stored MiB | reduction | vs zram-lz4 | template stored "
-            "MiB | swap-out MB/s | swap-in MB/s | load p50 µs | load p99 µs | p99 vs "
-            "zram-lz4 | verified |",
-            "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|",
+            "MiB | total reduction | swap-out MB/s | swap-in MB/s | load p50 µs | load p99 µs | "
+            "p99 vs zram-lz4 | verified |",
+            "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|",
         ]
         for x in run["results"]:
             if "error" in x:
-                lines.append(f"| {x['system']} | error: {x['error'][:80]} |")
+                what = "unavailable" if x.get("unavailable") else "error"
+                lines.append(f"| {x['system']} | {what}: {x['error'][:160]} |")
                 continue
             rel = f"{x['ratio'] / base['ratio']:.2f}x" if base and x["system"] != "none" else "-"
             r99 = (
@@ -250,11 +254,12 @@ def fmt_sw(sw: dict[str, Any]) -> list[str]:
                 if base and base.get("load_p99_us") and x["system"] != "none"
                 else "-"
             )
+            tot = f"{x['total_ratio']:.2f}" if "total_ratio" in x else "-"
             lines.append(
                 f"| {x['system']} | {x['owned_bytes'] / 2**20:.1f} | "
                 f"{x['stored_bytes'] / 2**20:.1f} | {x['ratio']:.2f} | {rel} | "
                 f"{x.get('template_stored_bytes', 0) / 2**20:.1f} | "
-                f"{x.get('swapout_mbps', 0):.1f} | {x.get('swapin_mbps', 0):.1f} | "
+                f"{tot} | {x.get('swapout_mbps', 0):.1f} | {x.get('swapin_mbps', 0):.1f} | "
                 f"{x.get('load_p50_us', 0):.0f} | {x.get('load_p99_us', 0):.0f} | {r99} | "
                 f"{'yes' if x.get('ok') else 'NO'} |"
             )
@@ -298,7 +303,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--size", default="default")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--styles", default=",".join(STYLES))
-    ap.add_argument("--systems", default=",".join(DEFAULT_SYSTEMS))
+    ap.add_argument("--systems", default=None,
+                    help="comma list (default: " + ",".join(DEFAULT_SYSTEMS) + ")")
+    ap.add_argument("--kernel", default=None, choices=("6.1", "6.12", "7.3"),
+                    help="kernel series the guest boots (vm-tests/run --kernel; default 6.1)")
     ap.add_argument("--memory", default="3G")
     ap.add_argument("--scale", default="1,2,4,8,16")
     ap.add_argument("--reuse-traces", action="store_true")
@@ -340,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
             guest_traces.append(str(dst))
         py = str(TOP / ".venv" / "bin" / "python")
         vo = TOP / "vm-tests" / "out"
-        swap = f"{py} -m bench.swapbench --systems {a.systems} "
+        swap = f"{py} -m bench.swapbench " + (f"--systems {a.systems} " if a.systems else "")
         swap += f"--json {vo / 'swapbench.json'} " + " ".join(f"--trace {p}" for p in guest_traces)
         steps = [swap]
         if not a.no_phase:
@@ -352,7 +360,8 @@ def main(argv: list[str] | None = None) -> int:
         script = "r=0; " + " ".join(f"{s} || r=$?;" for s in steps) + " exit $r"
         for name in ("swapbench.json", "phasebench.json"):
             (vo / name).unlink(missing_ok=True)
-        cmd = [str(TOP / "vm-tests" / "run"), "--memory", a.memory, "--timeout", "7200", "--"]
+        cmd = [str(TOP / "vm-tests" / "run"), "--memory", a.memory, "--timeout", "7200"]
+        cmd += (["--kernel", a.kernel] if a.kernel else []) + ["--"]
         cmd += ["sh", "-c", script]
         log("booting the test kernel: " + script)
         rc = subprocess.run(cmd, cwd=TOP).returncode

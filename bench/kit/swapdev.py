@@ -1,25 +1,43 @@
 """Every system under test as the only swap device, and its stats by name.
 
-    none                no swap
-    zram-ALGO           /dev/zram0 with ALGO (lz4, zstd)
-    zswap-ALGO          zswap (zsmalloc, ALGO) in front of a brd ramdisk swap device
-    azswap-ALGO         /dev/azswap0, owners registered over netlink by the benchmark;
-                        "-noshuf": policy shuffle=0; "lz4/zstd:6": template bases in the codec
-                        after the slash, then the sandboxes' codec (after_template())
-    azdev-ALGO          /dev/azswap0 with nothing registered: same-filled + per-page lz4/zstd
-                        only (the zram-parity setup)
+    none                   no swap
+    zram-ALGO              /dev/zram0 with ALGO (lz4, zstd)
+    zram-ALGO-dict         zram with ALGO and a dictionary trained on the template's pages,
+                           given through `algorithm_params` (6.12+): train() before setup()
+    zram-ALGO-recomp-ALGO2 zram with ALGO, ALGO2 as its recompression algorithm
+                           (`recomp_algorithm`, CONFIG_ZRAM_MULTI_COMP): after each reclaim
+                           every slot is marked idle and recompressed (`recompress type=idle`)
+    zswap-ALGO             zswap (zsmalloc, ALGO) in front of a brd ramdisk swap device (set
+                           through `zpool` where the kernel has it; 7.3 has no zpool layer)
+    zswap-ALGO-shrink      the same with zswap's shrinker on (`shrinker_enabled`, 6.8+)
+    ksm-zram-ALGO          KSM over the sandboxes' processes (they madvise(MADV_MERGEABLE) their
+                           mappings; ksmd runs until nothing more merges), then zram-ALGO
+    azswap-ALGO            /dev/azswap0, owners registered over netlink by the benchmark;
+                           "-noshuf": policy shuffle=0; "lz4/zstd:6": template bases in the
+                           codec after the slash, then the sandboxes' codec (after_template())
+    azdev-ALGO             /dev/azswap0 with nothing registered: same-filled + per-page lz4/zstd
+                           only (the zram-parity setup)
 
-No fallback: a system that does not come up raises :class:`SwapDevError` with the reason, and
-setup checks that the device it asked for is the one swapping.  Stats are parsed by column name:
-azswap's from controlplane.sysfs.STAT_FILES, zram's from its documented mm_stat columns.
+No fallback: a system that does not come up raises :class:`SwapDevError` with the reason
+(:class:`FeatureMissing` when the running kernel lacks what it needs), and setup checks that the
+device it asked for is the one swapping.  Stats are parsed by column name: azswap's from
+controlplane.sysfs.STAT_FILES, zram's from its documented mm_stat columns.
+
+Memory a system holds apart from its pool is counted too (fixed_bytes()): a zram dictionary is
+the template's cost (it is made from the template's pages), KSM's rmap items the cost of the
+processes they describe and its stable nodes the sandboxes'.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import os
+import re
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from bench.kit import module
 from bench.kit.shell import read, sh, write
@@ -46,14 +64,54 @@ class SwapDevError(RuntimeError):
     """The system asked for did not come up as the swap device."""
 
 
+class FeatureMissing(SwapDevError):
+    """The running kernel lacks what the system needs (the message says what and why)."""
+
+
+def kernel_config(option: str, release: str | None = None,
+                  places: Sequence[str] = ("/boot/config-{}", "/lib/modules/{}/config")) -> str:
+    """How the running kernel (or ``release``) was built with CONFIG_``option``: "y", "m",
+    "not set", or "unknown" when no config file is found."""
+    rel = release or os.uname().release
+    for fmt in places:
+        try:
+            text = Path(fmt.format(rel)).read_text()
+        except OSError:
+            continue
+        m = re.search(rf"^CONFIG_{option}=(\S+)$", text, re.M)
+        return m.group(1) if m else "not set"
+    return "unknown"
+
+
 class System:
-    """No swap at all (the "none" row)."""
+    """No swap at all (the "none" row).
+
+    The benchmark drives every system through the same steps:
+    train(owners) -> setup(nbytes) -> register() -> [playback; processes madvise their mappings
+    MADV_MERGEABLE when ``mergeable``] -> before_reclaim() -> reclaim template ->
+    after_reclaim("template") -> reclaim sandboxes -> after_reclaim("sandboxes") -> teardown().
+    ``info`` collects what a system did on the way (dictionary size, KSM counters, ...);
+    fixed_bytes() is memory it holds outside the pool the stats count."""
 
     name = "none"
     swap = False
     device = ""
+    mergeable = False
+
+    def __init__(self) -> None:
+        self.info: dict[str, Any] = {}
+
+    def train(self, owners: list[Owner]) -> None: ...
 
     def setup(self, nbytes: int) -> None: ...
+
+    def before_reclaim(self, cgroups: dict[str, Path], owners: list[Owner]) -> None: ...
+
+    def after_reclaim(self, phase: str) -> None: ...
+
+    def fixed_bytes(self) -> tuple[int, int]:
+        """(sandboxes' part, template's part) of the memory the system holds beside its pool."""
+        return 0, 0
 
     def teardown(self) -> None: ...
 
@@ -78,6 +136,7 @@ class System:
 
 class Zram(System):
     def __init__(self, algo: str) -> None:
+        super().__init__()
         self.name = f"zram-{algo}"
         self.algo = algo
         self.swap = True
@@ -91,10 +150,17 @@ class Zram(System):
         try:
             write(self.sys / "comp_algorithm", self.algo)
         except OSError as e:
-            raise SwapDevError(f"{self.name}: zram has no {self.algo}: {e}") from None
-        write(self.sys / "disksize", str(nbytes))
+            raise FeatureMissing(f"{self.name}: zram has no {self.algo}: {e}") from None
+        self._before_disksize()
+        try:
+            write(self.sys / "disksize", str(nbytes))
+        except OSError as e:
+            raise SwapDevError(f"{self.name}: disksize {nbytes}: {e}") from None
         sh("mkswap", self.device)
         self._swapon()
+
+    def _before_disksize(self) -> None:
+        """Attributes that must be set before the device is initialised (disksize)."""
 
     def teardown(self) -> None:
         sh("swapoff", self.device, check=False)
@@ -114,8 +180,10 @@ class Zram(System):
 class Zswap(System):
     P = Path("/sys/module/zswap/parameters")
     D = Path("/sys/kernel/debug/zswap")
+    shrinker = False
 
     def __init__(self, algo: str) -> None:
+        super().__init__()
         self.name = f"zswap-{algo}"
         self.algo = algo
         self.swap = True
@@ -130,18 +198,39 @@ class Zswap(System):
             sh("modprobe", "brd", "rd_nr=1", f"rd_size={nbytes // 1024}")
         sh("mkswap", self.device)
         self._swapon()
-        write(self.P / "zpool", "zsmalloc")
+        # 7.3 has no zpool layer (no zpool.h, no CONFIG_ZPOOL): zswap stores in zsmalloc directly
+        if (self.P / "zpool").exists():
+            write(self.P / "zpool", "zsmalloc")
+        self.info["zpool"] = read(self.P / "zpool") if (self.P / "zpool").exists() else "zsmalloc"
         try:
             write(self.P / "compressor", self.algo)
         except OSError as e:
             raise SwapDevError(f"{self.name}: zswap has no {self.algo}: {e}") from None
         write(self.P / "max_pool_percent", "60")
+        self._shrinker(self.shrinker)
         write(self.P / "enabled", "Y")
         if read(self.P / "compressor") != self.algo or read(self.P / "enabled") != "Y":
             raise SwapDevError(f"{self.name}: zswap did not take {self.algo}")
 
+    def _shrinker(self, on: bool) -> None:
+        """zswap's shrinker (6.8+) as asked: on for "-shrink", explicitly off otherwise."""
+        p = self.P / "shrinker_enabled"
+        if not p.exists():
+            if on:
+                raise FeatureMissing(
+                    f"{self.name}: kernel {os.uname().release} has no {p} (zswap's shrinker "
+                    "is 6.8+)")
+            return
+        write(p, "Y" if on else "N")
+        if read(p) != ("Y" if on else "N"):
+            raise SwapDevError(f"{self.name}: {p} did not take {'Y' if on else 'N'}")
+        self.info["shrinker_enabled"] = read(p)
+
     def teardown(self) -> None:
         write(self.P / "enabled", "N")
+        if self.shrinker:
+            with contextlib.suppress(OSError):
+                write(self.P / "shrinker_enabled", "N")
         sh("swapoff", self.device, check=False)
         sh("rmmod", "brd", check=False)
 
@@ -169,6 +258,7 @@ class Azswap(System):
     B = Path("/sys/block/azswap0")
 
     def __init__(self, algo: str) -> None:
+        super().__init__()
         self.name = f"azswap-{algo}"
         # "-noshuf": policy shuffle=0 (float pages raw, as zram; faster loads).
         self.shuffle = 0 if algo.endswith("-noshuf") else 1
@@ -286,19 +376,330 @@ class AzswapDevice(Azswap):
         return []
 
 
+# ------------------------------------------------------------------ the 6.12+ baselines
+# zstd's own default dictionary size (zstd --train, ZDICT), and at most this many template pages
+# as training samples (evenly spread over them: training time grows with the samples).
+DICT_BYTES = 112640
+DICT_MAX_SAMPLES = 4096
+
+
+def training_pages(data: bytes | memoryview, max_pages: int = DICT_MAX_SAMPLES) -> list[bytes]:
+    """Up to ``max_pages`` pages of ``data`` to train a dictionary on, evenly spread, without
+    the same-filled ones (zram stores those as a fill value and the 6.12 swap core keeps zero
+    pages out of every device: a dictionary never sees them)."""
+    n = len(data) // PAGE_SIZE
+    keep = []
+    for k in range(n):
+        pg = bytes(data[k * PAGE_SIZE : (k + 1) * PAGE_SIZE])
+        if pg != pg[:8] * (PAGE_SIZE // 8):
+            keep.append(pg)
+    if len(keep) <= max_pages:
+        return keep
+    step = len(keep) / max_pages
+    return [keep[int(i * step)] for i in range(max_pages)]
+
+
+def train_dictionary(pages: list[bytes], size: int = DICT_BYTES) -> bytes:
+    """A zstd dictionary (zstd's trainer, through python-zstandard) from ``pages``."""
+    import zstandard
+
+    if len(pages) < 8:
+        raise SwapDevError(f"{len(pages)} non-same-filled template pages: too few to train on")
+    try:
+        return zstandard.train_dictionary(size, pages).as_bytes()
+    except zstandard.ZstdError as e:
+        raise SwapDevError(f"zstd dictionary training on {len(pages)} pages failed: {e}") from None
+
+
+class ZramDict(Zram):
+    """zram with a dictionary trained on the template's pages (`algorithm_params`, 6.12+)."""
+
+    def __init__(self, algo: str) -> None:
+        super().__init__(algo)
+        self.name = f"zram-{algo}-dict"
+        self.dict_path: Path | None = None
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
+
+    def train(self, owners: list[Owner]) -> None:
+        # a kernel without dictionaries says so before minutes of training
+        if not self.sys.exists():
+            sh("modprobe", "zram", "num_devices=1", check=False)
+        self._params_attr()
+        tmpl = [o for o in owners if o.role == ROLE_TEMPLATE]
+        if not tmpl:
+            raise SwapDevError(f"{self.name}: the trace has no template to train a dictionary on")
+        t0 = time.perf_counter()
+        pages: list[bytes] = []
+        for o in tmpl:
+            pages += training_pages(o.data(), DICT_MAX_SAMPLES)
+        if len(pages) > DICT_MAX_SAMPLES:
+            step = len(pages) / DICT_MAX_SAMPLES
+            pages = [pages[int(i * step)] for i in range(DICT_MAX_SAMPLES)]
+        d = train_dictionary(pages)
+        # zram reads the dictionary from a file (kernel_read_file_from_path)
+        self._tmp = tempfile.TemporaryDirectory(prefix="zram-dict-")
+        self.dict_path = Path(self._tmp.name) / "template.dict"
+        self.dict_path.write_bytes(d)
+        self.info.update(dict_bytes=len(d), dict_samples=len(pages),
+                         dict_train_s=time.perf_counter() - t0)
+
+    def _params_attr(self) -> Path:
+        p = self.sys / "algorithm_params"
+        if not p.exists():
+            raise FeatureMissing(
+                f"{self.name}: kernel {os.uname().release} has no {p} (zram's algorithm "
+                "parameters and dictionaries are 6.12+)")
+        return p
+
+    def _before_disksize(self) -> None:
+        p = self._params_attr()
+        if self.dict_path is None:
+            raise SwapDevError(f"{self.name}: no dictionary: train() on the template's pages "
+                               "before setup()")
+        try:
+            write(p, f"algo={self.algo} dict={self.dict_path}")
+        except OSError as e:
+            raise SwapDevError(f"{self.name}: algorithm_params algo={self.algo} "
+                               f"dict={self.dict_path}: {e}") from None
+
+    def fixed_bytes(self) -> tuple[int, int]:
+        # zram keeps the dictionary it read in kernel memory for the device's life: the
+        # template's cost.  (zstd's digested CDict/DDict tables, like every system's per-CPU
+        # compression workspaces, are not counted.)
+        return 0, int(self.info.get("dict_bytes", 0))
+
+    def teardown(self) -> None:
+        try:
+            super().teardown()
+        finally:
+            if self._tmp is not None:
+                self._tmp.cleanup()
+                self._tmp = None
+
+
+class ZramRecomp(Zram):
+    """zram with a second algorithm: after each reclaim every stored slot is marked idle and
+    recompressed with it (`recomp_algorithm` / `recompress type=idle`, CONFIG_ZRAM_MULTI_COMP);
+    zram keeps the smaller of the two."""
+
+    def __init__(self, algo: str, recomp: str) -> None:
+        super().__init__(algo)
+        self.recomp = recomp
+        self.name = f"zram-{algo}-recomp-{recomp}"
+
+    def _before_disksize(self) -> None:
+        p = self.sys / "recomp_algorithm"
+        if not p.exists():
+            rel = os.uname().release
+            raise FeatureMissing(
+                f"{self.name}: kernel {rel} has no {p}: it is built without "
+                f"CONFIG_ZRAM_MULTI_COMP (its config: {kernel_config('ZRAM_MULTI_COMP', rel)})")
+        try:
+            write(p, f"algo={self.recomp} priority=1")
+        except OSError as e:
+            raise FeatureMissing(f"{self.name}: zram cannot recompress with {self.recomp}: "
+                                 f"{e}") from None
+
+    def after_reclaim(self, phase: str) -> None:
+        t0 = time.perf_counter()
+        try:
+            write(self.sys / "idle", "all")
+            write(self.sys / "recompress", "type=idle")
+        except OSError as e:
+            raise SwapDevError(f"{self.name}: recompress after the {phase}: {e}") from None
+        self.info.setdefault("recompress_s", {})[phase] = time.perf_counter() - t0
+
+
+class ZswapShrink(Zswap):
+    """zswap with its shrinker: cold compressed pages written back to the backing device."""
+
+    shrinker = True
+
+    def __init__(self, algo: str) -> None:
+        super().__init__(algo)
+        self.name = f"zswap-{algo}-shrink"
+
+
+# sizeof(struct ksm_rmap_item) and of struct ksm_stable_node on x86_64 (6.1-6.12), used only
+# when the kernel shows neither its slab caches nor general_profit.
+KSM_RMAP_ITEM = 64
+KSM_STABLE_NODE = 64
+
+
+def ksm_settled(scans: list[tuple[int, int]], start_scans: int, min_scans: int = 4) -> bool:
+    """ksmd has merged what it will: ``scans`` holds (full_scans, pages_sharing) samples; true
+    once ``min_scans`` full scans ran since ``start_scans`` and pages_sharing stood still over
+    the last one (a page merges only in the scan after the one that saw it unchanged)."""
+    if not scans or scans[-1][0] < start_scans + min_scans:
+        return False
+    last = scans[-1]
+    prev = [s for s in scans if s[0] == last[0] - 1]
+    return bool(prev) and prev[-1][1] == last[1]
+
+
+def ksm_rmap_item_bytes(ksm: dict[str, int], rmap_items: int) -> int:
+    """Bytes one rmap item costs: from general_profit (6.4+), which is
+    (pages_sharing + ksm_zero_pages) * PAGE_SIZE - rmap_items * sizeof(rmap_item)."""
+    if "general_profit" not in ksm or rmap_items <= 0:
+        return KSM_RMAP_ITEM
+    saved = (ksm.get("pages_sharing", 0) + ksm.get("ksm_zero_pages", 0)) * PAGE_SIZE
+    size = (saved - ksm["general_profit"]) / rmap_items
+    return round(size) if size > 0 else KSM_RMAP_ITEM
+
+
+def ksm_cost(
+    per_owner_rmap: dict[str, int], templates: set[str], rmap_bytes: int, pages_shared: int,
+    stable_bytes: int,
+) -> tuple[int, int]:
+    """(sandboxes', template's) KSM metadata bytes: each process's rmap items are its owner's
+    cost; the stable nodes (one per KSM page) are the sandboxes'."""
+    tm = sum(n for o, n in per_owner_rmap.items() if o in templates) * rmap_bytes
+    sb = sum(n for o, n in per_owner_rmap.items() if o not in templates) * rmap_bytes
+    return sb + pages_shared * stable_bytes, tm
+
+
+def read_kv(text: str) -> dict[str, int]:
+    """"name value" lines (/proc/PID/ksm_stat) as a dict of ints; other lines are skipped."""
+    out = {}
+    for ln in text.splitlines():
+        parts = ln.split()
+        if len(parts) == 2 and parts[1].lstrip("-").isdigit():
+            out[parts[0]] = int(parts[1])
+    return out
+
+
+class KsmZram(Zram):
+    """KSM over the sandboxes' processes, then zram: the processes mark their mappings
+    MADV_MERGEABLE, ksmd runs (fast) until nothing more merges, then keeps running at its
+    default pace while the cgroups are reclaimed into zram.
+
+    Accounting: owned bytes are read before merging, as for every system, so a merged page
+    leaves its sandbox's memory and counts as pushed out; the KSM page that holds it is
+    charged to one cgroup and reclaimed with it into zram (counted once in the pool).  KSM's
+    own metadata is counted: rmap items (one per scanned page) as their process's owner's
+    cost, stable nodes (one per KSM page) as the sandboxes'."""
+
+    K = Path("/sys/kernel/mm/ksm")
+    mergeable = True
+    # While merging: fast scanning; then the defaults back.
+    MERGE_PARAMS: ClassVar[dict[str, str]] = {"pages_to_scan": "4000", "sleep_millisecs": "5"}
+    MERGE_TIMEOUT_S = 900.0
+
+    def __init__(self, algo: str) -> None:
+        super().__init__(algo)
+        self.name = f"ksm-zram-{algo}"
+        self.saved: dict[str, str] = {}
+        self.cost = (0, 0)
+
+    def setup(self, nbytes: int) -> None:
+        if not (self.K / "run").exists():
+            raise FeatureMissing(f"{self.name}: kernel {os.uname().release} has no {self.K} "
+                                 f"(CONFIG_KSM: {kernel_config('KSM')})")
+        write(self.K / "run", "2")  # nothing merged from before
+        self.saved = {k: read(self.K / k) for k in ("pages_to_scan", "sleep_millisecs")}
+        super().setup(nbytes)
+
+    def ksm_stats(self) -> dict[str, int]:
+        out = {}
+        for p in self.K.iterdir():
+            with contextlib.suppress(OSError, ValueError):
+                out[p.name] = int(read(p))
+        return out
+
+    def before_reclaim(self, cgroups: dict[str, Path], owners: list[Owner],
+                       clock: Callable[[], float] = time.monotonic) -> None:
+        for k, v in self.MERGE_PARAMS.items():
+            write(self.K / k, v)
+        start = self.ksm_stats()
+        write(self.K / "run", "1")
+        t0 = clock()
+        scans: list[tuple[int, int]] = []
+        settled = False
+        while clock() - t0 < self.MERGE_TIMEOUT_S:
+            time.sleep(0.5)
+            st = self.ksm_stats()
+            scans.append((st["full_scans"], st["pages_sharing"]))
+            if ksm_settled(scans, start["full_scans"]):
+                settled = True
+                break
+        merged = self.ksm_stats()
+        for k, v in self.saved.items():
+            write(self.K / k, v)
+        rmap: dict[str, int] = {}
+        merging: dict[str, int] = {}
+        for o in owners:
+            for pid in read(cgroups[o.name] / "cgroup.procs").split():
+                with contextlib.suppress(OSError):
+                    kv = read_kv(read(f"/proc/{pid}/ksm_stat"))
+                    rmap[o.name] = rmap.get(o.name, 0) + kv.get("ksm_rmap_items", 0)
+                    merging[o.name] = merging.get(o.name, 0) + kv.get("ksm_merging_pages", 0)
+        rmap_bytes = slab_size("ksm_rmap_item") or ksm_rmap_item_bytes(merged, sum(rmap.values()))
+        stable_bytes = slab_size("ksm_stable_node") or KSM_STABLE_NODE
+        tm = {o.name for o in owners if o.role == ROLE_TEMPLATE}
+        self.cost = ksm_cost(rmap, tm, rmap_bytes, merged.get("pages_shared", 0), stable_bytes)
+        self.info.update(
+            ksm_merge_s=clock() - t0, ksm_settled=settled, ksm_before=start, ksm_merged=merged,
+            ksm_rmap_items=rmap, ksm_merging_pages=merging, ksm_rmap_item_bytes=rmap_bytes,
+            ksm_stable_node_bytes=stable_bytes,
+            ksm_meta_bytes={"sandboxes": self.cost[0], "template": self.cost[1]},
+        )
+
+    def fixed_bytes(self) -> tuple[int, int]:
+        return self.cost
+
+    def stats(self) -> dict[str, int]:
+        out = super().stats()
+        k = self.ksm_stats()
+        for name in ("pages_shared", "pages_sharing", "pages_unshared", "full_scans"):
+            if name in k:
+                out[f"ksm_{name}"] = k[name]
+        return out
+
+    def teardown(self) -> None:
+        try:
+            super().teardown()
+        finally:
+            with contextlib.suppress(OSError):
+                write(self.K / "run", "2")
+                for k, v in self.saved.items():
+                    write(self.K / k, v)
+
+
+def slab_size(cache: str) -> int:
+    """Bytes a slab object of ``cache`` takes (SLUB's /sys/kernel/slab), 0 if not shown."""
+    try:
+        return int(read(Path("/sys/kernel/slab") / cache / "slab_size"))
+    except (OSError, ValueError):
+        return 0
+
+
 KINDS: dict[str, type[System]] = {
     "zram": Zram, "zswap": Zswap, "azswap": Azswap, "azdev": AzswapDevice,
 }
+SUFFIXED = re.compile(r"^(?:(?P<ksm>ksm)-zram-(?P<kalgo>\w+)"
+                      r"|zram-(?P<dalgo>\w+)-dict"
+                      r"|zram-(?P<ralgo>\w+)-recomp-(?P<recomp>\w+)"
+                      r"|zswap-(?P<salgo>\w+)-shrink)$")
 
 
 def make_system(name: str) -> System:
     """The system named ``name`` (see the module docstring); ValueError for an unknown one."""
     if name == "none":
         return System()
+    m = SUFFIXED.match(name)
+    if m:
+        if m["ksm"]:
+            return KsmZram(m["kalgo"])
+        if m["dalgo"]:
+            return ZramDict(m["dalgo"])
+        if m["ralgo"]:
+            return ZramRecomp(m["ralgo"], m["recomp"])
+        return ZswapShrink(m["salgo"])
     kind, _, algo = name.partition("-")
-    if kind not in KINDS or not algo:
-        raise ValueError(f"unknown system {name!r} (none, zram-ALGO, zswap-ALGO, azswap-ALGO, "
-                         "azdev-ALGO)")
+    if kind not in KINDS or not algo or (kind in ("zram", "zswap") and "-" in algo):
+        raise ValueError(f"unknown system {name!r} (none, zram-ALGO, zram-ALGO-dict, "
+                         "zram-ALGO-recomp-ALGO2, zswap-ALGO, zswap-ALGO-shrink, ksm-zram-ALGO, "
+                         "azswap-ALGO, azdev-ALGO)")
     return KINDS[kind](algo)  # type: ignore[call-arg]
 
 

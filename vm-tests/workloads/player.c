@@ -19,6 +19,8 @@
  *        fault), then checksum them: reply u64 total ns, n u64 latencies (ns), n u64 checksums
  *   'F' u32 len name, u32 len cgroup dir       fork; the child joins the cgroup, connects as NAME
  *        and forgets the parent's page list; reply (parent) i32 child pid
+ *   'K'  madvise(MADV_MERGEABLE) every mapping this process made with 'V' or inherited from the
+ *        process that forked it (KSM may merge their pages); reply i32 0 or -errno
  *   'Q'  exit
  *
  * Checksum of a page: sum over its 512 little-endian u64 words w[i] of
@@ -55,6 +57,9 @@ static const char *sock_path;
 static struct run *runs;
 static size_t nruns, capruns;
 static uint64_t npages;
+/* the mappings made with 'V' (kept across fork: the child's inherited mappings) */
+static struct run *maps;
+static size_t nmaps, capmaps;
 
 static void die(const char *what)
 {
@@ -197,8 +202,27 @@ static void cmd_map(void)
 		ret = -EEXIST;
 	} else {
 		madvise(p, end - start, MADV_NOHUGEPAGE);
+		if (nmaps == capmaps) {
+			capmaps = capmaps ? 2 * capmaps : 256;
+			maps = realloc(maps, capmaps * sizeof(*maps));
+			if (!maps)
+				die("realloc");
+		}
+		maps[nmaps].va = start;
+		maps[nmaps].n = (end - start) / PG;
+		nmaps++;
 	}
 	free(path);
+	wr(&ret, 4);
+}
+
+static void cmd_mergeable(void)
+{
+	int32_t ret = 0;
+
+	for (size_t i = 0; i < nmaps && !ret; i++)
+		if (madvise((void *)maps[i].va, (size_t)maps[i].n * PG, MADV_MERGEABLE))
+			ret = -errno;
 	wr(&ret, 4);
 }
 
@@ -320,6 +344,9 @@ int main(int argc, char **argv)
 			break;
 		case 'F':
 			cmd_fork();
+			break;
+		case 'K':
+			cmd_mergeable();
 			break;
 		case 'Q':
 			return 0;

@@ -1,0 +1,170 @@
+"""The Linux baselines of bench/kit/swapdev.py: names, dictionary training input, KSM's
+settling rule and its cost attribution, the reasons given for a missing feature, and the way
+swapbench counts their rows."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bench.kit import swapdev
+from bench.kit.swapdev import (
+    KsmZram,
+    Zram,
+    ZramDict,
+    ZramRecomp,
+    Zswap,
+    ZswapShrink,
+    kernel_config,
+    ksm_cost,
+    ksm_rmap_item_bytes,
+    ksm_settled,
+    make_system,
+    read_kv,
+    training_pages,
+)
+from bench.swapbench import DEFAULT_SYSTEMS, SYSTEMS, acceptable, total_ratio
+from controlplane.trace import PAGE_SIZE
+
+
+@pytest.mark.parametrize(
+    ("name", "cls", "attrs"),
+    [
+        ("zram-zstd-dict", ZramDict, {"algo": "zstd"}),
+        ("zram-lz4-dict", ZramDict, {"algo": "lz4"}),
+        ("zram-lz4-recomp-zstd", ZramRecomp, {"algo": "lz4", "recomp": "zstd"}),
+        ("zswap-lz4-shrink", ZswapShrink, {"algo": "lz4", "shrinker": True}),
+        ("ksm-zram-lz4", KsmZram, {"algo": "lz4", "mergeable": True}),
+        ("zram-lz4", Zram, {"algo": "lz4", "mergeable": False}),
+        ("zswap-zstd", Zswap, {"algo": "zstd", "shrinker": False}),
+    ],
+)
+def test_names(name: str, cls: type, attrs: dict[str, object]) -> None:
+    s = make_system(name)
+    assert type(s) is cls
+    assert s.name == name
+    for k, v in attrs.items():
+        assert getattr(s, k) == v
+
+
+@pytest.mark.parametrize("name", ["zram-lz4-bogus", "zswap-lz4-dict", "ksm-zswap-lz4", "zram-",
+                                  "ksm-lz4"])
+def test_unknown_names(name: str) -> None:
+    with pytest.raises(ValueError):
+        make_system(name)
+
+
+def test_every_listed_system_is_known() -> None:
+    for name in SYSTEMS:
+        assert make_system(name).name == name
+    assert {"zram-zstd-dict", "zram-lz4-recomp-zstd", "zswap-lz4-shrink", "ksm-zram-lz4"} <= set(
+        DEFAULT_SYSTEMS)
+
+
+def test_training_pages_skip_same_filled_and_spread() -> None:
+    zero = bytes(PAGE_SIZE)
+    fill = b"\x01\x02\x03\x04\x05\x06\x07\x08" * (PAGE_SIZE // 8)
+    real = [bytes([k]) * 17 + bytes(range(256)) * 15 + bytes(PAGE_SIZE - 17 - 3840)
+            for k in range(10)]
+    data = b"".join([zero, real[0], fill, *real[1:], zero])
+    got = training_pages(data, 100)
+    assert got == real  # same-filled pages (zero or not) are no training material
+    spread = training_pages(data, 5)
+    assert spread == [real[0], real[2], real[4], real[6], real[8]]
+
+
+def test_train_dictionary_refuses_too_few_pages() -> None:
+    with pytest.raises(swapdev.SwapDevError, match="too few"):
+        swapdev.train_dictionary([b"x" * PAGE_SIZE] * 3)
+
+
+def test_train_dictionary_makes_a_zstd_dictionary() -> None:
+    import random
+
+    rng = random.Random(1)
+    words = [bytes(rng.choices(range(97, 123), k=rng.randint(3, 9))) for _ in range(300)]
+    pages = [b" ".join(rng.choices(words, k=900))[:PAGE_SIZE] for _ in range(200)]
+    d = swapdev.train_dictionary(pages, 16384)
+    assert d[:4] == b"\x37\xa4\x30\xec"  # ZSTD_MAGIC_DICTIONARY, little endian
+    assert 0 < len(d) <= 16384
+
+
+def test_ksm_settled() -> None:
+    # (full_scans, pages_sharing) samples after starting at full_scans 10
+    assert not ksm_settled([], 10)
+    assert not ksm_settled([(11, 5), (12, 50)], 10)  # too few scans
+    assert not ksm_settled([(12, 50), (13, 80)], 10)  # still merging in the last scan
+    assert ksm_settled([(12, 50), (13, 80), (13, 80), (14, 80)], 10)
+    assert not ksm_settled([(14, 80)], 10)  # no sample of the scan before
+    assert not ksm_settled([(12, 80), (14, 80)], 10)  # scan 13 was not seen
+
+
+def test_ksm_rmap_item_bytes_from_general_profit() -> None:
+    saved = (1000 + 24) * PAGE_SIZE
+    ksm = {"pages_sharing": 1000, "ksm_zero_pages": 24, "general_profit": saved - 64 * 500}
+    assert ksm_rmap_item_bytes(ksm, 500) == 64
+    assert ksm_rmap_item_bytes({"pages_sharing": 3}, 500) == swapdev.KSM_RMAP_ITEM  # pre-6.4
+    assert ksm_rmap_item_bytes(ksm, 0) == swapdev.KSM_RMAP_ITEM
+
+
+def test_ksm_cost_attribution() -> None:
+    rmap = {"template": 1000, "sb0": 300, "sb1": 200}
+    sb, tm = ksm_cost(rmap, {"template"}, 64, pages_shared=40, stable_bytes=56)
+    assert tm == 1000 * 64
+    assert sb == 500 * 64 + 40 * 56
+
+
+def test_read_kv() -> None:
+    text = "ksm_rmap_items 123\nksm_zero_pages 0\nksm_merge_any no\nksm_process_profit -4096\n"
+    assert read_kv(text) == {"ksm_rmap_items": 123, "ksm_zero_pages": 0,
+                             "ksm_process_profit": -4096}
+
+
+def test_kernel_config_reasons(tmp_path: Path) -> None:
+    (tmp_path / "config-9.9").write_text(
+        "CONFIG_KSM=y\n# CONFIG_ZRAM_MULTI_COMP is not set\nCONFIG_ZRAM=m\n")
+    places = (str(tmp_path / "config-{}"),)
+    assert kernel_config("KSM", "9.9", places) == "y"
+    assert kernel_config("ZRAM", "9.9", places) == "m"
+    assert kernel_config("ZRAM_MULTI_COMP", "9.9", places) == "not set"
+    assert kernel_config("ZRAM_MULTI", "9.9", places) == "not set"  # whole names only
+    assert kernel_config("KSM", "1.0", places) == "unknown"
+
+
+def test_missing_features_say_why(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A kernel without the attribute: FeatureMissing naming it, never a plainer setup."""
+    dev = tmp_path / "zram0"
+    dev.mkdir()
+    for cls, args, what in ((ZramRecomp, ("lz4", "zstd"), "CONFIG_ZRAM_MULTI_COMP"),
+                            (ZramDict, ("zstd",), "algorithm_params")):
+        s = cls(*args)
+        s.sys = dev
+        with pytest.raises(swapdev.FeatureMissing, match=what):
+            s._before_disksize()
+    d = ZramDict("zstd")
+    d.sys = dev
+    with pytest.raises(swapdev.FeatureMissing, match="algorithm_params"):
+        d.train([])  # before any training, and before looking for a template
+    z = ZswapShrink("lz4")
+    monkeypatch.setattr(ZswapShrink, "P", tmp_path)
+    with pytest.raises(swapdev.FeatureMissing, match="shrinker_enabled"):
+        z._shrinker(True)
+    Zswap("lz4")._shrinker(False)  # plain zswap on a kernel without it: nothing to turn off
+
+
+def test_dictionary_is_the_templates_cost() -> None:
+    s = ZramDict("zstd")
+    s.info["dict_bytes"] = 112640
+    assert s.fixed_bytes() == (0, 112640)
+    assert Zram("zstd").fixed_bytes() == (0, 0)
+
+
+def test_total_ratio_and_acceptable_rows() -> None:
+    assert total_ratio(300, 100, 100, 100) == 2.0
+    assert total_ratio(1, 1, 0, 0) == float("inf")
+    assert acceptable({"ok": True})
+    assert not acceptable({"ok": False})
+    assert acceptable({"error": "no recomp", "unavailable": True, "requested": False})
+    assert not acceptable({"error": "no recomp", "unavailable": True, "requested": True})
+    assert not acceptable({"error": "boom"})
