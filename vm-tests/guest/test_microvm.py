@@ -127,11 +127,12 @@ def test_template_bases_in_another_codec(recording: microvm.Recording, tmp_path:
     assert mixed["image"]["bad_pages"] == 0
     assert mixed["template_pool_bytes"] < plain["template_pool_bytes"]
     assert mixed["stats_after_template"]["payload"] < plain["stats_after_template"]["payload"]
-    # The VMs' own objects: the same representations and, per page, the same bytes within 2%.
-    # Not exactly the same: each VM's cgroup also holds its player process's stack and heap,
-    # whose pointers move with ASLR and of which reclaim takes a few pages more or less run to
-    # run (CI saw 4 bytes in 53.7 KB, and 126 against 130 pages). Objects stored in zstd
-    # instead of lz4 would differ by far more than 2% a page.
+    # The VMs' own objects: the same representations and no fewer bytes a page. Not exactly the
+    # same: each VM's cgroup also holds its player process's stack and heap, whose pointers move
+    # with ASLR and of which reclaim takes a few pages more or less run to run (CI saw 124
+    # against 131 pages and 2.3% more bytes per stored page). VM objects stored with the
+    # template's zstd level 6 instead of lz4 would be smaller: 3% fewer bytes a stored page is
+    # the failure this looks for.
     def vms(r: dict) -> dict[str, tuple[int, dict[str, int]]]:
         return {o["name"]: (o["exclusive_bytes"] + o["shared_bytes"], dict(o["kinds"]))
                 for o in r["owners"] if str(o.get("name", "")).startswith("vm")}
@@ -143,6 +144,7 @@ def test_template_bases_in_another_codec(recording: microvm.Recording, tmp_path:
         gbytes, gkinds = got[name]
         assert all(abs(gkinds.get(k, 0) - kinds.get(k, 0)) <= slack
                    for k in {*kinds, *gkinds}), (name, gkinds, kinds)
-        npages, gpages = sum(kinds.values()), sum(gkinds.values())
-        assert abs(gbytes / gpages - nbytes / npages) <= 0.02 * nbytes / npages, (
-            name, got[name], want[name])
+        # same-filled pages cost no object bytes
+        stored = sum(kinds.values()) - kinds.get("same", 0)
+        gstored = sum(gkinds.values()) - gkinds.get("same", 0)
+        assert gbytes / gstored >= 0.97 * nbytes / stored, (name, got[name], want[name])
