@@ -245,6 +245,7 @@ class HostMemory:
     mem_available: int
     psi_some_avg10: float
     psi_full_avg10: float
+    cpu_psi_some_avg10: float | None = None  # /proc/pressure/cpu; None when the kernel has none
 
     @property
     def available_fraction(self) -> float:
@@ -252,7 +253,8 @@ class HostMemory:
 
 
 def host_memory(proc: Path = PROC_ROOT) -> HostMemory:
-    """MemTotal/MemAvailable and /proc/pressure/memory of the host (PSI 0 when absent)."""
+    """MemTotal/MemAvailable and /proc/pressure/memory of the host (PSI 0 when absent), and
+    /proc/pressure/cpu's some avg10 (None when absent)."""
     info: dict[str, int] = {}
     for line in (Path(proc) / "meminfo").read_text().splitlines():
         k, _, rest = line.partition(":")
@@ -263,9 +265,14 @@ def host_memory(proc: Path = PROC_ROOT) -> HostMemory:
         psi = parse_pressure((Path(proc) / "pressure" / "memory").read_text())
     except OSError:
         psi = {}
+    try:
+        cpu = parse_pressure((Path(proc) / "pressure" / "cpu").read_text()).get("some")
+    except OSError:
+        cpu = None
     return HostMemory(
         mem_total=info.get("MemTotal", 0),
         mem_available=info.get("MemAvailable", info.get("MemFree", 0)),
         psi_some_avg10=psi.get("some", Pressure()).avg10,
         psi_full_avg10=psi.get("full", Pressure()).avg10,
+        cpu_psi_some_avg10=None if cpu is None else cpu.avg10,
     )

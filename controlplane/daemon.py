@@ -8,7 +8,11 @@ One process (``azctl daemon``), these threads:
 * the scheduler: ``Scheduler.run()``, one tick a second, woken early by hints;
 * the module event listener: follows the ``events`` netlink group (changes made by other netlink
   clients) and forwards them to subscribers;
-* prefetch workers: one short-lived thread per tool hint.
+* the wait planner (controlplane/waitplan.py): predicts when each LLM wait ends and, that long
+  before it, holds the scheduler and starts the sandbox's prefetch; a wait that goes on past a
+  prefetch is released for compression again;
+* prefetch workers: one short-lived thread per planned prefetch, and per tool hint that found
+  the working set not brought back (that one at a lower priority, in parallel with the tool).
 
 The socket is root-only twice over: the file is 0600 in a 0700 directory, and every connection's
 peer credentials (SO_PEERCRED) are checked against ``allowed_uids`` (root only by default).
@@ -40,12 +44,13 @@ from typing import Any, ClassVar
 
 from controlplane import errors, metrics, restore
 from controlplane.abi import MAX_LOAD_PAGES, Phase, validate_group
-from controlplane.cgroup import CGROUP_ROOT, PROC_ROOT, normalize
+from controlplane.cgroup import CGROUP_ROOT, PROC_ROOT, host_memory, normalize
 from controlplane.phase import PhaseConfig, PhaseModel
 from controlplane.registry import RUN_DIR, ModuleBackend, Registry, Sandbox, state_path
 from controlplane.restore import NoopPrefetcher, Prefetcher, load_prefetcher
-from controlplane.scheduler import Scheduler, SchedulerConfig, Target
+from controlplane.scheduler import Scheduler, SchedulerConfig, Target, lower_thread_priority
 from controlplane.sysfs import SYS_BLOCK, Device
+from controlplane.waitplan import Action, PlanConfig, WaitPlanner
 
 log = logging.getLogger("azswap.daemon")
 
@@ -72,6 +77,10 @@ class DaemonConfig:
     send_stall: float = 30.0  # seconds a client may accept nothing while we have data for it
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     phase: PhaseConfig = field(default_factory=PhaseConfig)
+    plan: PlanConfig = field(default_factory=PlanConfig)
+    predict: bool = True  # prefetch before the predicted end of each wait (else on the hint)
+    hint_prefetch_nice: int = 5  # nice of a prefetch racing a running tool
+
 
 
 class PerThread:
@@ -285,6 +294,9 @@ class Daemon:
             policy_setter=lambda pol: self.module.policy_set(**pol),
             notify=self.publish,
         )
+        self.planner = WaitPlanner(c.plan)
+        self._plan_lock = threading.Lock()
+        self._plan_wake = threading.Event()
         # loaded in start(), after the module answered: the real prefetcher compiles BPF
         self.prefetcher: Prefetcher = prefetcher if prefetcher is not None else NoopPrefetcher()
         self._load_prefetcher = prefetcher is None
@@ -363,6 +375,8 @@ class Daemon:
         sb = self.registry.remove_sandbox(_str(req, "name"))
         self.phases.remove(sb.name)
         self.scheduler.forget(sb.name)
+        with self._plan_lock:
+            self.planner.forget(sb.name)
         self.publish({"event": "unregister", "name": sb.name, "cgroup_id": sb.cgroup_id})
         return sb.to_dict()
 
@@ -378,12 +392,25 @@ class Daemon:
             module_error = str(e)
             log.warning("phase %s: module: %s", sb.name, e)
         self.publish({"event": "phase", "name": sb.name, "phase": phase.label})
+        now = self.clock()
+        start = None
+        with self._plan_lock:
+            if phase == Phase.TOOL:
+                start = self.planner.tool_started(sb.name, now)
+            elif phase == Phase.LLM_WAIT and self.config.predict:
+                self.planner.wait_started(sb.name, now)
+            else:
+                self.planner.other_phase(sb.name)
+        self._plan_wake.set()
         if phase != Phase.TOOL:
             restore.phase_changed(self.prefetcher, sb, phase.label)
-        else:
+        elif start is not None and start.prefetch:
+            # nothing brought the working set back in this wait: fetch it beside the tool
             threading.Thread(
-                target=self._restore, args=(sb,), name=f"prefetch-{sb.name}", daemon=True
+                target=self._restore, args=(sb, False), name=f"prefetch-{sb.name}", daemon=True
             ).start()
+        # else: the planned prefetch is done or in flight (and told the prefetcher that the
+        # tool phase began: a second phase change would hide the tool's faults from learning)
         out: dict[str, Any] = {
             "name": sb.name,
             "phase": view.phase.label,
@@ -393,14 +420,73 @@ class Daemon:
             out["module_error"] = module_error
         return out
 
-    def _restore(self, sb: Sandbox) -> None:
+    def _restore(self, sb: Sandbox, planned: bool) -> None:
+        """One prefetch: ``planned`` before the predicted end of a wait, else on a tool hint
+        (then at a lower priority: the tool runs meanwhile and its own faults come first)."""
+        if not planned:
+            lower_thread_priority(self.config.hint_prefetch_nice)
+        t0 = self.clock()
         try:
             res = self.prefetcher.restore(sb)
-            self.publish({"event": "prefetch", "name": sb.name, "result": res})
+            self.publish(
+                {"event": "prefetch", "name": sb.name, "planned": planned, "result": res}
+            )
         except Exception as e:  # the prefetcher is best effort: report, never kill the daemon
             log.warning("prefetch %s: %s", sb.name, e)
         finally:
+            if planned:
+                now = self.clock()
+                with self._plan_lock:
+                    self.planner.prefetch_done(sb.name, now - t0, now)
+                self._plan_wake.set()
             self.module.release()
+
+    def plan_tick(self) -> list[tuple[str, Action]]:
+        """Act on what the wait planner has due now: hold the scheduler and prefetch a
+        sandbox whose wait is about to end; release one whose wait went on."""
+        busy = False
+        try:
+            cpu = host_memory(self.config.proc_root).cpu_psi_some_avg10
+            busy = cpu is not None and cpu >= self.scheduler.config.cpu_busy_psi
+        except OSError:
+            pass
+        with self._plan_lock:
+            self.planner.busy = busy
+            due = self.planner.due(self.clock())
+            for name, act in due:
+                if act is Action.PREFETCH:
+                    self.planner.prefetch_started(name)
+        for name, act in due:
+            if act is Action.RECOMPRESS:
+                self.scheduler.release(name)
+                self.scheduler.wake()
+                log.info("plan: %s still waiting after its prefetch: compress again", name)
+                continue
+            self.scheduler.hold(name)
+            try:
+                sb = self.registry.sandbox(name)
+            except errors.AzswapError:
+                with self._plan_lock:
+                    self.planner.forget(name)
+                continue
+            log.info("plan: %s: wait predicted to end, prefetching", name)
+            threading.Thread(
+                target=self._restore, args=(sb, True), name=f"prefetch-{name}", daemon=True
+            ).start()
+        return due
+
+    def _plan_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.plan_tick()
+            except Exception:  # keep the daemon alive; the traceback goes to the log
+                log.exception("wait planner failed")
+            with self._plan_lock:
+                nxt = self.planner.next_due()
+            left = 1.0 if nxt is None else min(1.0, max(0.0, nxt - self.clock()))
+            if left > 0:
+                self._plan_wake.wait(left)
+            self._plan_wake.clear()
 
     def op_compress(self, req: dict[str, Any]) -> dict[str, Any]:
         sb = self.registry.sandbox(_str(req, "name"))
@@ -446,6 +532,9 @@ class Daemon:
             v.name: {"phase": v.phase.label, "age": round(v.age, 3), "source": v.source}
             for v in self.phases.all(now)
         }
+        with self._plan_lock:
+            for name, d in phases.items():
+                d["plan"] = self.planner.snapshot(name, now)
         return metrics.build(
             self.module, self.registry, self.device, phases, self.scheduler.snapshot()
         )
@@ -621,6 +710,7 @@ class Daemon:
         assert self._server is not None
         self._spawn("server", self._server.serve_forever, 0.2)
         self._spawn("scheduler", self.scheduler.run)
+        self._spawn("planner", self._plan_loop)
         if self.config.follow_events:
             self._spawn("events", self._follow_events)
         if self.config.reconcile_interval > 0:
@@ -689,6 +779,7 @@ class Daemon:
         if self._stop.is_set():
             return
         self._stop.set()
+        self._plan_wake.set()
         self.scheduler.stop()
         if self._server is not None:
             self._server.shutdown()

@@ -20,11 +20,15 @@ Control law, per tick (every ``interval`` seconds):
 4. Work: write ``chunk_bytes`` at a time to the candidate's memory.reclaim.  The reclaim (and so the
    compression in azswap's rw_page) runs in *our* thread, so we meter it: each write is timed and
    followed by a rest of ``dt * (1 - b) / b`` where b is the CPU budget (fraction of one CPU,
-   ``cpu_budget``, or ``pressure_cpu_budget`` under pressure): the writes take at most a fraction
+   ``cpu_budget``, or ``pressure_cpu_budget`` under pressure, or ``idle_cpu_budget`` while the
+   host's CPU PSI ``some avg10`` stays below ``cpu_busy_psi``): the writes take at most a fraction
    b of the wall clock.  A tick stops after ``interval * b`` seconds of writes.  Between two
    chunks the phase generation is re-checked: a tool hint (or a shutdown) ends the loop at once;
    the chunk in flight either completed or came up short, both of which leave the sandbox
    consistent (memory.reclaim only moves pages to swap; nothing is half-done at our level).
+   A *hold* (``hold()``, from the daemon's wait planner when the wait is about to end and the
+   sandbox's working set is being brought back) stops the loop the same way and keeps the
+   sandbox out of the candidates until ``release()`` or the next phase change.
    The scheduler thread runs at nice ``reclaim_nice`` (default 10): on a busy host the tools of
    other sandboxes get the CPU first, and compression takes what is left.
 5. Mode: the store policy is device-wide.  Before compressing a sandbox whose wait has lasted
@@ -61,12 +65,14 @@ MiB = 1 << 20
 @dataclass
 class SchedulerConfig:
     interval: float = 1.0  # seconds between ticks
-    grace: float = 1.0  # llm-wait age before compressing
+    grace: float = 0.0  # llm-wait age before compressing (a hinted wait: at once)
     idle_grace: float = 30.0  # inferred-idle age before compressing
     dense_after: float = 10.0  # wait age from which the dense policy is used
     chunk_bytes: int = 16 * MiB  # one memory.reclaim write
     cpu_budget: float = 0.25  # fraction of one CPU spent in reclaim writes
     pressure_cpu_budget: float = 0.5
+    idle_cpu_budget: float = 1.0  # when the host's CPUs are not contended (CPU PSI)
+    cpu_busy_psi: float = 10.0  # /proc/pressure/cpu some avg10, %: at or above, CPUs are busy
     pressure_psi: float = 10.0  # host memory PSI some avg10, %
     pressure_min_available: float = 0.10  # MemAvailable / MemTotal
     floor_bytes: int = 0  # stop once memory.current <= this
@@ -81,7 +87,8 @@ class SchedulerConfig:
     )
 
     def validate(self) -> None:
-        if not 0 < self.cpu_budget <= 1 or not 0 < self.pressure_cpu_budget <= 1:
+        if not all(0 < b <= 1 for b in (self.cpu_budget, self.pressure_cpu_budget,
+                                         self.idle_cpu_budget)):
             raise errors.InvalidValue("cpu budget must be in (0, 1]")
         if self.chunk_bytes < 4096:
             raise errors.InvalidValue("chunk must be at least one page")
@@ -243,6 +250,7 @@ class Scheduler:
         self._lock = threading.Lock()
         self.state: dict[str, CompressState] = {}
         self._force_pending: set[str] = set()
+        self._holds: dict[str, int] = {}  # sandbox -> phase generation the hold applies to
         self.mode: str | None = None
         self.last_report: TickReport | None = None
 
@@ -267,6 +275,27 @@ class Scheduler:
             self._force_pending.add(name)
         self.wake()
 
+    def hold(self, name: str) -> None:
+        """Compress ``name`` no more in its current phase (its wait is about to end)."""
+        now = self.clock()
+        v = self.phases.get(name, now)
+        if v is None:
+            return
+        with self._lock:
+            self._holds[name] = v.generation
+
+    def release(self, name: str) -> None:
+        """Undo :meth:`hold`: the sandbox may be compressed again in this phase."""
+        with self._lock:
+            self._holds.pop(name, None)
+            st = self.state.get(name)
+            if st is not None and not st.forced:
+                st.done = False
+
+    def held(self, name: str, generation: int) -> bool:
+        with self._lock:
+            return self._holds.get(name) == generation
+
     def force_pending(self, name: str) -> bool:
         """A compress request for ``name`` that no tick has picked up yet."""
         with self._lock:
@@ -275,6 +304,7 @@ class Scheduler:
     def forget(self, name: str) -> None:
         with self._lock:
             self.state.pop(name, None)
+            self._holds.pop(name, None)
 
     def snapshot(self) -> dict[str, dict[str, Any]]:
         with self._lock:
@@ -292,6 +322,11 @@ class Scheduler:
             h.psi_some_avg10 >= c.pressure_psi or h.available_fraction < c.pressure_min_available,
             h,
         )
+
+    def cpu_idle(self, host: HostMemory | None) -> bool:
+        """The host's CPUs are not contended (CPU PSI known and below ``cpu_busy_psi``)."""
+        cpu = host.cpu_psi_some_avg10 if host is not None else None
+        return cpu is not None and cpu < self.config.cpu_busy_psi
 
     def tick(self) -> TickReport:
         c = self.config
@@ -318,6 +353,8 @@ class Scheduler:
                 st = self.state.setdefault(name, CompressState())
                 if st.generation != v.generation:
                     st.rearm(v)  # a phase change ends a forced run too
+                if self._holds.get(name, v.generation) != v.generation:
+                    del self._holds[name]  # a hold lasts one phase
                 if name in self._force_pending:
                     self._force_pending.discard(name)
                     st.forced, st.done = True, False
@@ -325,8 +362,11 @@ class Scheduler:
                     candidates.append(v)
         candidates.sort(key=lambda v: (v.since, v.name))
 
-        # 4. work within the budget
+        # 4. work within the budget: more of a CPU under memory pressure, all of one when the
+        # host's CPUs are not contended (the thread's nice still yields to any tool)
         b = c.pressure_cpu_budget if pressure else c.cpu_budget
+        if self.cpu_idle(host):
+            b = max(b, c.idle_cpu_budget)
         budget = c.interval * b
         spent = 0.0
         actions: list[Action] = []
@@ -351,6 +391,8 @@ class Scheduler:
         if st.done and v.phase in (Phase.LLM_WAIT, Phase.IDLE) and not st.forced:
             self._maybe_recheck(v, st)
         if st.done or (v.phase == Phase.TOOL and not st.forced):
+            return False
+        if self._holds.get(v.name) == v.generation and not st.forced:
             return False
         if st.forced:
             return True
@@ -385,6 +427,8 @@ class Scheduler:
             return "unregistered"
         if v.generation != generation:
             return f"phase={v.phase.label}"
+        if self.held(name, generation):
+            return "held"
         return ""
 
     def _compress(self, v: PhaseView, cg: Cgroup, b: float, budget: float) -> Action:

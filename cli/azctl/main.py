@@ -476,7 +476,13 @@ def policy_set(ctx: click.Context, assignments: tuple[str, ...], as_json: bool) 
     "--interval", type=click.FloatRange(0.05), default=_SCHED.interval, show_default=True
 )
 @click.option("--no-policy", is_flag=True, help="Never switch the store policy fast/dense.")
-@click.option("--no-prefetch", is_flag=True, help="Do not prefetch on tool hints.")
+@click.option("--no-prefetch", is_flag=True, help="Do not prefetch sandboxes' working sets.")
+@click.option(
+    "--no-predict",
+    is_flag=True,
+    help="Prefetch on the tool hint only, instead of before the end of each LLM wait as "
+    "predicted from the sandbox's earlier waits.",
+)
 @click.option(
     "--metrics-port",
     type=click.IntRange(1, 65535),
@@ -495,10 +501,20 @@ def daemon(
     interval: float,
     no_policy: bool,
     no_prefetch: bool,
+    no_predict: bool,
     metrics_port: int | None,
     log_level: str,
 ) -> None:
-    """Run the control plane in the foreground (registry, phase scheduler, socket API)."""
+    """Run the control plane in the foreground (registry, phase scheduler, socket API).
+
+    \b
+    The agent loop it runs for every registered sandbox:
+      llm-wait hint  compress the sandbox at once (within the CPU budget);
+      before the wait's predicted end (learned from its earlier waits)
+                     stop compressing and prefetch its learned working set;
+      tool hint      if nothing was prefetched in this wait, prefetch beside the tool;
+      no hints       inferred idle (cgroup CPU/PSI) after --idle-grace, compressed too.
+    """
     from controlplane.daemon import Daemon, DaemonConfig
     from controlplane.sysfs import parse_size
 
@@ -516,6 +532,7 @@ def daemon(
         sys_block=env.sys_block,
         state_dir=env.state_dir,
         prefetch=not no_prefetch,
+        predict=not no_predict,
         metrics_port=metrics_port,
         scheduler=SchedulerConfig(
             interval=interval,

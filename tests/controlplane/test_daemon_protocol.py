@@ -23,6 +23,7 @@ from controlplane import errors
 from controlplane.client import DaemonClient
 from controlplane.daemon import MAX_LINE, Daemon, DaemonConfig
 from controlplane.scheduler import SchedulerConfig
+from controlplane.waitplan import PlanConfig
 from tests.fakes import (
     FakeCgroup,
     FakeClock,
@@ -285,6 +286,7 @@ from pathlib import Path
 logging.basicConfig(level=logging.INFO)
 from controlplane.daemon import Daemon, DaemonConfig
 from controlplane.scheduler import SchedulerConfig
+from controlplane.waitplan import PlanConfig
 from tests.fakes import FakeModule, FakeCgroup, FakeClock, make_proc
 tmp = Path(sys.argv[1])
 cfg = DaemonConfig(socket_path=tmp / "run/s.sock", cgroup_root=tmp / "cg",
@@ -377,6 +379,60 @@ def test_prefetcher_is_told_phases_and_restores_on_tool(tmp_path: Path) -> None:
         d.stop()
     assert pf.calls[:2] == [("phase", "a:llm-wait"), ("restore", "a")]
     assert pf.calls[-1] == ("close", "")
+
+
+def _until(cond, what: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
+def test_prefetch_before_the_predicted_end_of_a_wait_and_not_again_on_the_hint(
+    tmp_path: Path,
+) -> None:
+    make_cgroup(tmp_path / "cg", "/sb/a")
+    fm = FakeModule(tmp_path / "cg")
+    pf = RecordingPrefetcher()
+    clock = FakeClock()
+    cfg = config(tmp_path, plan=PlanConfig(default_lead=0.5, step=0.01))
+    d = Daemon(cfg, module_factory=lambda: fm, prefetcher=pf, clock=clock)
+    d.start()
+
+    def restores() -> int:
+        return pf.calls.count(("restore", "a"))
+
+    try:
+        with DaemonClient(d.config.socket_path) as c:
+            c.register("a", "/sb/a", 1)
+            for n in range(1, 4):  # three waits of 3 s: nothing predicted, prefetch on hints
+                c.phase("a", "llm-wait")
+                clock.advance(3.0)
+                c.phase("a", "tool")
+                _until(lambda n=n: restores() == n, "the hint's prefetch")
+                clock.advance(1.0)
+            c.phase("a", "llm-wait")
+            clock.advance(2.0)
+            d.plan_tick()
+            assert restores() == 3  # not yet: the wait is predicted to end at 3 s
+            clock.advance(0.6)
+            d.plan_tick()
+            _until(lambda: restores() == 4, "the planned prefetch")
+            gen = d.phases.get("a", clock()).generation
+            assert d.scheduler.held("a", gen)  # no compression while the set comes back
+
+            def plan() -> dict:
+                return c.stats("a")["phase"]["plan"]
+
+            _until(lambda: not plan()["prefetching"], "the planned prefetch to finish")
+            assert plan()["fired"] == 1
+            clock.advance(0.4)
+            c.phase("a", "tool")
+            time.sleep(0.2)
+            assert restores() == 4  # the working set is already back
+            assert plan()["late"] == 0
+    finally:
+        d.stop()
 
 
 def test_device_reset_is_noticed_and_registrations_restored(tmp_path: Path) -> None:

@@ -346,3 +346,36 @@ def test_a_done_sandbox_still_waiting_is_compressed_again(tmp_path: Path, clock:
     clock.advance(5)
     r.sched.tick()
     assert r.mem("sb0") == 8 * MiB
+
+
+def test_a_hold_stops_compression_for_the_phase_and_release_resumes_it(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    r = Rig(tmp_path, clock, grace=0.0, cpu_budget=0.25)
+    r.hint("sb0", Phase.LLM_WAIT)
+    assert r.sched.tick().actions  # compressing, within the budget
+    r.sched.hold("sb0")  # the wait is about to end: the working set is coming back
+    clock.advance(1.0)
+    assert r.sched.tick().actions == []
+    n = len(r.cgs["sb0"].writes)
+    r.sched.release("sb0")  # the wait went on
+    clock.advance(1.0)
+    assert r.sched.tick().actions and len(r.cgs["sb0"].writes) > n
+    # a hold lasts one phase: the next wait compresses again
+    r.sched.hold("sb0")
+    r.hint("sb0", Phase.TOOL)
+    r.hint("sb0", Phase.LLM_WAIT)
+    clock.advance(1.0)
+    assert r.sched.tick().actions
+
+
+def test_idle_cpus_lift_the_budget(tmp_path: Path, clock: FakeClock) -> None:
+    r = Rig(tmp_path, clock, grace=0.0, cpu_budget=0.25, idle_cpu_budget=1.0, cpu_busy_psi=10.0)
+    (r.proc / "pressure" / "cpu").write_text(
+        "some avg10=50.00 avg60=0.00 avg300=0.00 total=0\n"
+    )
+    r.hint("sb0", Phase.LLM_WAIT)
+    assert r.sched.tick().budget == pytest.approx(0.25)  # CPUs contended: the set budget
+    (r.proc / "pressure" / "cpu").write_text("some avg10=1.00 avg60=0.00 avg300=0.00 total=0\n")
+    clock.advance(1.0)
+    assert r.sched.tick().budget == pytest.approx(1.0)

@@ -1,0 +1,288 @@
+"""When to bring a waiting sandbox back: the daemon's plan for each LLM wait.
+
+A sandbox waiting for the LLM is compressed as soon as the wait starts (the scheduler).  Its
+working set should be back in memory when the wait ends, so that the tool that runs next does
+not fault it in page by page.  Only the orchestrator knows when the wait really ends (the tool
+hint), and by then it is too late to prefetch without making the tool wait.  So the planner
+predicts the end from what the sandbox's earlier waits measured, and starts the prefetch that
+long before it.  Everything here is arithmetic over a clock the caller passes in: the daemon
+runs it (controlplane/daemon.py), the tests drive it with made-up clocks.
+
+The control law, per sandbox:
+
+* History: the lengths of its last ``history`` waits (llm-wait hint -> tool hint), and how long
+  its last prefetches took.  A sandbox with fewer than ``min_samples`` waits borrows the fleet's
+  waits (every sandbox's, most recent first), so a new sandbox of a known workload is predicted
+  from its first wait on.
+* Lead: a prefetch must start ``lead`` seconds before the wait ends to be done in time:
+  ``lead_factor`` x the median of its recent prefetch times + ``lead_pad`` (``default_lead``
+  before it has one), at most ``max_lead``; on a busy host (CPU pressure) prefetches run slower,
+  so the lead is multiplied by ``busy_lead_factor``.
+* Fire time: waits are heavy-tailed, so one fixed quantile is either too early for long waits
+  (the working set sits in memory for most of the wait) or too late for short ones.  Instead,
+  the planner fires at the first elapsed time e at which the wait is likely to end within the
+  lead, given that it has lasted e so far (the empirical hazard over the history):
+
+      hazard(e) = #(waits in (e, e + lead]) / #(waits > e)  >=  threshold
+
+  If no such e exists (the history says nothing about waits this long), the planner does not
+  fire: the tool hint then prefetches in parallel with the tool, as before any learning.
+* Recompress: a wait that is still going ``recompress_after`` seconds after a prefetch finished
+  was longer than predicted: the scheduler may compress the sandbox again, and the planner
+  looks for the next fire time from the current age (the hazard conditioned on the longer
+  wait).
+* Adaptation, per sandbox, from the outcome of each wait: a tool hint that came before the
+  prefetch had finished ("late": the tool paid for it) lowers the threshold, so the next
+  prefetch starts earlier; a prefetch that had to be followed by a recompress ("early": memory
+  was held for nothing) raises it.  The threshold stays in [threshold_min, threshold_max].
+* Never worse than compressing blind: without a prediction (no history, or no fire time) the
+  tool hint starts the prefetch at once, and the scheduler never compresses during a tool
+  phase.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from dataclasses import dataclass, field
+from enum import Enum
+
+from controlplane import errors
+
+
+@dataclass
+class PlanConfig:
+    history: int = 32  # waits kept per sandbox
+    fleet_history: int = 128  # waits kept for the whole fleet
+    min_samples: int = 3  # own waits needed before the fleet's are no longer used
+    threshold: float = 0.3  # hazard at which the prefetch starts
+    threshold_min: float = 0.05
+    threshold_max: float = 0.8
+    late_factor: float = 0.7  # threshold x this after a late prefetch
+    early_factor: float = 1.15  # threshold x this after a recompress
+    default_lead: float = 0.5  # seconds, before any prefetch was timed
+    lead_factor: float = 1.5
+    lead_pad: float = 0.05
+    max_lead: float = 5.0
+    busy_lead_factor: float = 2.0
+    recompress_after: float = 1.0  # seconds after a finished prefetch with the wait still on
+    step: float = 0.05  # resolution of the fire-time search, seconds
+
+    def validate(self) -> None:
+        if self.history < 1 or self.fleet_history < 1 or self.min_samples < 1:
+            raise errors.InvalidValue("history sizes must be >= 1")
+        if not 0 < self.threshold_min <= self.threshold <= self.threshold_max <= 1:
+            raise errors.InvalidValue("need 0 < threshold_min <= threshold <= threshold_max <= 1")
+        if self.step <= 0 or self.default_lead < 0 or self.max_lead <= 0:
+            raise errors.InvalidValue("step and max_lead must be > 0, default_lead >= 0")
+        if self.recompress_after < 0:
+            raise errors.InvalidValue("recompress_after must be >= 0")
+
+
+class Action(Enum):
+    PREFETCH = "prefetch"  # bring the working set back now (the wait is about to end)
+    RECOMPRESS = "recompress"  # the wait went on: the scheduler may compress again
+
+
+def fire_time(waits: list[float], since: float, lead: float, threshold: float,
+              step: float) -> float | None:
+    """The first wait age >= ``since`` at which the empirical hazard of the wait ending within
+    ``lead`` reaches ``threshold``; None when the waits say nothing about waits that long."""
+    ws = sorted(waits)
+    if not ws or ws[-1] <= since:
+        return None
+    # Only the ages just past a recorded wait's (end - lead) can change the hazard's numerator
+    # upwards, and the ages just past an end change its denominator: scanning candidate ages
+    # on a grid of `step` between `since` and the longest wait is exact enough and bounded.
+    e = since
+    last = ws[-1]
+    while e < last:
+        alive = [w for w in ws if w > e]
+        ending = sum(1 for w in alive if w <= e + lead)
+        if alive and ending / len(alive) >= threshold:
+            return e
+        e += step
+    return None
+
+
+@dataclass
+class SandboxPlan:
+    waits: deque[float]
+    prefetch_s: deque[float] = field(default_factory=lambda: deque(maxlen=8))
+    threshold: float = 0.3
+    # the wait in progress (None when not waiting)
+    wait_start: float | None = None
+    fire_at: float | None = None  # absolute time of the planned prefetch
+    prefetching: bool = False
+    prefetched_at: float | None = None  # end of this wait's last prefetch
+    recompress_at: float | None = None
+    recompressed: bool = False
+    # outcomes, for the stats and for adaptation
+    waits_seen: int = 0
+    fired: int = 0
+    late: int = 0
+    early: int = 0
+    on_hint: int = 0
+
+
+@dataclass(frozen=True)
+class ToolStart:
+    """What the daemon does on a tool hint."""
+
+    prefetch: bool  # start a prefetch now (nothing brought the working set back in this wait)
+    reason: str  # "predicted" | "in-flight" | "no-prediction" | "not-fired" | "recompressed"
+    wait_s: float | None
+
+
+class WaitPlanner:
+    """Per-sandbox wait histories and the prefetch each current wait is planned for.
+
+    Not thread-safe on its own: the daemon calls it under one lock.
+    """
+
+    def __init__(self, config: PlanConfig | None = None) -> None:
+        self.config = config or PlanConfig()
+        self.config.validate()
+        self._sb: dict[str, SandboxPlan] = {}
+        self._fleet: deque[float] = deque(maxlen=self.config.fleet_history)
+        self.busy = False  # host short of CPU: longer leads
+
+    def _get(self, name: str) -> SandboxPlan:
+        sp = self._sb.get(name)
+        if sp is None:
+            sp = SandboxPlan(deque(maxlen=self.config.history), threshold=self.config.threshold)
+            self._sb[name] = sp
+        return sp
+
+    def forget(self, name: str) -> None:
+        self._sb.pop(name, None)
+
+    # -- inputs -----------------------------------------------------------------------------
+
+    def lead(self, name: str) -> float:
+        c, sp = self.config, self._get(name)
+        if sp.prefetch_s:
+            lead = c.lead_factor * statistics.median(sp.prefetch_s) + c.lead_pad
+        else:
+            lead = c.default_lead
+        if self.busy:
+            lead *= c.busy_lead_factor
+        return min(lead, c.max_lead)
+
+    def samples(self, name: str) -> list[float]:
+        sp = self._get(name)
+        if len(sp.waits) >= self.config.min_samples:
+            return list(sp.waits)
+        return list(sp.waits) + list(self._fleet)[-self.config.history:]
+
+    def wait_started(self, name: str, now: float) -> float | None:
+        """An llm-wait hint: plan this wait's prefetch; returns its absolute time or None."""
+        sp = self._get(name)
+        sp.wait_start, sp.prefetching = now, False
+        sp.prefetched_at = sp.recompress_at = None
+        sp.recompressed = False
+        sp.fire_at = self._plan(name, 0.0)
+        return sp.fire_at
+
+    def _plan(self, name: str, since: float) -> float | None:
+        sp = self._get(name)
+        assert sp.wait_start is not None
+        at = fire_time(self.samples(name), since, self.lead(name), sp.threshold,
+                       self.config.step)
+        return None if at is None else sp.wait_start + at
+
+    def tool_started(self, name: str, now: float) -> ToolStart:
+        """A tool hint: learn the wait's length and the plan's outcome; say whether to
+        prefetch now."""
+        c, sp = self.config, self._get(name)
+        if sp.wait_start is None:  # a tool hint without a wait before it: nothing to learn
+            return ToolStart(True, "no-prediction", None)
+        wait = max(0.0, now - sp.wait_start)
+        sp.waits.append(wait)
+        self._fleet.append(wait)
+        sp.waits_seen += 1
+        if sp.prefetching:
+            out = ToolStart(False, "in-flight", wait)
+            sp.late += 1
+            sp.threshold = max(c.threshold_min, sp.threshold * c.late_factor)
+        elif sp.prefetched_at is not None and not sp.recompressed:
+            out = ToolStart(False, "predicted", wait)
+        else:
+            reason = ("recompressed" if sp.recompressed else
+                      "not-fired" if sp.fire_at is not None else "no-prediction")
+            out = ToolStart(True, reason, wait)
+            sp.on_hint += 1
+            if reason == "not-fired":
+                sp.late += 1
+                sp.threshold = max(c.threshold_min, sp.threshold * c.late_factor)
+        sp.wait_start = sp.fire_at = sp.recompress_at = sp.prefetched_at = None
+        sp.prefetching = False
+        return out
+
+    def other_phase(self, name: str) -> None:
+        """Any other hint (idle, unknown): no wait in progress any more."""
+        sp = self._get(name)
+        sp.wait_start = sp.fire_at = sp.recompress_at = sp.prefetched_at = None
+        sp.prefetching = False
+
+    def prefetch_started(self, name: str) -> None:
+        sp = self._get(name)
+        sp.fire_at = None
+        sp.prefetching = True
+        sp.fired += 1
+
+    def prefetch_done(self, name: str, seconds: float, now: float) -> None:
+        """A planned prefetch finished after ``seconds``."""
+        sp = self._get(name)
+        sp.prefetch_s.append(seconds)
+        if not sp.prefetching:
+            return  # the wait ended meanwhile (tool_started counted it late)
+        sp.prefetching = False
+        sp.prefetched_at = now
+        sp.recompress_at = now + self.config.recompress_after
+
+    # -- the clock --------------------------------------------------------------------------
+
+    def due(self, now: float) -> list[tuple[str, Action]]:
+        """What is due at ``now``, in sandbox order; each returned action is consumed."""
+        c = self.config
+        out: list[tuple[str, Action]] = []
+        for name in sorted(self._sb):
+            sp = self._sb[name]
+            if sp.wait_start is None:
+                continue
+            if sp.fire_at is not None and now >= sp.fire_at and not sp.prefetching:
+                out.append((name, Action.PREFETCH))
+                continue
+            if sp.recompress_at is not None and now >= sp.recompress_at:
+                sp.recompress_at = sp.prefetched_at = None
+                sp.recompressed = True
+                sp.early += 1
+                sp.threshold = min(c.threshold_max, sp.threshold * c.early_factor)
+                sp.fire_at = self._plan(name, now - sp.wait_start)
+                if sp.fire_at is not None:
+                    sp.recompressed = False  # another prefetch is planned for this wait
+                out.append((name, Action.RECOMPRESS))
+        return out
+
+    def next_due(self) -> float | None:
+        times = [t for sp in self._sb.values() if sp.wait_start is not None
+                 for t in (sp.fire_at if not sp.prefetching else None, sp.recompress_at)
+                 if t is not None]
+        return min(times) if times else None
+
+    def snapshot(self, name: str, now: float) -> dict[str, object]:
+        sp = self._get(name)
+        ws = list(sp.waits)
+        return {
+            "waits": sp.waits_seen,
+            "wait_median_s": round(statistics.median(ws), 3) if ws else None,
+            "threshold": round(sp.threshold, 3),
+            "lead_s": round(self.lead(name), 3),
+            "fire_in_s": None if sp.fire_at is None else round(sp.fire_at - now, 3),
+            "prefetching": sp.prefetching,
+            "fired": sp.fired,
+            "late": sp.late,
+            "early": sp.early,
+            "on_hint": sp.on_hint,
+        }
