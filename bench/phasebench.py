@@ -1,478 +1,649 @@
-"""Phase benchmark: fan-out sandboxes with LLM-wait/tool cycles under three regimes.
+"""Phase benchmark: agent sandboxes alternating LLM waits and tool phases, through the daemon.
 
-    vm-tests/run --memory 2G -- .venv/bin/python -m bench.phasebench \\
-        [--sandboxes 4] [--pages 4096] [--hot 0.25] [--cycles 6] [--wait 2.0] [--tool-cpu 0.1] \\
-        [--modes a,b,c,ca,cl] [--prefetch-lead 0] [--wait-jitter 0.25] [--swap azswap|zram] \
-        [--json OUT]
+    vm-tests/run --memory 2G --timeout 1500 -- .venv/bin/python -m bench.phasebench \\
+        [--hosts idle,loaded] [--styles ml,coding] [--regimes none,aggressive,daemon] \\
+        [--repeat 1] [--sandboxes 4] [--loaded-sandboxes 2*CPUs+2] [--pages 4096] \\
+        [--loaded-pages 2048] [--cycles 6] [--wait-scale 1.0] [--thp host|off] [--json OUT]
 
-Every sandbox is a process in its own memory cgroup (bench/pagesandbox.py) owning
---pages pages of text-like, verifiable data.  It alternates an LLM wait (sleep --wait s, the
-sandboxes staggered) and a tool phase: touch its hot set (--hot of its pages, same pages in the
-same first-touch order each cycle, every 8th one rewritten, plus 1% fresh random pages), verify
-every page touched, then --tool-cpu s of CPU.  Regimes, each with fresh sandboxes, in one guest:
+Every sandbox is a process in its own memory cgroup (bench/pagesandbox.py) whose pages are
+near-copies of a template: a template process in its own cgroup holds the template's pages, and
+a sandbox's page i is the template's page i with a small per-sandbox edit (its id and the page's
+version in a 32-byte header, 16 bytes of its own further in).  Each sandbox follows a seeded
+trajectory (:func:`trajectory`): LLM waits drawn from a lognormal clipped to [0.5, 20] s
+(times --wait-scale), tool phases of 0.1-5 s of work, a hot set that drifts 10-30% each tool
+phase, every 8th touched page rewritten.  Styles: ``ml`` (float32 tensor-like pages, sequential
+hot sets) and ``coding`` (source/JSON/heap-like pages, scattered hot sets; the tool phase also
+parses Python, runs regular expressions, JSON and an in-memory sqlite3 query inside the sandbox,
+so the interpreter's own heap is part of what gets compressed).  Every page a tool reads is
+checked against its expected content, and every page once more at the end.
 
-  (a) none        no compression: nothing reclaimed.
-  (b) aggressive  a proactive reclaimer blind to phases: every --interval s it pushes every
-                  sandbox out with memory.reclaim, whatever the sandbox is doing.
-  (c) phase-aware compress a sandbox once per LLM wait, --grace s after the wait starts (the
-                  scheduler's rule), never in a tool phase; on the tool hint prefetch its learned
-                  restore set (controlplane/prefetch.py, fault tracer in ebpf/) with
-                  process_madvise(MADV_WILLNEED), synchronously: the prefetch time is part of the
-                  tool latency.  --prefetch-async runs it in a thread while the tool starts (as
-                  the daemon does).  Mode cl prefetches before the *predicted* end of the
-                  wait instead: waits vary (--wait-jitter), the prediction is the 20th
-                  percentile of the sandbox's past waits, the lead is --prefetch-lead s or,
-                  by default, 1.5x its recent prefetch time + 50 ms; a prefetch still
-                  running when the wait really ends is paid by the tool.  Modes ca and cl
-                  are (c) with the async and the predicted-end prefetch.
+Hosts: ``idle`` (--sandboxes, staggered starts) and ``loaded`` (--loaded-sandboxes, more busy
+sandboxes than vCPUs, all starting at once so tool phases overlap).
 
-Figures per regime: tool-phase latency (mean, p50, p95, over cycles after --warmup), end-to-end
-time of the whole fan-out, major faults in tool phases, CPU spent compressing (the memory.reclaim
-writes) inside LLM waits and outside them, memory footprint (time-averaged sum of
-the sandboxes' memory.current plus the swap device's own memory: zram mem_used_total / azswap
-pool + metadata bytes) and the saving against (a).  Then slowdown (b)/(a), (c)/(a) and the
-fraction of (b)'s saving that (c) keeps.  Nothing here asserts anything; JSON goes to
-$AZSWAP_OUT/phasebench.json.
+Regimes, each with fresh sandboxes and the same trajectories, on one azswap-lz4 device:
+
+  none        no compression: nothing reclaimed.
+  aggressive  a proactive reclaimer blind to phases: every --interval s a memory.reclaim of every
+              sandbox, from a thread at nice 10.  The template and the sandboxes are registered
+              with the module as for the daemon, so the redundancy store takes part.
+  daemon      the shipped daemon (`azctl daemon`, a subprocess with its own socket and state
+              directory): the template registered with template_add and reclaimed once (its
+              pages become bases), the sandboxes registered with their trust group and the
+              template, a `llm-wait` hint at the start of every wait and a `tool` hint at its
+              end.  The daemon's scheduler compresses, its prefetcher restores; the benchmark
+              does neither.
+
+Figures per regime: tool-phase latency (mean, p95; cycles after --warmup), end-to-end time,
+slowdown (tool mean / none's, same run), footprint (sum of the sandboxes' memory.current plus
+the device's pool and metadata, sampled every 0.1 s): its time average and peak, saved_mib
+(none's average minus this one's), keeps (saved / aggressive's saved, 0..1), major faults per
+tool phase, bad_pages (must be 0), and for the daemon its prefetch events.  JSON:
+``{"runs": [{"host", "style", "repeat", "regimes": {"none": R, "aggressive": R, "daemon": R}}]}``
+to --json (default $AZSWAP_OUT/phase.json); a table of min/median/max of slowdown and keeps per
+host, style and regime at the end.  Nothing here asserts a time; the exit status is non-zero
+when a page was wrong or the daemon died or never answered.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import math
 import os
 import random
+import shutil
+import signal
 import statistics
+import subprocess
 import sys
+import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.coldpages import mark_cold
-from bench.kit import cgroups
-from bench.kit.cgroups import stat as cg_stat
-from bench.kit.swapdev import SwapDevError, System, swap_device
-from bench.pagesandbox import PageSandbox
-from controlplane.scheduler import lower_thread_priority
+MiB = float(1 << 20)
+REGIMES = ("none", "aggressive", "daemon")
+HOSTS = ("idle", "loaded")
+STYLES = ("ml", "coding")
+WAIT_MIN, WAIT_MAX = 0.5, 20.0
+WORK_MIN, WORK_MAX = 0.1, 5.0
+DRIFT_MIN, DRIFT_MAX = 0.10, 0.30
+GROUP = 1  # the trust group every sandbox and the template share
+CONTRACT_KEYS = ("tool_mean_s", "tool_p95_s", "e2e_s", "slowdown", "saved_mib", "peak_mib",
+                 "keeps", "bad_pages")
+
+
+class BenchError(RuntimeError):
+    """The benchmark cannot go on (the daemon died, never answered, ...)."""
+
+
+# -- trajectories (pure) -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Cycle:
+    """One LLM wait and the tool phase after it."""
+
+    wait_s: float
+    work_s: float  # the tool's own work, in seconds of the calibrated work function
+    hot: tuple[int, ...]  # pages the tool reads, in order (every 8th one is rewritten)
+    new: int  # pages of ``hot`` not in the previous cycle's hot set
+
+
+def _clip(x: float, lo: float, hi: float) -> float:
+    return min(max(x, lo), hi)
+
+
+def trajectory(style: str, seed: int, sid: int, cycles: int, npages: int, hot: float = 0.25,
+               wait_scale: float = 1.0, wait_median: float = 2.0, wait_sigma: float = 1.0,
+               work_median: float = 0.4, work_sigma: float = 0.9) -> list[Cycle]:
+    """A sandbox's seeded trajectory: waits lognormal clipped to [0.5, 20] s times
+    ``wait_scale``, tool work lognormal clipped to [0.1, 5] s, a hot set of ``hot`` of the
+    pages that drifts 10-30% each cycle (``ml``: a sequential window that slides; other styles:
+    scattered pages, some replaced)."""
+    if not 0 < hot <= 0.5:
+        raise ValueError("hot must be in (0, 0.5]")
+    rng = random.Random(f"trajectory:{style}:{seed}:{sid}")
+    n = max(int(npages * hot), 10)
+    lo, hi = math.ceil(DRIFT_MIN * n), math.floor(DRIFT_MAX * n)
+    if style == "ml":
+        start = rng.randrange(npages)
+        cur = [(start + k) % npages for k in range(n)]
+    else:
+        cur = rng.sample(range(npages), n)
+    out: list[Cycle] = []
+    for c in range(cycles):
+        wait = _clip(rng.lognormvariate(math.log(wait_median), wait_sigma), WAIT_MIN, WAIT_MAX)
+        work = _clip(rng.lognormvariate(math.log(work_median), work_sigma), WORK_MIN, WORK_MAX)
+        k = 0
+        if c > 0:
+            k = min(max(round(rng.uniform(DRIFT_MIN, DRIFT_MAX) * n), lo), hi)
+            if style == "ml":
+                end = cur[-1]
+                cur = cur[k:] + [(end + 1 + j) % npages for j in range(k)]
+            else:
+                drop = set(rng.sample(range(n), k))
+                have = set(cur)
+                fresh: list[int] = []
+                while len(fresh) < k:
+                    p = rng.randrange(npages)
+                    if p not in have:
+                        have.add(p)
+                        fresh.append(p)
+                kept = [p for j, p in enumerate(cur) if j not in drop]
+                # the new pages land among the old ones (a coding agent's scattered reads)
+                for p in fresh:
+                    kept.insert(rng.randrange(len(kept) + 1), p)
+                cur = kept
+        out.append(Cycle(round(wait * wait_scale, 4), round(work, 4), tuple(cur), k))
+    return out
+
+
+# -- figures (pure) ------------------------------------------------------------------------------
+
+
+def p95(xs: list[float]) -> float:
+    s = sorted(xs)
+    return s[int(0.95 * (len(s) - 1))] if s else 0.0
+
+
+def regime_figures(tool_s: list[float], e2e_s: float, footprint: list[int], bad_pages: int,
+                   majflt: list[int]) -> dict[str, Any]:
+    """A regime's own figures; :func:`compare` adds those measured against the run's others."""
+    return {
+        "tool_mean_s": round(statistics.fmean(tool_s), 4) if tool_s else 0.0,
+        "tool_p95_s": round(p95(tool_s), 4),
+        "e2e_s": round(e2e_s, 3),
+        "footprint_mib": round(statistics.fmean(footprint) / MiB, 2) if footprint else 0.0,
+        "peak_mib": round(max(footprint) / MiB, 2) if footprint else 0.0,
+        "majflt_per_tool": round(statistics.fmean(majflt), 1) if majflt else 0.0,
+        "bad_pages": int(bad_pages),
+    }
+
+
+def compare(regimes: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """slowdown (tool mean / none's), saved_mib (none's mean footprint minus this one's) and
+    keeps (saved / aggressive's saved, clamped to 0..1), against the same run's regimes."""
+    none, agg = regimes.get("none"), regimes.get("aggressive")
+    for r in regimes.values():
+        r["slowdown"] = (round(r["tool_mean_s"] / none["tool_mean_s"], 3)
+                         if none and none["tool_mean_s"] > 0 else None)
+        r["saved_mib"] = round(none["footprint_mib"] - r["footprint_mib"], 2) if none else None
+    agg_saved = agg["saved_mib"] if agg else None
+    for r in regimes.values():
+        if agg_saved is None or r["saved_mib"] is None:
+            r["keeps"] = None
+        elif agg_saved <= 0:
+            r["keeps"] = 0.0
+        else:
+            r["keeps"] = round(_clip(r["saved_mib"] / agg_saved, 0.0, 1.0), 3)
+    return regimes
+
+
+def spread(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per host, style and regime: min/median/max of slowdown and keeps over the runs."""
+    groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    for run in runs:
+        for name, r in run["regimes"].items():
+            groups.setdefault((run["host"], run["style"], name), []).append(r)
+    out = []
+    for (host, style, name), rs in groups.items():
+        row: dict[str, Any] = {"host": host, "style": style, "regime": name, "runs": len(rs),
+                               "bad_pages": sum(r["bad_pages"] for r in rs)}
+        for k in ("slowdown", "keeps", "saved_mib"):
+            xs = [r[k] for r in rs if r.get(k) is not None]
+            row[k] = (min(xs), statistics.median(xs), max(xs)) if xs else None
+        out.append(row)
+    return out
+
+
+def print_spread(rows: list[dict[str, Any]]) -> None:
+    def mmm(v: tuple[float, float, float] | None, pct: bool = False) -> str:
+        if v is None:
+            return "-"
+        f = (lambda x: f"{x * 100:.0f}%") if pct else (lambda x: f"{x:.2f}")
+        return " / ".join(f(x) for x in v)
+
+    head = ("host", "style", "regime", "runs", "slowdown min/med/max", "keeps min/med/max",
+            "saved MiB min/med/max", "bad pages")
+    body = [(r["host"], r["style"], r["regime"], str(r["runs"]), mmm(r["slowdown"]),
+             mmm(r["keeps"], pct=True), mmm(r["saved_mib"]), str(r["bad_pages"])) for r in rows]
+    try:
+        from rich.console import Console
+        from rich.table import Table
+
+        t = Table(title="Tool phases through the daemon (spread over runs)")
+        for h in head:
+            t.add_column(h, justify="left" if h in head[:3] else "right")
+        for b in body:
+            t.add_row(*b)
+        Console(width=140).print(t)
+    except ImportError:
+        w = [max(len(x[i]) for x in (head, *body)) for i in range(len(head))]
+        for row in (head, *body):
+            print("  ".join(c.ljust(w[i]) for i, c in enumerate(row)))
+
+
+# -- in the guest --------------------------------------------------------------------------------
 
 CGROOT = Path("/sys/fs/cgroup")
 BENCH_CG = CGROOT / "azphase"
-MiB = 1 << 20
 
 
-# -- cgroups ------------------------------------------------------------------------------------
+@dataclass
+class Config:
+    cycles: int = 6
+    warmup: int = 1
+    hot: float = 0.25
+    wait_scale: float = 1.0
+    interval: float = 0.25
+    reclaim_nice: int = 10
+    seed: int = 1
+    thp: str = "host"
+    daemon_args: list[str] = field(default_factory=list)
+    daemon_timeout: float = 120.0
+    rates: dict[str, float] = field(default_factory=dict)  # work units per second per style
 
 
-def reclaim(cg: Path, amount: int = 1 << 30) -> float:
-    """One memory.reclaim write (coming up short is not an error); its seconds."""
-    t = time.monotonic()
-    cgroups.of(cg).reclaim(amount)
-    return time.monotonic() - t
-
-
-def mem_current(cg: Path) -> int:
-    return cgroups.of(cg).memory_current()
-
-
-def pgmajfault(cg: Path) -> int:
-    return cg_stat(cg).get("pgmajfault", 0)
-
-
-# -- one regime --------------------------------------------------------------------------------
+@dataclass
+class Host:
+    name: str
+    sandboxes: int
+    pages: int
+    stagger: bool
 
 
 @dataclass
 class Box:
     name: str
     cg: Path
-    sb: PageSandbox
-    hot: list[int]
-    rng: random.Random
-    phase: str = "start"
-    phase_t: float = 0.0
-    compressed: bool = True  # (c): no more compression in this wait (its end is near)
-    passes: int = 0  # (c): reclaim passes in a row that freed nothing
-    left: int = 0  # (c): memory.current after the last pass
-    cold: bool = False  # (c): MADV_COLD done in this wait
-    next_reclaim: float = 0.0
+    sb: Any  # PageSandbox
+    traj: list[Cycle]
     tool_s: list[float] = field(default_factory=list)
     majflt: list[int] = field(default_factory=list)
-    minflt: list[int] = field(default_factory=list)
-    prefetch: list[dict[str, Any]] = field(default_factory=list)
-    waits: list[float] = field(default_factory=list)  # LLM waits seen so far (seconds)
-    prefetch_s: list[float] = field(default_factory=list)  # how long each prefetch took
-    leads: list[float] = field(default_factory=list)  # how early each prefetch was issued
-    late: int = 0  # prefetches still running when the wait ended
     bad: int = 0
+    error: str = ""
 
 
-@dataclass
-class Args:
-    sandboxes: int
-    pages: int
-    hot: float
-    cycles: int
-    warmup: int
-    wait: float
-    tool_cpu: float
-    interval: float
-    grace: float
-    prefetch_lead: float  # mode cl: seconds before the predicted end; <= 0: adaptive
-    prefetch_async: bool
-    seed: int
-    wait_jitter: float = 0.25  # each wait is uniform in wait * (1 -/+ jitter)
-    reclaim_nice: int = 10  # nice of the compressing threads ((b) and (c) alike)
-    cold: bool = False  # (c): MADV_COLD what the first pass of a wait kept, then pass again
+def _rel(cg: Path) -> str:
+    return "/" + str(cg.relative_to(CGROOT))
 
 
-def predicted_wait(seen: list[float]) -> float | None:
-    """The orchestrator's guess of this wait's length: the 20th percentile of the waits seen."""
-    if not seen:
-        return None
-    s = sorted(seen[-8:])
-    return s[int(0.2 * (len(s) - 1))]
+def _azctl() -> list[str]:
+    exe = Path(sys.executable).parent / "azctl"
+    if exe.exists():
+        return [str(exe)]
+    return [sys.executable, "-c", "from azctl.main import main; main()"]
 
 
-def lead_for(b: Box, a: Args) -> float:
-    """How early to prefetch: fixed, or 1.5x the recent prefetch time + 50 ms."""
-    if a.prefetch_lead > 0:
-        return a.prefetch_lead
-    recent = b.prefetch_s[-3:]
-    return 1.5 * statistics.fmean(recent) + 0.05 if recent else 0.5
+class DaemonProcess:
+    """`azctl --socket S --state-dir D daemon ARGS` as a subprocess, its log in D."""
+
+    def __init__(self, args: list[str], timeout: float) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="azphase-"))
+        self.socket = self.dir / "azswap.sock"
+        self.log_path = self.dir / "daemon.log"
+        cmd = [*_azctl(), "--socket", str(self.socket), "--state-dir", str(self.dir / "state"),
+               "daemon", *args]
+        self._log = self.log_path.open("w")
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT)
+        self.timeout = timeout
+        self.ready_s = 0.0
+        self.prefetcher = "unknown"
+
+    def log_tail(self, n: int = 15) -> str:
+        with contextlib.suppress(OSError):
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        return ""
+
+    def check(self) -> None:
+        rc = self.proc.poll()
+        if rc is not None:
+            raise BenchError(f"the daemon exited with status {rc}:\n{self.log_tail()}")
+
+    def wait_ready(self) -> dict[str, Any]:
+        """Ping until it answers (it compiles its prefetcher's BPF before serving)."""
+        from controlplane.client import DaemonClient
+
+        t0 = time.monotonic()
+        last = ""
+        while time.monotonic() - t0 < self.timeout:
+            self.check()
+            if self.socket.exists():
+                try:
+                    with DaemonClient(self.socket, timeout=10) as c:
+                        reply = c.ping()
+                    self.ready_s = time.monotonic() - t0
+                    log = self.log_path.read_text(errors="replace")
+                    bad = [ln for ln in log.splitlines() if "prefetch" in ln.lower()
+                           and ("WARNING" in ln or "fail" in ln.lower())]
+                    self.prefetcher = bad[-1].split(" ", 3)[-1] if bad else "loaded"
+                    return dict(reply)
+                except Exception as e:  # not listening yet
+                    last = str(e)
+            time.sleep(0.5)
+        raise BenchError(f"the daemon did not answer within {self.timeout:.0f}s ({last}):\n"
+                         f"{self.log_tail()}")
+
+    def stop(self) -> None:
+        """SIGTERM; a daemon that had died or does not stop is an error."""
+        try:
+            self.check()
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                rc = self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+                raise BenchError(
+                    f"the daemon did not stop on SIGTERM:\n{self.log_tail()}") from None
+            if rc != 0:
+                raise BenchError(f"the daemon exited with status {rc} on SIGTERM:\n"
+                                 f"{self.log_tail()}")
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait()
+            self._log.close()
+
+    def cleanup(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def run_mode(mode: str, a: Args, dev: System, prefetcher: Any, rnd: int = 0) -> dict[str, Any]:
+@contextlib.contextmanager
+def _module_registrations(template: Path, boxes: list[Box]) -> Iterator[None]:
+    """The aggressive regime's registrations, straight to the module (no daemon runs)."""
+    from controlplane.netlink import AzswapNetlink
+
+    with AzswapNetlink() as nl:
+        tid = nl.template_add(GROUP, cgroup_path=_rel(template))
+        from bench.kit import cgroups
+
+        cgroups.reclaim_all(template)
+        ids = [nl.sandbox_add(GROUP, cgroup_path=_rel(b.cg)) for b in boxes]
+        try:
+            yield
+        finally:
+            for cid in ids:
+                with contextlib.suppress(Exception):
+                    nl.sandbox_del(cid)
+            with contextlib.suppress(Exception):
+                nl.template_del(tid)
+
+
+def run_regime(regime: str, host: Host, style: str, cfg: Config, dev: Any,
+               rep: int) -> dict[str, Any]:
+    from bench.kit import cgroups
+    from bench.pagesandbox import PageSandbox
+    from controlplane.scheduler import lower_thread_priority
+
+    tag = f"{regime[:3]}-{host.name[:4]}-{style}-{rep}"
+    parent = BENCH_CG / tag
+    names = ["template"] + [f"sb{i}" for i in range(host.sandboxes)]
+    cgs = cgroups.make_tree(parent, names)
+    seed = cfg.seed * 1000 + rep
+    rate = cfg.rates.get(style, 1.0)
+    template = PageSandbox(cgs["template"], host.pages, seed, style=style, sid=0, thp=cfg.thp)
     boxes: list[Box] = []
-    for i in range(a.sandboxes):
-        name = f"{mode}{rnd}-{i}"
-        cg = cgroups.make_tree(BENCH_CG, [name])[name]
-        sb = PageSandbox(cg, a.pages, seed=a.seed + i)
-        rng = random.Random(a.seed * 100 + i)
-        hot = rng.sample(range(a.pages), int(a.pages * a.hot))
-        boxes.append(Box(name, cg, sb, hot, rng))
-        if prefetcher is not None:
-            prefetcher.add_sandbox(name, cg)
-    stop = threading.Event()
-    mu = threading.Lock()
-    samples: list[int] = []
+    daemon: DaemonProcess | None = None
+    out: dict[str, Any] = {}
+    try:
+        for i in range(host.sandboxes):
+            sb = PageSandbox(cgs[f"sb{i}"], host.pages, seed, style=style, sid=i + 1,
+                             thp=cfg.thp)
+            traj = trajectory(style, seed, i + 1, cfg.cycles, host.pages, cfg.hot, cfg.wait_scale)
+            boxes.append(Box(f"{tag}-sb{i}", cgs[f"sb{i}"], sb, traj))
+        stop = threading.Event()
+        footprint: list[int] = []
+        template_mem: list[int] = []
+        events: list[dict[str, Any]] = []
 
-    parts: dict[str, list[int]] = {"anon": [], "file": [], "other": [], "device": [],
-                                   "payload": [], "pool": [], "meta": []}
+        def sampler() -> None:
+            while not stop.is_set():
+                total = sum(cgroups.of(b.cg).memory_current() for b in boxes)
+                footprint.append(total + dev.used_bytes())
+                template_mem.append(cgroups.of(cgs["template"]).memory_current())
+                stop.wait(0.1)
 
-    def sampler() -> None:
-        while not stop.is_set():
-            total = sum(mem_current(b.cg) for b in boxes)
-            dev_b = dev.used_bytes() if mode != "a" else 0
-            samples.append(total + dev_b)
-            st = [cg_stat(b.cg) for b in boxes]
-            anon, file = sum(s.get("anon", 0) for s in st), sum(s.get("file", 0) for s in st)
-            parts["anon"].append(anon)
-            parts["file"].append(file)
-            parts["other"].append(total - anon - file)
-            parts["device"].append(dev_b)
-            if mode != "a":
-                st = dev.stats()
-                for k in ("payload", "pool", "meta"):
-                    parts[k].append(st.get(k, 0))
-            stop.wait(0.1)
+        def aggressive() -> None:
+            lower_thread_priority(cfg.reclaim_nice)
+            while not stop.is_set():
+                for b in boxes:
+                    cgroups.of(b.cg).reclaim(1 << 30)
+                stop.wait(cfg.interval)
 
-    reclaim_s = [0.0]
-    # CPU the reclaim (compression) writes used, by the sandbox's phase when they started:
-    # memory.reclaim compresses in the writer's context, so this thread's CPU time is it
-    cpu = {"wait": 0.0, "other": 0.0}
+        client_for: Any = None
+        regs: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+        if regime == "daemon":
+            from controlplane.client import DaemonClient
 
-    def reclaim_timed(b: Box) -> None:
-        where = "wait" if b.phase == "llm-wait" else "other"
-        c0 = time.thread_time()
-        reclaim_s[0] += reclaim(b.cg)
-        cpu[where] += time.thread_time() - c0
+            daemon = DaemonProcess(cfg.daemon_args, cfg.daemon_timeout)
+            ping = daemon.wait_ready()
+            out["daemon"] = {"ready_s": round(daemon.ready_s, 1), "prefetcher": daemon.prefetcher,
+                             "version": ping.get("version")}
+            print(f"  daemon ready in {daemon.ready_s:.1f}s (prefetcher: {daemon.prefetcher})",
+                  flush=True)
+            sock = daemon.socket
+            with DaemonClient(sock) as c:
+                c.template_add(f"{tag}-template", GROUP, _rel(cgs["template"]))
+                cgroups.reclaim_all(cgs["template"])  # its pages become the bases
+                for b in boxes:
+                    c.register(b.name, cgroup=_rel(b.cg), group=GROUP,
+                               template=f"{tag}-template")
 
-    def aggressive() -> None:  # (b): blind to phases
-        lower_thread_priority(a.reclaim_nice)  # as the daemon's scheduler does, for both
-        while not stop.is_set():
-            for b in boxes:
-                reclaim_timed(b)
-            stop.wait(a.interval)
+            def client_for() -> Any:
+                return DaemonClient(sock)
 
-    def phase_aware() -> None:  # (c): inside waits only, after the grace period, never in tools
-        lower_thread_priority(a.reclaim_nice)
-        while not stop.is_set():
-            now = time.monotonic()
-            for b in boxes:
-                with mu:
-                    due = (b.phase == "llm-wait" and not b.compressed
-                           and now - b.phase_t >= a.grace and now >= b.next_reclaim)
-                if not due:
-                    continue
-                # One memory.reclaim pass leaves pages the kernel had on the active list (it
-                # deactivates them instead): pass again until a pass frees nothing, then only
-                # if the sandbox grows.  The wait is idle time: keep it compressed throughout.
-                before = mem_current(b.cg)
-                if b.passes < 2 or before > b.left + 256 * 1024:
-                    reclaim_timed(b)
-                    after = mem_current(b.cg)
-                    if after > 512 * 1024 and not b.cold and a.cold:
-                        # what the pass kept had its accessed bit set (the tool, the prefetch):
-                        # clear the bits so the next pass takes it (bench/coldpages.py)
-                        b.cold = True
-                        c0 = time.thread_time()
-                        mark_cold(b.cg)
-                        cpu["wait"] += time.thread_time() - c0
-                        reclaim_timed(b)
-                        after = mem_current(b.cg)
-                    b.passes = b.passes + 1 if before - after < 64 * 1024 else 0
-                    b.left = after
-                b.next_reclaim = now + a.interval
-            stop.wait(0.05)
+            def listen() -> None:
+                with contextlib.suppress(Exception):
+                    for ev in DaemonClient(sock).subscribe():
+                        if ev.get("event") in ("prefetch", "compress", "compressed"):
+                            events.append(ev)
+                        if stop.is_set():
+                            return
 
-    def set_phase(b: Box, phase: str) -> None:
-        with mu:
-            b.phase, b.phase_t = phase, time.monotonic()
-            if phase == "llm-wait":
-                b.compressed = False
-                b.passes = b.left = 0
-                b.cold = False
-        if prefetcher is not None and phase == "llm-wait":
-            prefetcher.record_phase_change(b.name, phase)
+            threading.Thread(target=listen, daemon=True).start()
+        elif regime == "aggressive":
+            regs = _module_registrations(cgs["template"], boxes)
 
-    def life(b: Box, offset: float) -> None:
-        time.sleep(offset)
-        for _ in range(a.cycles):
-            res: dict[str, Any] | None = None
-            set_phase(b, "llm-wait")
-            w_start = time.monotonic()
-            w = a.wait * (1.0 + a.wait_jitter * (2.0 * b.rng.random() - 1.0))
-            guess = predicted_wait(b.waits) if prefetcher is not None and mode == "cl" else None
-            lead = 0.0
-            if guess is not None:
-                # just before the predicted end of the wait (a guess from past waits: the
-                # real one may be longer or shorter)
-                lead = lead_for(b, a)
-                time.sleep(max(w_start + max(guess - lead, 0.0) - time.monotonic(), 0.0))
-                with mu:
-                    b.compressed = True  # the wait is ending: do not compress any more
-                pf_t = time.monotonic()
-                b.leads.append(w_start + w - pf_t)
-                res = prefetcher.restore(b.name)
-                b.prefetch_s.append(time.monotonic() - pf_t)
-                b.late += time.monotonic() > w_start + w
-            # the LLM answered at w_start + w: tool latency counts from there, so a prefetch
-            # still running then is paid by the tool
-            t0 = w_start + w
-            time.sleep(max(t0 - time.monotonic(), 0.0))
-            b.waits.append(w)  # the tool starts when the wait ends, or after an overrunning
-            set_phase(b, "tool")  # prefetch: that overrun counts in the tool latency
-            fresh = b.rng.sample(range(a.pages), max(a.pages // 100, 1))
-            bg: threading.Thread | None = None
-            box: list[dict[str, Any]] = []
-            if prefetcher is not None and guess is None and (a.prefetch_async or mode == "ca"):
-                # as the daemon does: the tool starts at once, the prefetch races ahead of it
-                bg = threading.Thread(target=lambda out=box: out.append(
-                    prefetcher.restore(b.name)))
-                bg.start()
-            elif prefetcher is not None and guess is None:
-                pf_t = time.monotonic()
-                res = prefetcher.restore(b.name)
-                b.prefetch_s.append(time.monotonic() - pf_t)
-            r = b.sb.touch(b.hot + fresh, write_every=8, spin_s=a.tool_cpu)
-            if bg is not None:
-                bg.join()
-                res = box[0] if box else None
-            if prefetcher is not None:
-                b.prefetch.append(res)
-            b.tool_s.append(time.monotonic() - t0)
-            b.majflt.append(int(r["majflt"]))
-            b.minflt.append(int(r.get("minflt", 0)))
-            b.bad += int(r["bad"])
-        set_phase(b, "done")
+        def life(b: Box, offset: float) -> None:
+            client = client_for() if client_for is not None else None
+            try:
+                time.sleep(offset)
+                for c in b.traj:
+                    if client is not None:
+                        client.phase(b.name, "llm-wait")
+                    end = time.monotonic() + c.wait_s
+                    time.sleep(c.wait_s)
+                    t0 = max(time.monotonic(), end)
+                    if client is not None:
+                        client.phase(b.name, "tool")
+                    r = b.sb.touch(c.hot, write_every=8, units=max(round(c.work_s * rate), 1))
+                    b.tool_s.append(time.monotonic() - t0)
+                    b.majflt.append(int(r["majflt"]))
+                    b.bad += int(r["bad"])
+                if client is not None:
+                    client.phase(b.name, "idle")
+            except Exception as e:  # reported after the join: a failed life fails the regime
+                b.error = f"{type(e).__name__}: {e}"
+            finally:
+                if client is not None:
+                    client.close()
 
-    helpers = [threading.Thread(target=sampler, daemon=True)]
-    if mode == "b":
-        helpers.append(threading.Thread(target=aggressive, daemon=True))
-    elif mode.startswith("c"):
-        helpers.append(threading.Thread(target=phase_aware, daemon=True))
-    lives = [threading.Thread(target=life, args=(b, i * a.wait / a.sandboxes))
-             for i, b in enumerate(boxes)]
-    t_start = time.monotonic()
-    for t in helpers + lives:
-        t.start()
-    for t in lives:
-        t.join()
-    e2e = time.monotonic() - t_start
-    stop.set()
-    for t in helpers:
-        t.join()
-    bad = sum(b.bad for b in boxes) + sum(b.sb.verify() for b in boxes)
-    steady = [s for b in boxes for s in b.tool_s[a.warmup:]]
-    maj = [m for b in boxes for m in b.majflt[a.warmup:]]
-    mnr = [m for b in boxes for m in b.minflt[a.warmup:]]
-    out: dict[str, Any] = {
-        "mode": mode,
-        "e2e_s": round(e2e, 3),
-        "tool_mean_s": round(statistics.fmean(steady), 4),
-        "tool_p50_s": round(statistics.median(steady), 4),
-        "tool_p95_s": round(sorted(steady)[int(0.95 * (len(steady) - 1))], 4),
-        "tool_majflt_mean": round(statistics.fmean(maj), 1),
-        "tool_minflt_mean": round(statistics.fmean(mnr), 1),
-        "footprint_mib": round(statistics.fmean(samples) / MiB, 2),
-        # what the footprint is made of (time averages): the sandboxes' anon and file pages, the
-        # rest of their memory.current (kernel memory, swap cache), the swap device's memory
-        **{f"footprint_{k}_mib": round(statistics.fmean(v) / MiB, 2) for k, v in parts.items()
-           if v},
-        "reclaim_s": round(reclaim_s[0], 2),
-        "reclaim_cpu_wait_s": round(cpu["wait"], 3),
-        "reclaim_cpu_other_s": round(cpu["other"], 3),
-        "bad_pages": bad,
-        "pgmajfault": sum(pgmajfault(b.cg) for b in boxes),
+        with regs:
+            helpers = [threading.Thread(target=sampler, daemon=True)]
+            if regime == "aggressive":
+                helpers.append(threading.Thread(target=aggressive, daemon=True))
+            mean_wait = statistics.fmean(c.wait_s for b in boxes for c in b.traj)
+            lives = [threading.Thread(target=life, args=(b, i * mean_wait / len(boxes)
+                                                         if host.stagger else 0.0))
+                     for i, b in enumerate(boxes)]
+            t_start = time.monotonic()
+            for t in helpers + lives:
+                t.start()
+            for t in lives:
+                t.join()
+            e2e = time.monotonic() - t_start
+            stop.set()
+            for t in helpers:
+                t.join()
+            errs = [f"{b.name}: {b.error}" for b in boxes if b.error]
+            if errs:
+                raise BenchError("a sandbox's life failed: " + "; ".join(errs))
+            if daemon is not None:
+                daemon.check()
+            bad = sum(b.bad for b in boxes) + sum(b.sb.verify() for b in boxes)
+        tool = [s for b in boxes for s in b.tool_s[cfg.warmup:]]
+        maj = [m for b in boxes for m in b.majflt[cfg.warmup:]]
+        out = {**regime_figures(tool, e2e, footprint, bad, maj), **out}
+        out["template_mib"] = (round(statistics.fmean(template_mem) / MiB, 2)
+                               if template_mem else 0.0)
+        out["pgmajfault"] = sum(cgroups.stat(b.cg).get("pgmajfault", 0) for b in boxes)
+        if daemon is not None:
+            pf = [e for e in events if e.get("event") == "prefetch"]
+            out["daemon"]["prefetch_events"] = len(pf)
+            pages = [(e.get("result") or {}).get("prefetched_pages", 0) for e in pf]
+            out["daemon"]["prefetched_pages"] = sum(p for p in pages if isinstance(p, int))
+            from controlplane.client import DaemonClient
+
+            with DaemonClient(daemon.socket) as c:
+                for b in boxes:
+                    c.unregister(b.name)
+                c.template_rm(f"{tag}-template")
+            daemon.stop()
+            daemon = None
+        return out
+    finally:
+        if daemon is not None:
+            with contextlib.suppress(BenchError):
+                daemon.stop()
+        for b in boxes:
+            b.sb.stop()
+        template.stop()
+        cgroups.remove_tree(parent)
+
+
+def run_all(ns: argparse.Namespace, cfg: Config, dev: Any) -> list[dict[str, Any]]:
+    from bench.pagesandbox import calibrate
+
+    hosts = {
+        "idle": Host("idle", ns.sandboxes, ns.pages, True),
+        "loaded": Host("loaded", ns.loaded_sandboxes, ns.loaded_pages, False),
     }
-    if prefetcher is not None:
-        acc = [prefetcher.settle(b.name) for b in boxes]
-        out["prefetch"] = {k: sum(x[k] for x in acc) for k in acc[0]}
-        pf = [r for b in boxes for r in b.prefetch[a.warmup:] if r]
-        out["prefetch_s_mean"] = round(statistics.fmean(r["seconds"] for r in pf), 4) if pf else 0
-        out["prefetch_pages_mean"] = (round(statistics.fmean(r["prefetched_pages"] for r in pf),
-                                            1) if pf else 0)
-        out["stopped"] = sorted({r["stopped"] for r in pf if r["stopped"]})
-        leads = [x for b in boxes for x in b.leads]
-        if leads:
-            out["lead_s_mean"] = round(statistics.fmean(leads), 3)
-            out["prefetch_late"] = sum(b.late for b in boxes)
-    for b in boxes:
-        b.sb.stop()
-        cgroups.remove_tree(b.cg)
-    return out
+    for style in ns.styles:
+        cfg.rates[style] = round(calibrate(style), 1)
+    print(f"swap device {dev.name}; THP {cfg.thp} (host: {thp_setting()}); "
+          f"work units/s {cfg.rates}; wait scale {cfg.wait_scale}", flush=True)
+    runs: list[dict[str, Any]] = []
+    for rep in range(ns.repeat):
+        for h in ns.hosts:
+            for style in ns.styles:
+                host = hosts[h]
+                run: dict[str, Any] = {"host": h, "style": style, "repeat": rep,
+                                       "sandboxes": host.sandboxes, "pages": host.pages,
+                                       "regimes": {}}
+                for regime in ns.regimes:
+                    print(f"[{h} {style} #{rep}] {regime}: {host.sandboxes} sandboxes x "
+                          f"{host.pages * 4 // 1024} MiB", flush=True)
+                    t = time.monotonic()
+                    r = run_regime(regime, host, style, cfg, dev, rep)
+                    r["wall_s"] = round(time.monotonic() - t, 1)
+                    run["regimes"][regime] = r
+                    print("  " + json.dumps(r), flush=True)
+                compare(run["regimes"])
+                runs.append(run)
+    return runs
+
+
+def thp_setting() -> str:
+    p = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    with contextlib.suppress(OSError):
+        s = p.read_text()
+        return s[s.index("[") + 1 : s.index("]")]
+    return "unavailable"
+
+
+def _list(choices: tuple[str, ...]) -> Any:
+    def parse(s: str) -> list[str]:
+        xs = [x for x in s.split(",") if x]
+        bad = [x for x in xs if x not in choices]
+        if bad or not xs:
+            raise argparse.ArgumentTypeError(f"{s!r}: a comma list of {', '.join(choices)}")
+        return xs
+
+    return parse
 
 
 def main(argv: list[str] | None = None) -> int:
+    assert __doc__ is not None
     ap = argparse.ArgumentParser(prog="phasebench", description=__doc__.split("\n\n")[0],
                                  epilog="\n\n".join(__doc__.split("\n\n")[1:]),
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sandboxes", type=int, default=4)
-    ap.add_argument("--pages", type=int, default=4096, help="pages per sandbox")
+    cpus = os.cpu_count() or 1
+    ap.add_argument("--hosts", type=_list(HOSTS), default=list(HOSTS))
+    ap.add_argument("--styles", type=_list(STYLES), default=list(STYLES))
+    ap.add_argument("--regimes", type=_list(REGIMES), default=list(REGIMES))
+    ap.add_argument("--repeat", type=int, default=1, help="runs of every host and style")
+    ap.add_argument("--sandboxes", type=int, default=4, help="sandboxes on the idle host")
+    ap.add_argument("--loaded-sandboxes", type=int, default=2 * cpus + 2,
+                    help="sandboxes on the loaded host (default: 2 x CPUs + 2)")
+    ap.add_argument("--pages", type=int, default=4096, help="pages per sandbox, idle host")
+    ap.add_argument("--loaded-pages", type=int, default=2048, help="pages per sandbox, loaded")
     ap.add_argument("--hot", type=float, default=0.25, help="fraction touched per tool phase")
-    ap.add_argument("--cycles", type=int, default=6)
-    ap.add_argument("--warmup", type=int, default=2, help="cycles left out of tool latency")
-    ap.add_argument("--wait", type=float, default=2.0, help="LLM wait, seconds")
-    ap.add_argument("--tool-cpu", type=float, default=0.1, help="tool CPU work, seconds")
-    ap.add_argument("--interval", type=float, default=0.25, help="(b) reclaim period")
-    ap.add_argument("--grace", type=float, default=0.2, help="(c) wait age before compressing")
-    ap.add_argument("--prefetch-lead", type=float, default=0.0,
-                    help="mode cl: prefetch this long before the predicted end of the wait; "
-                         "0 (default): adaptive, 1.5x the recent prefetch time + 50 ms")
-    ap.add_argument("--prefetch-method", choices=("populate", "willneed"), default="populate",
-                    help="populate: fault pages in and map them (process_vm_readv); willneed: "
-                         "process_madvise(MADV_WILLNEED), a minor fault per page remains")
-    ap.add_argument("--cold", action="store_true",
-                    help="(c): MADV_COLD the sandbox after a wait's first reclaim pass (measured: "
-                         "no more memory saved, slower tools: the interpreter's own pages go too)")
-    ap.add_argument("--reclaim-nice", type=int, default=10,
-                    help="nice of the threads that compress ((b) and (c) alike), as the daemon")
-    ap.add_argument("--wait-jitter", type=float, default=0.25,
-                    help="each LLM wait is uniform in wait * (1 -/+ this)")
-    ap.add_argument("--prefetch-async", action="store_true",
-                    help="(c) on the tool hint, prefetch in a thread while the tool runs "
-                         "(what the daemon does) instead of before it")
-    ap.add_argument("--modes", default="a,b,c")
-    ap.add_argument("--repeat", type=int, default=1,
-                    help="rounds of all modes, interleaved; figures are medians over rounds")
-    ap.add_argument("--swap", choices=("azswap", "zram"), default="azswap")
+    ap.add_argument("--cycles", type=int, default=6, help="LLM waits and tool phases per sandbox")
+    ap.add_argument("--warmup", type=int, default=1, help="cycles left out of tool latency")
+    ap.add_argument("--wait-scale", type=float, default=1.0,
+                    help="factor on every LLM wait (below 1: a quicker, easier run)")
+    ap.add_argument("--interval", type=float, default=0.25, help="aggressive: reclaim period")
+    ap.add_argument("--thp", choices=("host", "off"), default="host",
+                    help="host: transparent huge pages as the host has them; off: not for the "
+                         "sandboxes' pages (an easier setting, report it as such)")
+    ap.add_argument("--daemon-arg", action="append", default=[], metavar="ARG",
+                    help="an option for `azctl daemon` (repeat; e.g. --daemon-arg=--grace=0.1)")
+    ap.add_argument("--daemon-timeout", type=float, default=120.0,
+                    help="seconds to wait for the daemon's first answer")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json", type=Path,
-                    default=Path(os.environ.get("AZSWAP_OUT", "/tmp")) / "phasebench.json")
+                    default=Path(os.environ.get("AZSWAP_OUT", "/tmp")) / "phase.json")
     ns = ap.parse_args(argv)
+    if not 0 < ns.wait_scale <= 1:
+        ap.error("--wait-scale must be in (0, 1]")
+    if ns.cycles <= ns.warmup:
+        ap.error("--cycles must exceed --warmup")
     if os.geteuid() != 0:
         print("phasebench: error: must run as root (in the guest: vm-tests/run)", file=sys.stderr)
         return 1
-    if not 0 <= ns.wait_jitter < 1:
-        ap.error("--wait-jitter must be in [0, 1)")
-    a = Args(ns.sandboxes, ns.pages, ns.hot, ns.cycles, ns.warmup, ns.wait, ns.tool_cpu,
-             ns.interval, ns.grace, ns.prefetch_lead, ns.prefetch_async, ns.seed, ns.wait_jitter,
-             ns.reclaim_nice, ns.cold)
-    rounds: dict[str, list[dict[str, Any]]] = {}
+    from bench.kit.swapdev import SwapDevError, swap_device
+
+    cfg = Config(cycles=ns.cycles, warmup=ns.warmup, hot=ns.hot, wait_scale=ns.wait_scale,
+                 interval=ns.interval, seed=ns.seed, thp=ns.thp, daemon_args=ns.daemon_arg,
+                 daemon_timeout=ns.daemon_timeout)
+    t0 = time.monotonic()
     try:
-        with swap_device(f"{ns.swap}-lz4", 1 << 30) as dev:
-            kind = run_all(ns, a, dev, rounds)
-    except SwapDevError as e:
+        with swap_device("azswap-lz4", 1 << 30) as dev:
+            runs = run_all(ns, cfg, dev)
+    except (SwapDevError, BenchError) as e:
         print(f"phasebench: error: {e}", file=sys.stderr)
         return 1
-    results = {m: median_of(rs) for m, rs in rounds.items()}
-    report(results, kind, a)
-    ns.json.write_text(json.dumps({"swap": kind, "args": a.__dict__,
-                                   "prefetch_method": ns.prefetch_method, "results": results,
-                                   "rounds": rounds}, indent=1))
+    doc = {"runs": runs, "swap": "azswap-lz4", "thp": ns.thp, "thp_host": thp_setting(),
+           "cpus": cpus, "wait_scale": ns.wait_scale,
+           "config": {k: v for k, v in asdict(cfg).items() if k != "daemon_timeout"},
+           "wall_s": round(time.monotonic() - t0, 1)}
+    ns.json.parent.mkdir(parents=True, exist_ok=True)
+    ns.json.write_text(json.dumps(doc, indent=1))
+    rows = spread(runs)
+    print()
+    print_spread(rows)
+    print(f"JSON: {ns.json}")
+    bad = sum(r["bad_pages"] for r in rows)
+    if bad:
+        print(f"phasebench: error: {bad} pages read back wrong", file=sys.stderr)
+        return 1
     return 0
-
-
-def run_all(ns: argparse.Namespace, a: Args, dev: System,
-            rounds: dict[str, list[dict[str, Any]]]) -> str:
-    """Every round of every mode on ``dev``; the swap kind's name."""
-    kind = dev.name.split("-")[0]
-    print(f"swap device: {dev.name}; prefetch {ns.prefetch_method}; {a}", flush=True)
-    prefetcher = None
-    try:
-        for rnd in range(ns.repeat):
-            for mode in ns.modes.split(","):
-                if mode.startswith("c") and prefetcher is None:
-                    from controlplane.prefetch import PrefetchConfig, Prefetcher
-                    from ebpf.tracer import FaultTracer
-
-                    tr = FaultTracer()
-                    t = time.monotonic()
-                    tr.start()
-                    print(f"fault tracer loaded in {time.monotonic() - t:.1f}s", flush=True)
-                    # learn the whole tool phase (it ends at the next wait): under TCG a tool
-                    # phase that faults takes seconds
-                    cfg = PrefetchConfig(history=3, window_s=60.0, method=ns.prefetch_method)
-                    prefetcher = Prefetcher(cfg,
-                                            tracer=tr)
-                    prefetcher.start_polling()
-                res = run_mode(mode, a, dev, prefetcher if mode.startswith("c") else None, rnd)
-                rounds.setdefault(mode, []).append(res)
-                print(json.dumps(res), flush=True)
-    finally:
-        if prefetcher is not None:
-            prefetcher.close()
-    return kind
-
-
-def median_of(rs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per numeric figure, the median over rounds (the rest from the first round)."""
-    out = dict(rs[0])
-    for k, v in rs[0].items():
-        if isinstance(v, (int, float)) and not isinstance(v, bool):
-            out[k] = statistics.median(r[k] for r in rs)
-    out["rounds"] = len(rs)
-    return out
-
-
-def report(r: dict[str, dict[str, Any]], kind: str, a: Args) -> None:
-    names = {"a": "(a) no compression", "b": "(b) aggressive, no phase/prefetch",
-             "c": f"(c) {kind} phase-aware + prefetch@hint",
-             "ca": f"(c) {kind} phase-aware + prefetch async",
-             "cl": f"(c) {kind} phase-aware + prefetch before predicted wait end"}
-    print(f"\n{'regime':<36} {'tool mean':>10} {'tool p95':>9} {'e2e':>8} {'majflt/tool':>11} "
-          f"{'footprint':>10} {'saved':>8}")
-    base = r.get("a")
-    for m, v in r.items():
-        saved = base["footprint_mib"] - v["footprint_mib"] if base else 0.0
-        v["saved_mib"] = round(saved, 2)
-        print(f"{names.get(m, m):<36} {v['tool_mean_s'] * 1e3:>8.1f}ms"
-              f" {v['tool_p95_s'] * 1e3:>7.1f}ms {v['e2e_s']:>7.2f}s"
-              f" {v['tool_majflt_mean']:>11.1f} {v['footprint_mib']:>8.1f}Mi"
-              f" {saved:>6.1f}Mi")
-    if not base or "b" not in r:
-        return
-    b = r["b"]
-    print(f"\nslowdown (b)/(a): tool latency {b['tool_mean_s'] / base['tool_mean_s']:.2f}x, "
-          f"end-to-end {b['e2e_s'] / base['e2e_s']:.2f}x")
-    for m in (x for x in r if x.startswith("c")):
-        c = r[m]
-        keep = c["saved_mib"] / b["saved_mib"] * 100 if b["saved_mib"] > 0 else float("nan")
-        print(f"slowdown ({m})/(a): tool latency {c['tool_mean_s'] / base['tool_mean_s']:.2f}x, "
-              f"end-to-end {c['e2e_s'] / base['e2e_s']:.2f}x; keeps {keep:.0f}% of (b)'s saving")
-        if "prefetch" in c:
-            print(f"  prefetch accuracy ({m}): {c['prefetch']}")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,164 @@
+"""The phase benchmark's pure parts: trajectories, page contents, figures and the JSON contract."""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+
+import pytest
+
+from bench.pagesandbox import (
+    EDIT,
+    HDR,
+    MAGIC,
+    PAGE,
+    PageSandbox,
+    edit_offset,
+    expected_page,
+    sandbox_page,
+    template_page,
+)
+from bench.phasebench import (
+    CONTRACT_KEYS,
+    DRIFT_MAX,
+    DRIFT_MIN,
+    WAIT_MAX,
+    WAIT_MIN,
+    WORK_MAX,
+    WORK_MIN,
+    compare,
+    regime_figures,
+    spread,
+    trajectory,
+)
+
+STYLES = ("ml", "coding")
+
+
+@pytest.mark.parametrize("style", STYLES)
+@pytest.mark.parametrize("scale", [1.0, 0.25])
+def test_waits_clipped_and_heavy_tailed(style: str, scale: float) -> None:
+    waits = [c.wait_s for sid in range(8)
+             for c in trajectory(style, 1, sid, 100, 2048, wait_scale=scale)]
+    assert min(waits) >= WAIT_MIN * scale - 1e-9
+    assert max(waits) <= WAIT_MAX * scale + 1e-9
+    med, mean = statistics.median(waits), statistics.fmean(waits)
+    assert mean > 1.3 * med  # a long right tail pulls the mean past the median
+    assert sum(w > 4 * med for w in waits) >= len(waits) // 50
+    assert max(waits) > 8 * med
+
+
+@pytest.mark.parametrize("style", STYLES)
+def test_work_within_bounds(style: str) -> None:
+    work = [c.work_s for c in trajectory(style, 2, 1, 300, 1024)]
+    assert min(work) >= WORK_MIN and max(work) <= WORK_MAX
+    assert len(set(work)) > 100
+
+
+@pytest.mark.parametrize("style", STYLES)
+@pytest.mark.parametrize("npages", [64, 1000, 4096])
+def test_hot_set_drift(style: str, npages: int) -> None:
+    t = trajectory(style, 3, 2, 30, npages, hot=0.25)
+    n = len(t[0].hot)
+    assert t[0].new == 0
+    for prev, cur in itertools.pairwise(t):
+        assert len(cur.hot) == n and len(set(cur.hot)) == n
+        assert all(0 <= p < npages for p in cur.hot)
+        new = len(set(cur.hot) - set(prev.hot))
+        assert new == cur.new
+        assert DRIFT_MIN <= new / n <= DRIFT_MAX
+
+
+def test_ml_hot_sets_sequential_coding_scattered() -> None:
+    ml = trajectory("ml", 1, 1, 3, 4096)[1].hot
+    steps = [b - a for a, b in itertools.pairwise(ml)]
+    assert sum(s == 1 for s in steps) >= len(steps) - 1  # one window (it may wrap once)
+    co = trajectory("coding", 1, 1, 3, 4096)[1].hot
+    steps = [b - a for a, b in itertools.pairwise(co)]
+    assert sum(s == 1 for s in steps) < len(steps) // 10
+
+
+@pytest.mark.parametrize("style", STYLES)
+def test_trajectory_reproducible(style: str) -> None:
+    assert trajectory(style, 5, 3, 10, 2048) == trajectory(style, 5, 3, 10, 2048)
+    assert trajectory(style, 5, 3, 10, 2048) != trajectory(style, 5, 4, 10, 2048)
+    assert trajectory(style, 5, 3, 10, 2048) != trajectory(style, 6, 3, 10, 2048)
+
+
+@pytest.mark.parametrize("style", STYLES)
+def test_sandbox_page_is_template_page_plus_edit(style: str) -> None:
+    for sid in (1, 2, 17):
+        for i in (0, 1, 100, 4095):
+            t = template_page(style, 7, i)
+            p = expected_page(style, 7, sid, i, version=3)
+            assert len(t) == len(p) == PAGE
+            assert p == sandbox_page(t, style, sid, i, 3)
+            assert HDR.unpack(p[: HDR.size]) == (MAGIC, sid, i, 3)
+            assert HDR.unpack(t[: HDR.size]) == (MAGIC, 0, i, 0)
+            off = edit_offset(sid, i)
+            assert HDR.size <= off and off + EDIT <= PAGE and off % 4 == 0
+            diff = [k for k in range(HDR.size, PAGE) if p[k] != t[k]]
+            assert diff and all(off <= k < off + EDIT for k in diff)  # a small edit only
+    # sandboxes differ from one another only by their edits; the template is sid 0
+    assert expected_page(style, 7, 1, 5) != expected_page(style, 7, 2, 5)
+    assert expected_page(style, 7, 0, 5) == template_page(style, 7, 5)
+
+
+def test_pages_have_their_style() -> None:
+    import array
+    import math
+
+    f = array.array("f", template_page("ml", 1, 3)[HDR.size:])
+    assert all(math.isfinite(x) and abs(x) < 1 for x in f)
+    text = template_page("coding", 1, 3)[HDR.size:]
+    assert sum(32 <= c < 127 or c == 10 for c in text) > 0.8 * len(text)
+
+
+@pytest.mark.parametrize("style", ("ml", "coding"))
+def test_page_sandbox_process_verifies(style: str) -> None:
+    """A sandbox process (no cgroup) holds and verifies its pages across touches and writes."""
+    sb = PageSandbox(None, 256, 2, style=style, sid=3, thp="host")
+    try:
+        for c in trajectory(style, 2, 3, 3, 256):
+            r = sb.touch(c.hot, write_every=8, units=2)
+            assert r["bad"] == 0
+        assert sb.verify() == 0
+    finally:
+        sb.stop()
+
+
+def _r(tool: float, fp_mib: float, bad: int = 0) -> dict[str, object]:
+    return regime_figures([tool, tool], 10.0, [int(fp_mib * (1 << 20))] * 3, bad, [1, 3])
+
+
+def test_figures_against_the_same_run() -> None:
+    regs = compare({"none": _r(0.2, 100), "aggressive": _r(0.5, 40), "daemon": _r(0.25, 46)})
+    assert regs["none"]["slowdown"] == 1.0 and regs["none"]["saved_mib"] == 0
+    assert regs["aggressive"]["slowdown"] == 2.5 and regs["aggressive"]["keeps"] == 1.0
+    d = regs["daemon"]
+    assert d["slowdown"] == 1.25 and d["saved_mib"] == 54.0 and d["keeps"] == 0.9
+    assert d["majflt_per_tool"] == 2.0 and d["peak_mib"] == 46.0
+    for r in regs.values():
+        assert set(CONTRACT_KEYS) <= set(r)
+    # keeps is clamped to 0..1: more saved than aggressive, or a footprint above none's
+    regs = compare({"none": _r(0.2, 100), "aggressive": _r(0.5, 40), "daemon": _r(0.2, 30)})
+    assert regs["daemon"]["keeps"] == 1.0
+    regs = compare({"none": _r(0.2, 100), "aggressive": _r(0.5, 40), "daemon": _r(0.2, 101)})
+    assert regs["daemon"]["keeps"] == 0.0
+
+
+def test_spread_and_contract_shape() -> None:
+    runs = []
+    for rep, (dslow, dkeep_fp) in enumerate([(1.1, 46), (1.3, 52), (1.2, 40)]):
+        regs = compare({"none": _r(0.2, 100), "aggressive": _r(0.5, 40),
+                        "daemon": _r(0.2 * dslow, dkeep_fp, bad=rep == 2)})
+        runs.append({"host": "idle", "style": "ml", "repeat": rep, "regimes": regs})
+    for run in runs:
+        assert set(run["regimes"]) == {"none", "aggressive", "daemon"}
+        assert run["host"] in ("idle", "loaded")
+    rows = {r["regime"]: r for r in spread(runs)}
+    assert rows["daemon"]["runs"] == 3
+    lo, med, hi = rows["daemon"]["slowdown"]
+    assert (lo, med, hi) == pytest.approx((1.1, 1.2, 1.3))
+    assert rows["daemon"]["keeps"] == pytest.approx((0.8, 0.9, 1.0))
+    assert rows["daemon"]["bad_pages"] == 1 and rows["none"]["bad_pages"] == 0
