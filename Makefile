@@ -13,7 +13,7 @@ PYTEST := $(VENV)/bin/pytest
 .DEFAULT_GOAL := help
 
 .PHONY: help setup setup-apt kmod kmod-debug kmod-all hostlib test test-host test-vm \
-	test-kernels test-debug debug-kernel soak lint demo bench clean
+	test-kernels test-debug debug-kernel soak lint demo bench bench-phase clean
 
 help:
 	@echo "make setup    install Debian packages + .venv (idempotent)"
@@ -30,6 +30,7 @@ help:
 	@echo "make debug-kernel  build (or find cached) the debug kernel (DEBUG_KERNEL=1 make setup too)"
 	@echo "make demo     sandbox fan-out in a QEMU guest: azswap vs zram/zswap"
 	@echo "make bench    full evaluation report in bench-report/ (KERNEL=6.12|7.3: the guest on that series)"
+	@echo "make bench-phase  tool phases through the daemon, idle and loaded: bench-report/phase.json"
 
 setup:
 	@AZSWAP_SETUP_DEBUG_KERNEL=$(DEBUG_KERNEL) $(TOP)/scripts/setup.sh
@@ -124,6 +125,19 @@ demo: setup kmod hostlib
 bench: setup kmod hostlib
 	@[ "$(KERNEL)" = 6.1 ] || $(MAKE) --no-print-directory kmod KERNEL=6.1
 	$(PY) -m bench --kernel $(KERNEL) $(BENCH_ARGS)
+
+# The phase benchmark through the daemon in one guest (idle and loaded hosts, ml and coding
+# styles); BENCH_ARGS go to bench.phasebench (e.g. --repeat 3).  The guest writes under
+# vm-tests/out; the JSON is copied to bench-report/phase.json once the guest run succeeded.
+PHASE_MEMORY ?= 2G
+PHASE_TIMEOUT ?= 2400
+bench-phase: setup kmod
+	@rm -f $(TOP)/vm-tests/out/phase/phase.json
+	$(TOP)/vm-tests/run --memory $(PHASE_MEMORY) --timeout $(PHASE_TIMEOUT) -- \
+		$(PY) -m bench.phasebench --json $(TOP)/vm-tests/out/phase/phase.json $(BENCH_ARGS)
+	@mkdir -p $(TOP)/bench-report
+	cp $(TOP)/vm-tests/out/phase/phase.json $(TOP)/bench-report/phase.json
+	@echo "bench-report/phase.json"
 
 include $(TOP)/packaging/install.mk
 

@@ -14,8 +14,9 @@ Steps (every figure is measured in this run):
     for it by `make kmod KERNEL=SERIES`) and play every process-style trace on every system
     (bench.swapbench; without --systems its default set, where a Linux baseline the kernel
     lacks is an "unavailable" row): OUT/swapbench.json; then, in the same guest, the tool-phase
-    benchmark (bench.phasebench: no compression, aggressive, phase-aware +
-    prefetch): OUT/phasebench.json;
+    benchmark through the shipped daemon (bench.phasebench: no compression, aggressive
+    compression blind to phases, `azctl daemon`; idle and loaded hosts, ml and coding
+    styles): OUT/phasebench.json;
  3. replay every trace, the microVM one too, through the host store core per strategy, with the
     unlimited-search limit (controlplane.trace.replay): OUT/replay.json; reduction as sandboxes
     scale: replay of the first 1, 2, 4, ... sandboxes of the fork-style trace (recorded with
@@ -59,10 +60,9 @@ def subset(tr: Trace, k: int) -> Trace:
 
 
 REGIMES = {
-    "a": "(a) no compression",
-    "b": "(b) aggressive, blind",
-    "c": "(c) phase-aware,\nprefetch on hint",
-    "cl": "(c) phase-aware,\nprefetch before wait end",
+    "none": "no compression",
+    "aggressive": "aggressive, blind to phases",
+    "daemon": "azctl daemon",
 }
 
 
@@ -190,43 +190,37 @@ def charts(
         fig.savefig(out / "styles.png", dpi=110)
         plt.close(fig)
         made.append("styles.png")
-    res = (ph or {}).get("results", {})
-    if res.get("a"):
-        keys = [k for k in REGIMES if k in res]
-        base = res["a"]
-        # 6. slowdown and memory saved per configuration
+    runs = (ph or {}).get("runs", [])
+    if runs:
+        # 6. slowdown and memory saved per regime, per host and style (median over repeats)
+        groups: dict[str, list[dict[str, Any]]] = {}
+        for r in runs:
+            groups.setdefault(f"{r['host']}\n{r['style']}", []).append(r["regimes"])
+        keys = [k for k in ("aggressive", "daemon") if any(k in g[0] for g in groups.values())]
         fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
-        slow = [res[k]["tool_mean_s"] / base["tool_mean_s"] for k in keys]
-        saved = [base["footprint_mib"] - res[k]["footprint_mib"] for k in keys]
-        ax1.bar([REGIMES[k] for k in keys], slow, color="tab:red")
-        ax1.axhline(1.2, color="k", linestyle="dashed", label="target 1.2x")
-        ax1.set_ylabel("tool-phase latency / (a)")
-        ax1.set_title("Tool-phase slowdown")
-        ax1.legend(fontsize=8)
-        ax2.bar([REGIMES[k] for k in keys], saved, color="tab:green")
-        ax2.set_ylabel("MiB (time-averaged footprint saved vs (a))")
-        ax2.set_title("Memory saved")
+        w = 0.8 / max(len(keys), 1)
+        x = np.arange(len(groups))
+        for j, k in enumerate(keys):
+            med = [
+                [float(np.median([g[k][f] for g in gs if g.get(k) and g[k].get(f) is not None]
+                                 or [0.0])) for gs in groups.values()]
+                for f in ("slowdown", "saved_mib")
+            ]
+            ax1.bar(x + j * w, med[0], w, label=REGIMES[k])
+            ax2.bar(x + j * w, med[1], w, label=REGIMES[k])
+        ax1.axhline(1.0, color="k", linestyle="dashed", linewidth=0.8)
+        ax1.set_ylabel("tool-phase latency / no compression's")
+        ax1.set_title("Tool-phase slowdown (median over runs)")
+        ax2.set_ylabel("MiB (time-averaged footprint saved)")
+        ax2.set_title("Memory saved vs no compression")
         for ax in (ax1, ax2):
+            ax.set_xticks(x + 0.4 - w / 2, list(groups))
             ax.tick_params(axis="x", labelsize=7)
+            ax.legend(fontsize=8)
         fig.tight_layout()
         fig.savefig(out / "slowdown.png", dpi=110)
         plt.close(fig)
         made.append("slowdown.png")
-        # 7. CPU spent compressing, inside LLM waits vs outside
-        fig, ax = plt.subplots(figsize=(7, 4))
-        inw = [res[k].get("reclaim_cpu_wait_s", 0.0) for k in keys]
-        outw = [res[k].get("reclaim_cpu_other_s", 0.0) for k in keys]
-        lbl = [REGIMES[k] for k in keys]
-        ax.bar(lbl, inw, label="inside LLM waits")
-        ax.bar(lbl, outw, bottom=inw, label="outside (tool phases)")
-        ax.set_ylabel("CPU seconds in memory.reclaim (compression)")
-        ax.set_title("CPU spent compressing, and when")
-        ax.tick_params(axis="x", labelsize=7)
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(out / "cpu.png", dpi=110)
-        plt.close(fig)
-        made.append("cpu.png")
     return made
 
 
@@ -353,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
         steps = [swap]
         if not a.no_phase:
             steps.append(
-                f"{py} -m bench.phasebench --modes a,b,c,cl --seed {a.seed} "
+                f"{py} -m bench.phasebench --seed {a.seed} "
                 f"--json {vo / 'phasebench.json'}"
             )
         # every step runs; the guest's exit status is the first failure
@@ -459,38 +453,39 @@ def microvm_trace(arg: str) -> str | None:
 
 
 def fmt_phase(ph: dict[str, Any]) -> list[str]:
-    res = ph.get("results", {})
-    base, agg = res.get("a"), res.get("b")
-    if not base:
+    from bench.phasebench import spread
+
+    runs = ph.get("runs", [])
+    if not runs:
         return []
-    args = ph.get("args", {})
+    cfg = ph.get("config", {})
     lines = [
-        "## Tool phases after LLM waits (slowdown per configuration)",
+        "## Tool phases after LLM waits, through the daemon",
         "",
-        f"{args.get('sandboxes')} sandboxes of {args.get('pages')} pages in one guest, "
-        f"{args.get('cycles')} LLM-wait/tool cycles (waits {args.get('wait')} s "
-        f"+/-{args.get('wait_jitter', 0) * 100:.0f}%), each tool phase touching "
-        f"{args.get('hot', 0) * 100:.0f}% of the sandbox's pages; swap device "
-        f"{ph.get('swap')}. Slowdown = mean tool-phase latency / (a)'s; saved = time-averaged "
-        "footprint (sandboxes' memory.current + the swap device's own memory) below (a)'s.",
+        f"Sandboxes started from one template (each page the template's with a small edit), "
+        f"{cfg.get('cycles')} LLM-wait/tool cycles each (waits lognormal in [0.5, 20] s x "
+        f"{ph.get('wait_scale')}, tool work 0.1-5 s, hot sets drifting 10-30% a cycle); "
+        f"idle host: staggered; loaded: more sandboxes than the guest's {ph.get('cpus')} vCPUs, "
+        f"all at once. Swap {ph.get('swap')}, THP {ph.get('thp')} (host: "
+        f"{ph.get('thp_host')}). Slowdown = mean tool-phase latency / no compression's, same "
+        "run; saved = time-averaged footprint (sandboxes' memory.current + the device's pool "
+        "and metadata) below no compression's; keeps = saved / aggressive's saved.",
         "",
-        "| regime | tool ms | slowdown | p95 ms | major faults / tool | saved MiB | share of "
-        "(b)'s saving | compress CPU s in waits | outside | prefetch pages | verified |",
-        "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|",
+        "| host | style | regime | runs | slowdown min / med / max | keeps min / med / max | "
+        "saved MiB (median) | bad pages |",
+        "|---|---|---|--:|--:|--:|--:|--:|",
     ]
-    b_saved = base["footprint_mib"] - agg["footprint_mib"] if agg else 0.0
-    for k, label in REGIMES.items():
-        m = res.get(k)
-        if not m:
-            continue
-        saved = base["footprint_mib"] - m["footprint_mib"]
-        share = f"{saved / b_saved:.0%}" if b_saved > 0 and k.startswith("c") else "-"
+    for r in spread(runs):
+        def mmm(v: Any, pct: bool = False) -> str:
+            if v is None:
+                return "-"
+            return " / ".join(f"{x:.0%}" if pct else f"{x:.2f}" for x in v)
+
+        saved = f"{r['saved_mib'][1]:.1f}" if r["saved_mib"] else "-"
         lines.append(
-            f"| {label.replace(chr(10), ' ')} | {m['tool_mean_s'] * 1e3:.1f} | "
-            f"{m['tool_mean_s'] / base['tool_mean_s']:.2f}x | {m['tool_p95_s'] * 1e3:.1f} | "
-            f"{m['tool_majflt_mean']:.1f} | {saved:.1f} | {share} | "
-            f"{m.get('reclaim_cpu_wait_s', 0):.2f} | {m.get('reclaim_cpu_other_s', 0):.2f} | "
-            f"{m.get('prefetch_pages_mean', '-')} | {'yes' if m.get('bad_pages') == 0 else 'NO'} |"
+            f"| {r['host']} | {r['style']} | {REGIMES.get(r['regime'], r['regime'])} | "
+            f"{r['runs']} | {mmm(r['slowdown'])} | {mmm(r['keeps'], pct=True)} | {saved} | "
+            f"{r['bad_pages']} |"
         )
     lines.append("")
     return lines
@@ -553,10 +548,8 @@ def write_report(
             "styles.png": "Reduction per sandbox style, microVM included, through the host "
             "store core: per-page lz4/zstd is what zram and zswap keep per page; "
             "'all' is azswap's store.",
-            "slowdown.png": "Tool-phase latency relative to no compression (left; dashed: the "
-            "1.2x target) and the memory each regime saves (right).",
-            "cpu.png": "CPU spent in memory.reclaim writes (where compression runs), split by "
-            "the sandbox's phase when it ran: phase-aware compression stays inside LLM waits.",
+            "slowdown.png": "Tool-phase latency relative to no compression (left) and the "
+            "memory each regime saves (right), per host and style, medians over runs.",
         }
         for m in made:
             L += [f"![{m}]({m})", "", expl.get(m, ""), ""]

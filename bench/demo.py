@@ -9,11 +9,12 @@
    (bench.record), so every system sees exactly the same pages.
 2. In one boot of the test kernel (vm-tests/run): the pages are played into live processes in
    their own memory cgroups and pushed to swap with memory.reclaim on each system in turn, then
-   faulted back and verified (bench.swapbench); then sandboxes alternate tool phases
-   and LLM waits, with no compression, aggressive compression, and azswap's phase-aware
-   compression + prefetch (bench.phasebench).
-3. One table of what was measured in this run: sandbox-owned memory, bytes stored, reduction
-   and its ratio to zram-lz4's; tool-phase slowdown with and without phase awareness + prefetch.
+   faulted back and verified (bench.swapbench); then sandboxes started from a template
+   alternate tool phases and LLM waits on an idle host, with no compression, aggressive
+   compression blind to phases, and the shipped daemon (`azctl daemon`: phase hints, its
+   scheduler and prefetcher) (bench.phasebench, small sizes).
+3. Two tables of what was measured in this run: sandbox-owned memory, bytes stored, reduction
+   and its ratio to zram-lz4's; tool-phase slowdown and memory saved per regime.
 """
 
 from __future__ import annotations
@@ -80,8 +81,9 @@ def _guest(a: argparse.Namespace, trace: Path, console: Console) -> int:
     ]
     if not a.no_phase:
         steps.append(
-            f"{py} -m bench.phasebench --sandboxes {min(a.sandboxes, 4)} "
-            f"--modes a,b,c,cl --seed {a.seed} --json {OUT / 'phasebench.json'}"
+            f"{py} -m bench.phasebench --hosts idle --styles ml "
+            f"--sandboxes {min(a.sandboxes, 4)} --pages 2048 --cycles 4 --wait-scale 0.5 "
+            f"--seed {a.seed} --json {OUT / 'phasebench.json'}"
         )
     for name in ("swapbench.json", "phasebench.json"):
         (OUT / name).unlink(missing_ok=True)
@@ -133,28 +135,26 @@ def _memory_table(sw: dict[str, Any]) -> Table:
 
 
 def _phase_table(ph: dict[str, Any]) -> Table:
-    t = Table(title=f"Tool phases after LLM waits (swap: {ph.get('swap', '?')}; "
-                    "slowdown and saving against no compression)")
-    for col in ("regime", "tool latency ms", "slowdown", "memory MiB", "saved",
-                "major faults / tool phase", "pages verified"):
+    run = (ph.get("runs") or [{}])[0]
+    t = Table(title=f"Tool phases after LLM waits ({run.get('host', '?')} host, "
+                    f"{run.get('style', '?')} style, {run.get('sandboxes', '?')} sandboxes from "
+                    f"one template, swap {ph.get('swap', '?')}, THP {ph.get('thp', '?')}; "
+                    "against no compression, same run)")
+    for col in ("regime", "tool mean ms", "tool p95 ms", "slowdown", "memory MiB (peak)",
+                "saved MiB", "keeps", "major faults / tool phase", "pages verified"):
         t.add_column(col, justify="left" if col == "regime" else "right")
-    res = ph.get("results", {})
-    base = res.get("a", {})
-    for key, label in (("a", "(a) no compression"), ("b", "(b) aggressive, blind to phases"),
-                       ("c", "(c) phase-aware + prefetch on the tool hint"),
-                       ("cl", "(c) phase-aware + prefetch before the predicted end of the wait")):
-        m = res.get(key)
+    labels = {"none": "no compression", "aggressive": "aggressive, blind to phases",
+              "daemon": "azctl daemon (phase hints, scheduler, prefetcher)"}
+    for key, label in labels.items():
+        m = run.get("regimes", {}).get(key)
         if not m:
             continue
-        slow = m["tool_mean_s"] / base["tool_mean_s"] if base.get("tool_mean_s") else 0.0
-        saved = base.get("footprint_mib", 0.0) - m["footprint_mib"]
-        keep = ""
-        if key.startswith("c") and "b" in res:
-            b_saved = base.get("footprint_mib", 0.0) - res["b"]["footprint_mib"]
-            keep = f" ({saved / b_saved:.0%} of (b)'s)" if b_saved > 0 else ""
-        t.add_row(label, f"{m['tool_mean_s'] * 1e3:.1f}", f"{slow:.2f}x" if slow else "-",
-                  f"{m['footprint_mib']:.1f}", f"{saved:.1f} MiB{keep}" if base else "-",
-                  f"{m['tool_majflt_mean']:.1f}",
+        slow, keeps = m.get("slowdown"), m.get("keeps")
+        t.add_row(label, f"{m['tool_mean_s'] * 1e3:.0f}", f"{m['tool_p95_s'] * 1e3:.0f}",
+                  f"{slow:.2f}x" if slow else "-",
+                  f"{m['footprint_mib']:.1f} ({m['peak_mib']:.1f})", f"{m['saved_mib']:.1f}",
+                  f"{keeps:.0%}" if keeps is not None and key != "none" else "-",
+                  f"{m['majflt_per_tool']:.1f}",
                   "[green]yes" if m.get("bad_pages") == 0 else f"[red]{m.get('bad_pages')} bad")
     return t
 

@@ -147,8 +147,9 @@ def trajectory(style: str, seed: int, sid: int, cycles: int, npages: int, hot: f
 
 
 def p95(xs: list[float]) -> float:
+    """The 95th percentile, nearest rank (of few samples: the largest)."""
     s = sorted(xs)
-    return s[int(0.95 * (len(s) - 1))] if s else 0.0
+    return s[max(math.ceil(0.95 * len(s)) - 1, 0)] if s else 0.0
 
 
 def regime_figures(tool_s: list[float], e2e_s: float, footprint: list[int], bad_pages: int,
