@@ -358,6 +358,7 @@ class Daemon:
             "dev": self.config.dev,
             "connections": conns,
             "events_dropped": dropped,
+            "prefetch": restore.status(self.prefetcher),
         }
 
     def op_register(self, req: dict[str, Any]) -> dict[str, Any]:

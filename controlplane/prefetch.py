@@ -24,8 +24,9 @@ pages leave no fault event to learn from, so they count as used in learning, and
 ``probe_every``-th restore is a willneed probe whose minor faults show what the tool really
 touched.  Without ptrace access (EPERM) the prefetcher falls back to willneed.  Between
 batches it stops when the sandbox has already taken ``stop_after_faults`` major faults on pages
-outside the restore set since the hint: it is faulting past the prediction, and further reads
-would only compete with it.
+outside the restore set since the hint (``stop_after_faults``, or ``stop_after_fraction`` of the
+set's size if more: a working set drifts from cycle to cycle): it is faulting past the
+prediction, and further reads would only compete with it.
 
 Accuracy per willneed restore, settled when the next phase starts (``populated`` counts the
 pages of populate restores):
@@ -281,7 +282,11 @@ class PrefetchConfig:
     max_bytes: int = 256 << 20  # budget per restore
     max_seconds: float = 2.0  # budget per restore
     batch_pages: int = 512  # pages per batch (stop checks happen between batches)
-    stop_after_faults: int = 16  # major faults outside the restore set that stop a restore
+    # a restore racing a running tool stops once the tool took this many major faults outside
+    # the restore set (at least; or stop_after_fraction of the set's size, if more): the
+    # prediction is off and further reads only compete with the tool's own
+    stop_after_faults: int = 16
+    stop_after_fraction: float = 0.5
     only_swapped: bool = True  # skip pages that are resident (pagemap)
     # "populate": fault the pages in and map them (process_vm_readv), so the tool takes no fault
     # at all; "willneed": process_madvise(MADV_WILLNEED) reads them into the swap cache, the
@@ -515,7 +520,9 @@ class Prefetcher:
                 if self.clock() - t0 >= self.cfg.max_seconds:
                     res.stopped = "budget-time"
                     break
-                if self._faults_past(st, seq, predicted) >= self.cfg.stop_after_faults:
+                limit = max(self.cfg.stop_after_faults,
+                            int(self.cfg.stop_after_fraction * len(predicted)))
+                if self._faults_past(st, seq, predicted) >= limit:
                     res.stopped = "faulting-past"
                     break
                 room = (self.cfg.max_bytes - res.prefetched_bytes) // PAGE_SIZE

@@ -42,6 +42,12 @@ def phase_changed(p: Prefetcher, sandbox: Sandbox, phase: str) -> None:
             log.warning("prefetch: phase %s of %s: %s", phase, sandbox.name, e)
 
 
+def status(p: Prefetcher) -> str:
+    """What the prefetcher is doing: "tracing" once it learns from fault events ("tracer
+    starting" until its BPF program is attached), or why it does nothing."""
+    return str(getattr(p, "status", None) or getattr(p, "reason", None) or "ready")
+
+
 def close(p: Prefetcher) -> None:
     fn = getattr(p, "close", None)
     if fn is not None:

@@ -138,7 +138,8 @@ def test_time_budget() -> None:
 
 
 def test_stops_when_sandbox_faults_past_the_prediction() -> None:
-    p, k = make(PrefetchConfig(history=3, batch_pages=2, stop_after_faults=3))
+    p, k = make(PrefetchConfig(history=3, batch_pages=2, stop_after_faults=3,
+                               stop_after_fraction=0.0))
     cycle(p, range(10))
     cycle(p, range(10))
     p.record_phase_change("sb", "llm-wait")
@@ -146,6 +147,19 @@ def test_stops_when_sandbox_faults_past_the_prediction() -> None:
     faults(p, [500, 501, 502])  # the tool is already running, outside the restore set
     res = p.restore("sb")
     assert res["stopped"] == "faulting-past" and k.calls == 0
+
+
+def test_a_drifting_working_set_does_not_stop_the_restore_early() -> None:
+    # 3 faults past a 10-page prediction: under half of it, the usual drift of a working set
+    p, k = make(PrefetchConfig(history=3, batch_pages=2, stop_after_faults=3,
+                               stop_after_fraction=0.5))
+    cycle(p, range(10))
+    cycle(p, range(10))
+    p.record_phase_change("sb", "llm-wait")
+    p.record_phase_change("sb", "tool")
+    faults(p, [500, 501, 502])
+    res = p.restore("sb")
+    assert res["stopped"] == "" and len(k.advised) == 10
 
 
 def test_resident_pages_are_skipped() -> None:
