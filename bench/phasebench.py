@@ -287,7 +287,10 @@ class DaemonProcess:
     def __init__(self, args: list[str], timeout: float) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="azphase-"))
         self.socket = self.dir / "azswap.sock"
-        self.log_path = self.dir / "daemon.log"
+        # the log where the host can read it after the guest run (the socket stays in /tmp)
+        logs = Path(os.environ.get("AZSWAP_OUT", str(self.dir))) / "phase-daemon-logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        self.log_path = logs / f"daemon-{time.strftime('%H%M%S')}-{os.getpid()}.log"
         cmd = [*_azctl(), "--socket", str(self.socket), "--state-dir", str(self.dir / "state"),
                "daemon", *args]
         self._log = self.log_path.open("w")
@@ -350,6 +353,7 @@ class DaemonProcess:
                 self.proc.kill()
                 self.proc.wait()
             self._log.close()
+            self.cleanup()
 
     def cleanup(self) -> None:
         shutil.rmtree(self.dir, ignore_errors=True)
@@ -429,15 +433,18 @@ def run_regime(regime: str, host: Host, style: str, cfg: Config, dev: Any,
             print(f"  daemon ready in {daemon.ready_s:.1f}s (prefetcher: {daemon.prefetcher})",
                   flush=True)
             sock = daemon.socket
-            with DaemonClient(sock) as c:
-                c.template_add(f"{tag}-template", GROUP, _rel(cgs["template"]))
-                cgroups.reclaim_all(cgs["template"])  # its pages become the bases
-                for b in boxes:
-                    c.register(b.name, cgroup=_rel(b.cg), group=GROUP,
-                               template=f"{tag}-template")
+            try:
+                with DaemonClient(sock, timeout=120) as c:
+                    c.template_add(f"{tag}-template", GROUP, _rel(cgs["template"]))
+                    cgroups.reclaim_all(cgs["template"])  # its pages become the bases
+                    for b in boxes:
+                        c.register(b.name, cgroup=_rel(b.cg), group=GROUP,
+                                   template=f"{tag}-template")
+            except Exception as e:
+                raise BenchError(f"registering with the daemon: {e}\n{daemon.log_tail()}") from e
 
             def client_for() -> Any:
-                return DaemonClient(sock)
+                return DaemonClient(sock, timeout=120)
 
             def listen() -> None:
                 with contextlib.suppress(Exception):
@@ -494,7 +501,8 @@ def run_regime(regime: str, host: Host, style: str, cfg: Config, dev: Any,
                 t.join()
             errs = [f"{b.name}: {b.error}" for b in boxes if b.error]
             if errs:
-                raise BenchError("a sandbox's life failed: " + "; ".join(errs))
+                tail = daemon.log_tail() if daemon is not None else ""
+                raise BenchError("a sandbox's life failed: " + "; ".join(errs) + "\n" + tail)
             if daemon is not None:
                 daemon.check()
             bad = sum(b.bad for b in boxes) + sum(b.sb.verify() for b in boxes)
@@ -511,10 +519,13 @@ def run_regime(regime: str, host: Host, style: str, cfg: Config, dev: Any,
             out["daemon"]["prefetched_pages"] = sum(p for p in pages if isinstance(p, int))
             from controlplane.client import DaemonClient
 
-            with DaemonClient(daemon.socket) as c:
-                for b in boxes:
-                    c.unregister(b.name)
-                c.template_rm(f"{tag}-template")
+            try:
+                with DaemonClient(daemon.socket, timeout=120) as c:
+                    for b in boxes:
+                        c.unregister(b.name)
+                    c.template_rm(f"{tag}-template")
+            except Exception as e:
+                raise BenchError(f"unregistering: {e}\n{daemon.log_tail()}") from e
             daemon.stop()
             daemon = None
         return out
