@@ -1,0 +1,116 @@
+"""The shipped daemon as the lab runs it: `azctl --socket S --state-dir D daemon ARGS...` as a
+subprocess, its log in a file, ready once it answers `ping` (and, when asked, once its
+prefetcher's fault tracer is attached: BPF compiles in tens of seconds under TCG)."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+
+class DaemonError(RuntimeError):
+    """The daemon did not start, died, or did not stop: the message has its log's tail."""
+
+
+def azctl() -> list[str]:
+    """The azctl of the running Python's environment."""
+    exe = Path(sys.executable).parent / "azctl"
+    if exe.exists():
+        return [str(exe)]
+    return [sys.executable, "-c", "from azctl.main import main; main()"]
+
+
+class DaemonProcess:
+    """One daemon; ``run_dir`` holds its socket and state (a new temporary one by default),
+    ``log_path`` its stderr (default: ``run_dir/daemon.log``)."""
+
+    def __init__(self, *args: str, run_dir: Path | None = None,
+                 log_path: Path | None = None) -> None:
+        self.dir = run_dir or Path(tempfile.mkdtemp(prefix="azswap-daemon-"))
+        self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.socket = self.dir / "azswap.sock"
+        self.log_path = log_path or self.dir / "daemon.log"
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = self.log_path.open("a")
+        cmd = [*azctl(), "--socket", str(self.socket), "--state-dir", str(self.dir),
+               "daemon", "--log-level", "info", *args]
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=self._log)
+        self.ready_s = 0.0
+
+    def log_tail(self, n: int = 40) -> str:
+        if not self._log.closed:
+            self._log.flush()
+        with contextlib.suppress(OSError):
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        return ""
+
+    def check(self) -> None:
+        rc = self.proc.poll()
+        if rc is not None:
+            raise DaemonError(f"the daemon exited with status {rc}:\n{self.log_tail()}")
+
+    def client(self, timeout: float = 30.0) -> Any:
+        from controlplane.client import DaemonClient
+
+        return DaemonClient(self.socket, timeout=timeout)
+
+    def wait_ready(self, timeout: float = 400.0, tracing: bool = False) -> dict[str, Any]:
+        """Ping until the daemon answers (a cold Python start over 9p under TCG takes tens of
+        seconds); with ``tracing``, also until its prefetcher learns from fault events (a
+        prefetcher that cannot is an error, with the reason it gives)."""
+        t0 = time.monotonic()
+        last = ""
+        while time.monotonic() - t0 < timeout:
+            self.check()
+            try:
+                with self.client(timeout=10) as c:
+                    reply: dict[str, Any] = c.ping()
+            except Exception as e:  # not listening yet
+                last = str(e)
+                time.sleep(0.2)
+                continue
+            state = str(reply.get("prefetch", ""))
+            if not tracing or state == "tracing":
+                self.ready_s = time.monotonic() - t0
+                return reply
+            if state not in ("tracer starting", "ready"):
+                raise DaemonError(f"the daemon's prefetcher does not trace: {state}\n"
+                                  f"{self.log_tail()}")
+            last = f"prefetcher: {state}"
+            time.sleep(0.5)
+        raise DaemonError(f"the daemon was not ready within {timeout:.0f}s ({last}):\n"
+                          f"{self.log_tail()}")
+
+    def stop(self, timeout: float = 30.0) -> int:
+        """SIGTERM and wait; the exit status (a daemon that had died raises)."""
+        try:
+            self.check()
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                return self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+                raise DaemonError(f"the daemon did not stop within {timeout:.0f}s of SIGTERM:\n"
+                                  f"{self.log_tail()}") from None
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait()
+            self._log.close()
+
+    def __enter__(self) -> DaemonProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc.poll() is None:
+            with contextlib.suppress(DaemonError):
+                self.stop()
+        if not self._log.closed:
+            self._log.close()

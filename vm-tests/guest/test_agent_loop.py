@@ -1,0 +1,87 @@
+"""The daemon's agent loop in the test kernel: a sandbox registered with the real daemon
+(`azctl daemon`, its eBPF-learning prefetcher on) alternates LLM waits and tool phases, with a
+hint around each; the daemon compresses it as each wait starts and, from the second wait on,
+prefetches the working set its tool touched before the wait's predicted end.
+
+Checked: the first tool phase (nothing learned) faults its whole hot set back (the wait really
+compressed it); in later waits the planned prefetch runs before the tool hint, and a tool phase
+whose prefetch finished in time takes at most a fifth of those major faults; no tool hint of a
+predicted wait starts a second prefetch; every page verifies."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+IN_GUEST = bool(os.environ.get("AZSWAP_IN_GUEST"))
+pytestmark = pytest.mark.skipif(not IN_GUEST, reason="runs inside the test kernel (vm-tests/run)")
+
+NPAGES = 2048  # 8 MiB sandbox
+HOT = 400  # pages each tool phase touches
+WAIT = 4.0  # seconds of every LLM wait
+CYCLES = 6
+
+
+def test_daemon_prefetches_before_the_predicted_end_of_each_wait() -> None:
+    import azswap_guest as ag
+    from swapdev import Cg, session_swap
+
+    from bench.kit.daemon import DaemonProcess
+    from bench.pagesandbox import PageSandbox
+
+    kind = session_swap()
+    assert kind == "azswap", f"this test needs azswap, the swap device that came up is {kind}"
+    ag.assert_azswap_swap()
+    cg = Cg("loop")
+    sb = PageSandbox(cg.path, NPAGES, 11)
+    hot = random.Random(2).sample(range(NPAGES), HOT)
+    cycles: list[dict[str, Any]] = []
+    d = DaemonProcess("--interval", "0.2", "--no-policy")
+    try:
+        d.wait_ready(tracing=True)
+        with d.client() as c:
+            c.register("loop", cg.rel, 1)
+            for i in range(CYCLES):
+                before = c.stats("loop")["phase"]["plan"]
+                c.phase("loop", "llm-wait")
+                time.sleep(WAIT)
+                plan = c.stats("loop")["phase"]["plan"]  # just before the LLM answers
+                swapped = int(cg.get("memory.swap.current"))
+                c.phase("loop", "tool")
+                r = sb.touch(hot, write_every=8)
+                assert r["bad"] == 0, f"cycle {i}: {r['bad']} pages corrupt"
+                cycles.append({
+                    "cycle": i, "majflt": int(r["majflt"]), "swapped_before_tool": swapped,
+                    "fired": plan["fired"] - before["fired"], "in_time": not plan["prefetching"],
+                    "plan": plan,
+                })
+            final = c.stats("loop")["phase"]["plan"]
+            c.unregister("loop")
+        assert sb.verify() == 0
+    finally:
+        sb.stop()
+        rc = d.stop() if d.proc.poll() is None else d.proc.returncode
+        print(json.dumps({"cycles": cycles, "daemon_log": d.log_tail(20).splitlines()},
+                         indent=1), flush=True)
+        cg.remove()
+    assert rc == 0, d.log_tail()
+    first = cycles[0]
+    assert first["fired"] == 0 and first["swapped_before_tool"] > 0, first
+    assert first["majflt"] >= 0.8 * HOT, first  # compressed in the wait: all of it faulted back
+    predicted = [c for c in cycles[1:] if c["fired"] >= 1]
+    assert len(predicted) >= CYCLES - 2, cycles  # every wait after the first few is predicted
+    in_time = [c for c in predicted if c["in_time"]]
+    assert in_time, cycles
+    for c in in_time:
+        assert c["majflt"] <= 0.2 * HOT, c
+    # a predicted wait's tool hint started no prefetch of its own
+    assert final["on_hint"] <= CYCLES - len(predicted), final
