@@ -5,6 +5,10 @@
 #   scripts/kernels.sh release SERIES       print the kernel release (e.g. 6.12.95+deb12-amd64)
 #   scripts/kernels.sh image SERIES         print the path of its vmlinuz
 #   scripts/kernels.sh build SERIES         build the module for it: build/kmod-SERIES/azswap.ko
+#   scripts/kernels.sh dkms SERIES DIR      DKMS add + build for it, nothing installed
+#                                           (packaging/dkms-install.sh --tree DIR; 7.3: in the
+#                                           chroot, with DIR's tree in it and the module copied
+#                                           back to DIR/azswap.ko)
 #
 # SERIES is 6.1, 6.12 or 7.3.
 #   6.1   Debian 12's kernel (linux-image-amd64; scripts/setup.sh installs it).
@@ -77,6 +81,7 @@ install_73() {
 	if rel=$(release_73) && [ -e "$dir73/boot/vmlinuz-$rel" ] &&
 		[ -e "$dir73/lib/modules/$rel/modules.dep" ] &&
 		[ -e "$root73/usr/src/linux-headers-$rel/Makefile" ] &&
+		[ -x "$root73/usr/sbin/dkms" ] &&
 		[ -z "${AZSWAP_KERNELS_UPDATE:-}" ]; then
 		say "7.3: $rel cached in $dir73"
 		return 0
@@ -100,7 +105,7 @@ install_73() {
 	[ -n "$rel" ] || die "7.3: no linux-image-7.3.* in trixie-backports"
 	say "7.3: headers and kbuild for $rel in the chroot"
 	in_root apt-get install -y -q --no-install-recommends "linux-headers-$rel" make binutils \
-		pahole kmod >&2
+		pahole kmod dkms openssl >&2
 	say "7.3: unpacking the image and modules of $rel into $dir73"
 	tmp="$root73/tmp/azswap-debs"
 	rm -rf "$tmp" "$dir73.tmp"
@@ -187,6 +192,36 @@ build() {
 	echo "kernels: $out/azswap.ko built for $rel" >&2
 }
 
+# DKMS builds the module for a series, installing nothing (a tree of its own in $2).
+dkms_tree() {
+	local series=$1 dir=$2 rel
+	rel=$(release "$series")
+	case "$series" in
+	6.1 | 6.12)
+		"$top/packaging/dkms-install.sh" --tree "$dir" -k "$rel"
+		;;
+	7.3)
+		need_root "run DKMS in the 7.3 chroot"
+		local src rc=0
+		src="/build/azswap-dkms-$(echo "$top" | md5sum | cut -c1-8)"
+		rm -rf "$root73$src"
+		mkdir -p "$root73$src/packaging" "$root73$src/kmod"
+		copy_sources "$root73$src"
+		cp -p "$top/packaging/dkms-install.sh" "$root73$src/packaging/"
+		cp -p "$top/pyproject.toml" "$root73$src/"
+		cp -p "$top/kmod/dkms.conf" "$root73$src/kmod/"
+		mountpoint -q "$root73/proc" || mount -t proc proc "$root73/proc"
+		in_root sh "$src/packaging/dkms-install.sh" --tree "$src/tree" -k "$rel" || rc=$?
+		umount "$root73/proc" 2>/dev/null || true
+		[ "$rc" = 0 ] || exit "$rc"
+		mkdir -p "$dir"
+		find "$root73$src/tree/dkms" -name 'azswap.ko*' -exec cp -p {} "$dir/" \;
+		;;
+	esac
+	find "$dir" -name 'azswap.ko*' | grep -q . || die "$series: DKMS built no azswap.ko"
+	say "$series: DKMS built azswap.ko for $rel"
+}
+
 cmd=${1:-install}
 [ $# -gt 0 ] && shift
 case "$cmd" in
@@ -205,5 +240,9 @@ release | image | build)
 	[ $# = 1 ] || die "usage: $0 $cmd SERIES"
 	"$cmd" "$1"
 	;;
-*) die "usage: $0 install|release|image|build [SERIES]" ;;
+dkms)
+	[ $# = 2 ] || die "usage: $0 dkms SERIES DIR"
+	dkms_tree "$1" "$2"
+	;;
+*) die "usage: $0 install|release|image|build|dkms [SERIES [DIR]]" ;;
 esac
