@@ -53,9 +53,7 @@ import math
 import os
 import random
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -64,6 +62,8 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from bench.kit.daemon import DaemonError, DaemonProcess
 
 MiB = float(1 << 20)
 REGIMES = ("none", "aggressive", "daemon")
@@ -246,7 +246,7 @@ class Config:
     seed: int = 1
     thp: str = "host"
     daemon_args: list[str] = field(default_factory=list)
-    daemon_timeout: float = 120.0
+    daemon_timeout: float = 400.0  # to answer and trace: BPF compiles slowly under TCG
     rates: dict[str, float] = field(default_factory=dict)  # work units per second per style
 
 
@@ -274,89 +274,30 @@ def _rel(cg: Path) -> str:
     return "/" + str(cg.relative_to(CGROOT))
 
 
-def _azctl() -> list[str]:
-    exe = Path(sys.executable).parent / "azctl"
-    if exe.exists():
-        return [str(exe)]
-    return [sys.executable, "-c", "from azctl.main import main; main()"]
+def start_daemon(args: list[str], timeout: float) -> DaemonProcess:
+    """The shipped daemon, answering and its prefetcher tracing; its log where the host can
+    read it after the guest run ($AZSWAP_OUT/phase-daemon-logs/)."""
+    logs = Path(os.environ.get("AZSWAP_OUT", tempfile.gettempdir())) / "phase-daemon-logs"
+    d = DaemonProcess(*args, log_path=logs / f"daemon-{time.strftime('%H%M%S')}-{os.getpid()}.log")
+    try:
+        d.wait_ready(timeout=timeout, tracing=True)
+    except DaemonError as e:
+        with contextlib.suppress(DaemonError):
+            d.stop()
+        raise BenchError(str(e)) from None
+    return d
 
 
-class DaemonProcess:
-    """`azctl --socket S --state-dir D daemon ARGS` as a subprocess, its log in D."""
-
-    def __init__(self, args: list[str], timeout: float) -> None:
-        self.dir = Path(tempfile.mkdtemp(prefix="azphase-"))
-        self.socket = self.dir / "azswap.sock"
-        # the log where the host can read it after the guest run (the socket stays in /tmp)
-        logs = Path(os.environ.get("AZSWAP_OUT", str(self.dir))) / "phase-daemon-logs"
-        logs.mkdir(parents=True, exist_ok=True)
-        self.log_path = logs / f"daemon-{time.strftime('%H%M%S')}-{os.getpid()}.log"
-        cmd = [*_azctl(), "--socket", str(self.socket), "--state-dir", str(self.dir / "state"),
-               "daemon", *args]
-        self._log = self.log_path.open("w")
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT)
-        self.timeout = timeout
-        self.ready_s = 0.0
-        self.prefetcher = "unknown"
-
-    def log_tail(self, n: int = 15) -> str:
-        with contextlib.suppress(OSError):
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
-        return ""
-
-    def check(self) -> None:
-        rc = self.proc.poll()
-        if rc is not None:
-            raise BenchError(f"the daemon exited with status {rc}:\n{self.log_tail()}")
-
-    def wait_ready(self) -> dict[str, Any]:
-        """Ping until it answers (it compiles its prefetcher's BPF before serving)."""
-        from controlplane.client import DaemonClient
-
-        t0 = time.monotonic()
-        last = ""
-        while time.monotonic() - t0 < self.timeout:
-            self.check()
-            if self.socket.exists():
-                try:
-                    with DaemonClient(self.socket, timeout=10) as c:
-                        reply = c.ping()
-                    self.ready_s = time.monotonic() - t0
-                    log = self.log_path.read_text(errors="replace")
-                    bad = [ln for ln in log.splitlines() if "prefetch" in ln.lower()
-                           and ("WARNING" in ln or "fail" in ln.lower())]
-                    self.prefetcher = bad[-1].split(" ", 3)[-1] if bad else "loaded"
-                    return dict(reply)
-                except Exception as e:  # not listening yet
-                    last = str(e)
-            time.sleep(0.5)
-        raise BenchError(f"the daemon did not answer within {self.timeout:.0f}s ({last}):\n"
-                         f"{self.log_tail()}")
-
-    def stop(self) -> None:
-        """SIGTERM; a daemon that had died or does not stop is an error."""
-        try:
-            self.check()
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                rc = self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-                raise BenchError(
-                    f"the daemon did not stop on SIGTERM:\n{self.log_tail()}") from None
-            if rc != 0:
-                raise BenchError(f"the daemon exited with status {rc} on SIGTERM:\n"
-                                 f"{self.log_tail()}")
-        finally:
-            if self.proc.poll() is None:
-                self.proc.kill()
-                self.proc.wait()
-            self._log.close()
-            self.cleanup()
-
-    def cleanup(self) -> None:
-        shutil.rmtree(self.dir, ignore_errors=True)
+def stop_daemon(d: DaemonProcess) -> None:
+    """SIGTERM; a daemon that had died, does not stop or exits non-zero is an error."""
+    try:
+        rc = d.stop()
+    except DaemonError as e:
+        raise BenchError(str(e)) from None
+    finally:
+        shutil.rmtree(d.dir, ignore_errors=True)
+    if rc != 0:
+        raise BenchError(f"the daemon exited with status {rc} on SIGTERM:\n{d.log_tail()}")
 
 
 @contextlib.contextmanager
@@ -426,12 +367,9 @@ def run_regime(regime: str, host: Host, style: str, cfg: Config, dev: Any,
         if regime == "daemon":
             from controlplane.client import DaemonClient
 
-            daemon = DaemonProcess(cfg.daemon_args, cfg.daemon_timeout)
-            ping = daemon.wait_ready()
-            out["daemon"] = {"ready_s": round(daemon.ready_s, 1), "prefetcher": daemon.prefetcher,
-                             "version": ping.get("version")}
-            print(f"  daemon ready in {daemon.ready_s:.1f}s (prefetcher: {daemon.prefetcher})",
-                  flush=True)
+            daemon = start_daemon(cfg.daemon_args, cfg.daemon_timeout)
+            out["daemon"] = {"ready_s": round(daemon.ready_s, 1)}
+            print(f"  daemon ready in {daemon.ready_s:.1f}s (prefetcher tracing)", flush=True)
             sock = daemon.socket
             try:
                 with DaemonClient(sock, timeout=120) as c:
@@ -504,7 +442,10 @@ def run_regime(regime: str, host: Host, style: str, cfg: Config, dev: Any,
                 tail = daemon.log_tail() if daemon is not None else ""
                 raise BenchError("a sandbox's life failed: " + "; ".join(errs) + "\n" + tail)
             if daemon is not None:
-                daemon.check()
+                try:
+                    daemon.check()
+                except DaemonError as e:
+                    raise BenchError(str(e)) from None
             bad = sum(b.bad for b in boxes) + sum(b.sb.verify() for b in boxes)
         tool = [s for b in boxes for s in b.tool_s[cfg.warmup:]]
         maj = [m for b in boxes for m in b.majflt[cfg.warmup:]]
@@ -526,13 +467,13 @@ def run_regime(regime: str, host: Host, style: str, cfg: Config, dev: Any,
                     c.template_rm(f"{tag}-template")
             except Exception as e:
                 raise BenchError(f"unregistering: {e}\n{daemon.log_tail()}") from e
-            daemon.stop()
+            stop_daemon(daemon)
             daemon = None
         return out
     finally:
         if daemon is not None:
             with contextlib.suppress(BenchError):
-                daemon.stop()
+                stop_daemon(daemon)
         for b in boxes:
             b.sb.stop()
         template.stop()
@@ -616,8 +557,9 @@ def main(argv: list[str] | None = None) -> int:
                          "sandboxes' pages (an easier setting, report it as such)")
     ap.add_argument("--daemon-arg", action="append", default=[], metavar="ARG",
                     help="an option for `azctl daemon` (repeat; e.g. --daemon-arg=--grace=0.1)")
-    ap.add_argument("--daemon-timeout", type=float, default=120.0,
-                    help="seconds to wait for the daemon's first answer")
+    ap.add_argument("--daemon-timeout", type=float, default=400.0,
+                    help="seconds to wait for the daemon to answer with its prefetcher tracing "
+                         "(its BPF program compiles in tens of seconds under TCG)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json", type=Path,
                     default=Path(os.environ.get("AZSWAP_OUT", "/tmp")) / "phase.json")

@@ -18,11 +18,13 @@ Control law, per tick (every ``interval`` seconds):
    Candidates are served longest-waiting first (oldest phase start), which is what host
    pressure asks for: the sandbox idle the longest is the coldest.
 4. Work: write ``chunk_bytes`` at a time to the candidate's memory.reclaim.  The reclaim (and so the
-   compression in azswap's rw_page) runs in *our* thread, so we meter it: each write is timed and
-   followed by a rest of ``dt * (1 - b) / b`` where b is the CPU budget (fraction of one CPU,
+   compression in azswap's rw_page) runs in *our* thread, so we meter its CPU time: a write that
+   took ``dt`` seconds of wall clock and ``dc`` of CPU is followed by a rest of ``dc / b - dt``
+   (when positive; a write starved of CPU by busier threads needs none, and with dc = dt it is
+   ``dt * (1 - b) / b``), where b is the CPU budget (fraction of one CPU,
    ``cpu_budget``, or ``pressure_cpu_budget`` under pressure, or ``idle_cpu_budget`` while the
    host's CPU PSI ``some avg10`` stays below ``cpu_busy_psi``): the writes take at most a fraction
-   b of the wall clock.  A tick stops after ``interval * b`` seconds of writes.  Between two
+   b of the wall clock.  A tick stops after ``interval * b`` CPU seconds of writes.  Between two
    chunks the phase generation is re-checked: a tool hint (or a shutdown) ends the loop at once;
    the chunk in flight either completed or came up short, both of which leave the sandbox
    consistent (memory.reclaim only moves pages to swap; nothing is half-done at our level).
@@ -68,9 +70,9 @@ class SchedulerConfig:
     grace: float = 0.0  # llm-wait age before compressing (a hinted wait: at once)
     idle_grace: float = 30.0  # inferred-idle age before compressing
     dense_after: float = 10.0  # wait age from which the dense policy is used
-    chunk_bytes: int = 16 * MiB  # one memory.reclaim write
-    cpu_budget: float = 0.25  # fraction of one CPU spent in reclaim writes
-    pressure_cpu_budget: float = 0.5
+    chunk_bytes: int = 4 * MiB  # one memory.reclaim write (a tool hint waits for one at most)
+    cpu_budget: float = 0.5  # fraction of one CPU spent in reclaim writes
+    pressure_cpu_budget: float = 1.0
     idle_cpu_budget: float = 1.0  # when the host's CPUs are not contended (CPU PSI)
     cpu_busy_psi: float = 10.0  # /proc/pressure/cpu some avg10, %: at or above, CPUs are busy
     pressure_psi: float = 10.0  # host memory PSI some avg10, %
@@ -374,7 +376,7 @@ class Scheduler:
             if spent >= budget or self.stopping:
                 break
             act = self._compress(v, targets[v.name].cgroup, b, budget - spent)
-            spent += act.wall
+            spent += act.cpu
             actions.append(act)
 
         report = TickReport(
@@ -448,7 +450,7 @@ class Scheduler:
         mem, wall, cpu, requested, chunks = mem_before, 0.0, 0.0, 0, 0
         result = "budget"
         try:
-            while wall < budget:
+            while cpu < budget:
                 why = self._still_wanted(v.name, v.generation)
                 if why:
                     result = f"stopped:{why}"
@@ -472,7 +474,7 @@ class Scheduler:
                 if not full:
                     result = "done"
                     break
-                self._rest(dt * (1 - b) / b, v.name, v.generation)
+                self._rest(dc / b - dt, v.name, v.generation)
         except errors.AzswapError as e:
             result = f"error:{e}"
         with self._lock:

@@ -12,8 +12,8 @@ The control law, per sandbox:
 
 * History: the lengths of its last ``history`` waits (llm-wait hint -> tool hint), and how long
   its last prefetches took.  A sandbox with fewer than ``min_samples`` waits borrows the fleet's
-  waits (every sandbox's, most recent first), so a new sandbox of a known workload is predicted
-  from its first wait on.
+  (every sandbox's, most recent first), so a new sandbox of a known workload is predicted from
+  its first wait on; with fewer than that in the whole fleet nothing is predicted.
 * Lead: a prefetch must start ``lead`` seconds before the wait ends to be done in time:
   ``lead_factor`` x the median of its recent prefetch times + ``lead_pad`` (``default_lead``
   before it has one), at most ``max_lead``; on a busy host (CPU pressure) prefetches run slower,
@@ -28,16 +28,18 @@ The control law, per sandbox:
   If no such e exists (the history says nothing about waits this long), the planner does not
   fire: the tool hint then prefetches in parallel with the tool, as before any learning.
 * Recompress: a wait that is still going ``recompress_after`` seconds after a prefetch finished
-  was longer than predicted: the scheduler may compress the sandbox again, and the planner
-  looks for the next fire time from the current age (the hazard conditioned on the longer
-  wait).
-* Adaptation, per sandbox, from the outcome of each wait: a tool hint that came before the
-  prefetch had finished ("late": the tool paid for it) lowers the threshold, so the next
-  prefetch starts earlier; a prefetch that had to be followed by a recompress ("early": memory
-  was held for nothing) raises it.  The threshold stays in [threshold_min, threshold_max].
-* Never worse than compressing blind: without a prediction (no history, or no fire time) the
-  tool hint starts the prefetch at once, and the scheduler never compresses during a tool
-  phase.
+  was longer than predicted.  If the history says it will probably go on for a while yet (the
+  median remaining wait of the longer ones, at least ``recompress_min_remaining`` seconds), the
+  scheduler may compress the sandbox again and the planner looks for the next fire time from
+  the current age (at most ``max_fires`` prefetches a wait); otherwise the working set stays.
+* Outcomes, per sandbox: a *hit* (the prefetch finished before the tool hint and was not
+  followed by a recompress), *late* (the tool hint came first: the tool paid for the rest),
+  *early* (followed by a recompress: memory was held for nothing).  An early prefetch raises
+  the sandbox's threshold (the next one fires later), a hit relaxes it back.  A sandbox whose
+  last ``judge_waits`` planned waits hit less than ``min_hit_rate`` of the time is not
+  predicted for the next ``pause_waits`` waits: its prefetch comes with the tool hint.
+* Never worse than compressing blind: without a prediction the tool hint starts the prefetch at
+  once, and the scheduler never compresses during a tool phase.
 """
 
 from __future__ import annotations
@@ -54,12 +56,17 @@ from controlplane import errors
 class PlanConfig:
     history: int = 32  # waits kept per sandbox
     fleet_history: int = 128  # waits kept for the whole fleet
-    min_samples: int = 3  # own waits needed before the fleet's are no longer used
-    threshold: float = 0.3  # hazard at which the prefetch starts
-    threshold_min: float = 0.05
+    min_samples: int = 5  # waits needed to predict (own, else the fleet's)
+    threshold: float = 0.5  # hazard at which the prefetch starts
+    threshold_min: float = 0.2
     threshold_max: float = 0.8
-    late_factor: float = 0.7  # threshold x this after a late prefetch
     early_factor: float = 1.15  # threshold x this after a recompress
+    relax_factor: float = 0.95  # threshold x this (down to `threshold`) after a hit
+    max_fires: int = 2  # planned prefetches per wait
+    recompress_min_remaining: float = 3.0  # median remaining wait needed to compress again
+    judge_waits: int = 8  # planned waits an outcome score looks back on
+    min_hit_rate: float = 0.25  # below it (over judge_waits), the sandbox is not predicted...
+    pause_waits: int = 8  # ...for this many waits
     default_lead: float = 0.5  # seconds, before any prefetch was timed
     lead_factor: float = 1.5
     lead_pad: float = 0.05
@@ -73,6 +80,10 @@ class PlanConfig:
             raise errors.InvalidValue("history sizes must be >= 1")
         if not 0 < self.threshold_min <= self.threshold <= self.threshold_max <= 1:
             raise errors.InvalidValue("need 0 < threshold_min <= threshold <= threshold_max <= 1")
+        if self.max_fires < 1 or self.judge_waits < 1 or self.pause_waits < 0:
+            raise errors.InvalidValue("max_fires and judge_waits must be >= 1, pause_waits >= 0")
+        if not 0 <= self.min_hit_rate <= 1 or self.recompress_min_remaining < 0:
+            raise errors.InvalidValue("min_hit_rate in [0, 1], recompress_min_remaining >= 0")
         if self.step <= 0 or self.default_lead < 0 or self.max_lead <= 0:
             raise errors.InvalidValue("step and max_lead must be > 0, default_lead >= 0")
         if self.recompress_after < 0:
@@ -109,17 +120,22 @@ def fire_time(waits: list[float], since: float, lead: float, threshold: float,
 class SandboxPlan:
     waits: deque[float]
     prefetch_s: deque[float] = field(default_factory=lambda: deque(maxlen=8))
-    threshold: float = 0.3
-    # the wait in progress (None when not waiting)
+    outcomes: deque[str] = field(default_factory=lambda: deque(maxlen=8))
+    threshold: float = 0.5
+    paused: int = 0  # waits left without prediction
+    # the wait in progress (wait_start None when not waiting)
     wait_start: float | None = None
     fire_at: float | None = None  # absolute time of the planned prefetch
+    fires: int = 0  # planned prefetches in this wait
     prefetching: bool = False
     prefetched_at: float | None = None  # end of this wait's last prefetch
     recompress_at: float | None = None
-    recompressed: bool = False
-    # outcomes, for the stats and for adaptation
+    recompressed: bool = False  # compressed again, no prefetch planned since
+    went_on: bool = False  # this wait was compressed again after a prefetch
+    # counts, for the stats
     waits_seen: int = 0
     fired: int = 0
+    hits: int = 0
     late: int = 0
     early: int = 0
     on_hint: int = 0
@@ -150,7 +166,9 @@ class WaitPlanner:
     def _get(self, name: str) -> SandboxPlan:
         sp = self._sb.get(name)
         if sp is None:
-            sp = SandboxPlan(deque(maxlen=self.config.history), threshold=self.config.threshold)
+            c = self.config
+            sp = SandboxPlan(deque(maxlen=c.history), threshold=c.threshold,
+                             outcomes=deque(maxlen=c.judge_waits))
             self._sb[name] = sp
         return sp
 
@@ -170,18 +188,25 @@ class WaitPlanner:
         return min(lead, c.max_lead)
 
     def samples(self, name: str) -> list[float]:
-        sp = self._get(name)
-        if len(sp.waits) >= self.config.min_samples:
+        """The waits a prediction for ``name`` rests on (empty: too few to predict)."""
+        c, sp = self.config, self._get(name)
+        if len(sp.waits) >= c.min_samples:
             return list(sp.waits)
-        return list(sp.waits) + list(self._fleet)[-self.config.history:]
+        if len(self._fleet) >= c.min_samples:
+            return list(sp.waits) + list(self._fleet)[-c.history:]
+        return []
 
     def wait_started(self, name: str, now: float) -> float | None:
         """An llm-wait hint: plan this wait's prefetch; returns its absolute time or None."""
         sp = self._get(name)
-        sp.wait_start, sp.prefetching = now, False
+        sp.wait_start, sp.prefetching, sp.fires = now, False, 0
         sp.prefetched_at = sp.recompress_at = None
-        sp.recompressed = False
-        sp.fire_at = self._plan(name, 0.0)
+        sp.recompressed = sp.went_on = False
+        if sp.paused > 0:
+            sp.paused -= 1
+            sp.fire_at = None
+        else:
+            sp.fire_at = self._plan(name, 0.0)
         return sp.fire_at
 
     def _plan(self, name: str, since: float) -> float | None:
@@ -191,10 +216,27 @@ class WaitPlanner:
                        self.config.step)
         return None if at is None else sp.wait_start + at
 
+    def _outcome(self, sp: SandboxPlan, what: str) -> None:
+        c = self.config
+        sp.outcomes.append(what)
+        if what == "hit":
+            sp.hits += 1
+            sp.threshold = max(c.threshold, sp.threshold * c.relax_factor)
+        elif what == "late":
+            sp.late += 1
+        else:
+            sp.early += 1
+            sp.threshold = min(c.threshold_max, sp.threshold * c.early_factor)
+        if len(sp.outcomes) >= c.judge_waits:
+            rate = sum(o == "hit" for o in sp.outcomes) / len(sp.outcomes)
+            if rate < c.min_hit_rate:
+                sp.paused = c.pause_waits
+                sp.outcomes.clear()
+
     def tool_started(self, name: str, now: float) -> ToolStart:
         """A tool hint: learn the wait's length and the plan's outcome; say whether to
         prefetch now."""
-        c, sp = self.config, self._get(name)
+        sp = self._get(name)
         if sp.wait_start is None:  # a tool hint without a wait before it: nothing to learn
             return ToolStart(True, "no-prediction", None)
         wait = max(0.0, now - sp.wait_start)
@@ -203,8 +245,6 @@ class WaitPlanner:
         sp.waits_seen += 1
         if sp.prefetching:
             out = ToolStart(False, "in-flight", wait)
-            sp.late += 1
-            sp.threshold = max(c.threshold_min, sp.threshold * c.late_factor)
         elif sp.prefetched_at is not None and not sp.recompressed:
             out = ToolStart(False, "predicted", wait)
         else:
@@ -212,9 +252,12 @@ class WaitPlanner:
                       "not-fired" if sp.fire_at is not None else "no-prediction")
             out = ToolStart(True, reason, wait)
             sp.on_hint += 1
-            if reason == "not-fired":
-                sp.late += 1
-                sp.threshold = max(c.threshold_min, sp.threshold * c.late_factor)
+        if sp.went_on:
+            self._outcome(sp, "early")
+        elif out.reason in ("in-flight", "not-fired"):
+            self._outcome(sp, "late")
+        elif out.reason == "predicted":
+            self._outcome(sp, "hit")
         sp.wait_start = sp.fire_at = sp.recompress_at = sp.prefetched_at = None
         sp.prefetching = False
         return out
@@ -230,6 +273,7 @@ class WaitPlanner:
         sp.fire_at = None
         sp.prefetching = True
         sp.fired += 1
+        sp.fires += 1
 
     def prefetch_done(self, name: str, seconds: float, now: float) -> None:
         """A planned prefetch finished after ``seconds``."""
@@ -239,7 +283,13 @@ class WaitPlanner:
             return  # the wait ended meanwhile (tool_started counted it late)
         sp.prefetching = False
         sp.prefetched_at = now
-        sp.recompress_at = now + self.config.recompress_after
+        if sp.fires < self.config.max_fires:
+            sp.recompress_at = now + self.config.recompress_after
+
+    def remaining(self, name: str, age: float) -> float | None:
+        """The median remaining wait of the recorded waits longer than ``age``."""
+        longer = [w - age for w in self.samples(name) if w > age]
+        return statistics.median(longer) if longer else None
 
     # -- the clock --------------------------------------------------------------------------
 
@@ -255,11 +305,14 @@ class WaitPlanner:
                 out.append((name, Action.PREFETCH))
                 continue
             if sp.recompress_at is not None and now >= sp.recompress_at:
-                sp.recompress_at = sp.prefetched_at = None
-                sp.recompressed = True
-                sp.early += 1
-                sp.threshold = min(c.threshold_max, sp.threshold * c.early_factor)
-                sp.fire_at = self._plan(name, now - sp.wait_start)
+                sp.recompress_at = None
+                age = now - sp.wait_start
+                left = self.remaining(name, age)
+                if left is None or left < c.recompress_min_remaining:
+                    continue  # probably ending soon: keep the working set
+                sp.prefetched_at = None
+                sp.recompressed = sp.went_on = True
+                sp.fire_at = self._plan(name, age)
                 if sp.fire_at is not None:
                     sp.recompressed = False  # another prefetch is planned for this wait
                 out.append((name, Action.RECOMPRESS))
@@ -281,7 +334,9 @@ class WaitPlanner:
             "lead_s": round(self.lead(name), 3),
             "fire_in_s": None if sp.fire_at is None else round(sp.fire_at - now, 3),
             "prefetching": sp.prefetching,
+            "paused": sp.paused,
             "fired": sp.fired,
+            "hits": sp.hits,
             "late": sp.late,
             "early": sp.early,
             "on_hint": sp.on_hint,

@@ -3,8 +3,8 @@ Python wheel (what it holds, and that it runs from a fresh venv)."""
 
 from __future__ import annotations
 
-import os
 import lzma
+import os
 import shutil
 import subprocess
 import sys

@@ -396,7 +396,7 @@ def test_prefetch_before_the_predicted_end_of_a_wait_and_not_again_on_the_hint(
     fm = FakeModule(tmp_path / "cg")
     pf = RecordingPrefetcher()
     clock = FakeClock()
-    cfg = config(tmp_path, plan=PlanConfig(default_lead=0.5, step=0.01))
+    cfg = config(tmp_path, plan=PlanConfig(min_samples=3, default_lead=0.5, step=0.01))
     d = Daemon(cfg, module_factory=lambda: fm, prefetcher=pf, clock=clock)
     d._plan_loop = lambda: None  # type: ignore[method-assign]  # the test calls plan_tick()
     d.start()
@@ -407,8 +407,7 @@ def test_prefetch_before_the_predicted_end_of_a_wait_and_not_again_on_the_hint(
     try:
         with DaemonClient(d.config.socket_path) as c:
             c.register("a", "/sb/a", 1)
-            # three waits of 3 s: the first predicts nothing, the plans of the next two are
-            # never acted on (no plan_tick): each tool hint prefetches
+            # three waits of 3 s: too few to predict, each tool hint prefetches
             for n in range(1, 4):
                 c.phase("a", "llm-wait")
                 clock.advance(3.0)
@@ -434,7 +433,7 @@ def test_prefetch_before_the_predicted_end_of_a_wait_and_not_again_on_the_hint(
             c.phase("a", "tool")
             time.sleep(0.2)
             assert restores() == 4  # the working set is already back
-            assert plan()["late"] == 2 and plan()["waits"] == 4
+            assert plan()["hits"] == 1 and plan()["waits"] == 4
     finally:
         d.stop()
 

@@ -379,3 +379,15 @@ def test_idle_cpus_lift_the_budget(tmp_path: Path, clock: FakeClock) -> None:
     (r.proc / "pressure" / "cpu").write_text("some avg10=1.00 avg60=0.00 avg300=0.00 total=0\n")
     clock.advance(1.0)
     assert r.sched.tick().budget == pytest.approx(1.0)
+
+
+def test_a_write_starved_of_cpu_needs_no_rest(tmp_path: Path, clock: FakeClock) -> None:
+    # the reclaim got a quarter of the CPU while it ran (busier threads first): at a budget of
+    # 0.25 it already kept to it, so no rest follows
+    r = Rig(tmp_path, clock, grace=0.0, cpu_budget=0.25, cpu_clock=lambda: clock() / 4)
+    r.hint("sb0", Phase.LLM_WAIT)
+    rep = r.sched.tick()
+    (act,) = rep.actions
+    assert act.chunks > 1 and act.cpu == pytest.approx(act.wall / 4)
+    assert not [s for s in clock.sleeps if s > 1e-9]
+    assert rep.spent == pytest.approx(act.cpu) and rep.spent <= rep.budget + 1e-9

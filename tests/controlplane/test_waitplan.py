@@ -8,6 +8,14 @@ from controlplane import errors
 from controlplane.waitplan import Action, PlanConfig, WaitPlanner, fire_time
 
 
+def quick(**kw: object) -> PlanConfig:
+    """Few samples suffice and the default threshold: the tests' small histories."""
+    base: dict[str, object] = dict(min_samples=3, threshold=0.3, threshold_min=0.05,
+                                   default_lead=0.5, step=0.01)
+    base.update(kw)
+    return PlanConfig(**base)  # type: ignore[arg-type]
+
+
 def cycle(p: WaitPlanner, name: str, t: float, wait: float, took: float = 0.3) -> float:
     """One wait of ``wait`` seconds from ``t``, driven as the daemon drives it (a planned
     prefetch that fits in the wait takes ``took`` s); returns when the next one may start."""
@@ -47,7 +55,7 @@ def test_no_history_means_prefetch_on_the_tool_hint() -> None:
 
 
 def test_predicted_wait_prefetches_before_the_end_and_not_again_on_the_hint() -> None:
-    p = WaitPlanner(PlanConfig(default_lead=0.5, step=0.01))
+    p = WaitPlanner(quick())
     t = 0.0
     for _ in range(3):
         t = cycle(p, "a", t, 3.0)
@@ -60,11 +68,12 @@ def test_predicted_wait_prefetches_before_the_end_and_not_again_on_the_hint() ->
     p.prefetch_done("a", 0.2, at + 0.2)
     start = p.tool_started("a", t + 3.0)
     assert not start.prefetch and start.reason == "predicted"
-    assert p.snapshot("a", t + 3.0)["fired"] == 3  # the 2nd and 3rd waits used the fleet's
+    snap = p.snapshot("a", t + 3.0)
+    assert snap["fired"] == 1 and snap["hits"] == 1  # the first three waits: too few samples
 
 
 def test_a_new_sandbox_is_predicted_from_the_fleet() -> None:
-    p = WaitPlanner(PlanConfig(default_lead=0.5, step=0.01))
+    p = WaitPlanner(quick())
     t = 0.0
     for name in ("a", "b", "c"):
         t = cycle(p, name, t, 4.0)
@@ -72,8 +81,7 @@ def test_a_new_sandbox_is_predicted_from_the_fleet() -> None:
 
 
 def test_a_wait_longer_than_predicted_is_compressed_again_and_predicted_anew() -> None:
-    c = PlanConfig(default_lead=0.5, step=0.01, recompress_after=1.0, threshold=0.3)
-    p = WaitPlanner(c)
+    p = WaitPlanner(quick(recompress_after=1.0, recompress_min_remaining=3.0))
     t = 0.0
     for w in (1.0, 1.0, 1.0, 10.0, 10.0):
         t = cycle(p, "a", t, w)
@@ -83,43 +91,86 @@ def test_a_wait_longer_than_predicted_is_compressed_again_and_predicted_anew() -
     p.prefetch_started("a")
     p.prefetch_done("a", 0.1, at + 0.1)
     assert p.due(at + 0.5) == []
-    # one second after the prefetch the wait is still on: compress again, plan near 10 s
+    # one second after the prefetch the wait is still on, and the longer waits went on for
+    # 8 s more: compress again, plan near 10 s
     assert p.due(at + 1.2) == [("a", Action.RECOMPRESS)]
-    assert p.snapshot("a", at + 1.2)["early"] == 1
     nxt = p.next_due()
     assert nxt is not None and t + 9.0 < nxt < t + 10.0
     assert p.due(nxt) == [("a", Action.PREFETCH)]
     p.prefetch_started("a")
     p.prefetch_done("a", 0.1, nxt + 0.1)
+    assert p.due(nxt + 5.0) == []  # max_fires (2): no more recompress in this wait
     assert p.tool_started("a", t + 10.0).reason == "predicted"
+    assert p.snapshot("a", t)["early"] == 1  # two prefetches for one wait
 
 
-def test_late_prefetches_move_the_next_one_earlier() -> None:
-    c = PlanConfig(default_lead=0.5, step=0.01, threshold=0.5, late_factor=0.5)
-    p = WaitPlanner(c)
+def test_a_wait_about_to_end_keeps_its_working_set() -> None:
+    p = WaitPlanner(quick(recompress_after=1.0, recompress_min_remaining=3.0))
     t = 0.0
-    for w in (2.0, 3.0, 4.0):
+    for w in (1.0, 1.0, 1.0, 3.0, 3.0):
         t = cycle(p, "a", t, w)
-    first = p.wait_started("a", t)
-    assert first is not None
-    # the tool hint comes while the prefetch is still running: the tool paid for it
-    p.due(first)
+    at = p.wait_started("a", t)
+    assert at is not None and p.due(at) == [("a", Action.PREFETCH)]
     p.prefetch_started("a")
-    start = p.tool_started("a", first + 0.1)
+    p.prefetch_done("a", 0.1, at + 0.1)
+    # still waiting after 1.6 s, but the longer waits ended 1.4 s later: no recompress
+    assert p.due(at + 1.2) == [] and p.next_due() is None
+    assert p.tool_started("a", t + 3.0).reason == "predicted"
+
+
+def test_early_prefetches_move_the_next_one_later_and_hits_relax_it() -> None:
+    p = WaitPlanner(quick(threshold=0.3, early_factor=2.0, relax_factor=0.5,
+                          recompress_min_remaining=0.0))
+    t = 0.0
+    for w in (1.0, 1.0, 1.0, 10.0, 10.0):
+        t = cycle(p, "a", t, w)
+    at = p.wait_started("a", t)
+    assert at is not None and p.due(at) == [("a", Action.PREFETCH)]
+    p.prefetch_started("a")
+    p.prefetch_done("a", 0.1, at + 0.1)
+    assert p.due(at + 2.0) == [("a", Action.RECOMPRESS)]
+    p.tool_started("a", t + 10.0)  # not re-fired in time: the wait was a long one
+    snap = p.snapshot("a", t)
+    assert snap["threshold"] == pytest.approx(0.6)  # early: fire later next time
+    t += 11.0
+    cycle(p, "a", t, 10.0)  # a hit: the long waits are predicted now
+    assert p.snapshot("a", t)["threshold"] == pytest.approx(0.3)
+
+
+def test_a_sandbox_whose_predictions_miss_is_left_to_the_hint() -> None:
+    p = WaitPlanner(quick(judge_waits=4, min_hit_rate=0.5, pause_waits=3))
+    t = 0.0
+    for _ in range(3):
+        t = cycle(p, "a", t, 3.0)
+    for _ in range(4):  # every tool hint comes before the planned prefetch
+        assert p.wait_started("a", t) is not None
+        assert p.tool_started("a", t + 0.6).reason == "not-fired"
+        t += 2.0
+    assert p.snapshot("a", t)["paused"] == 3
+    for _ in range(3):
+        assert p.wait_started("a", t) is None
+        assert p.tool_started("a", t + 3.0).reason == "no-prediction"
+        t += 4.0
+    assert p.wait_started("a", t) is not None  # tried again
+
+
+def test_late_prefetch_is_timed_and_counted_once() -> None:
+    p = WaitPlanner(quick())
+    t = 0.0
+    for _ in range(3):
+        t = cycle(p, "a", t, 3.0)
+    first = p.wait_started("a", t)
+    assert first is not None and p.due(first) == [("a", Action.PREFETCH)]
+    p.prefetch_started("a")
+    start = p.tool_started("a", first + 0.1)  # while the prefetch runs: the tool paid for it
     assert not start.prefetch and start.reason == "in-flight"
+    p.prefetch_done("a", 1.0, first + 1.0)
     assert p.snapshot("a", first)["late"] == 1
-    p.prefetch_done("a", 0.3, first + 0.3)  # after the hint: timed, not counted again
-    assert p.snapshot("a", first)["late"] == 1
-    t = first + 5.0
-    second = p.wait_started("a", t)
-    # a lower threshold: the hazard is reached at an earlier age than with the old one
-    assert p.snapshot("a", t)["threshold"] == pytest.approx(0.25)
-    old = fire_time(p.samples("a"), 0.0, p.lead("a"), 0.5, 0.01)
-    assert second is not None and old is not None and second - t < old
+    assert p.lead("a") > 0.5  # the slow prefetch moves the next one earlier
 
 
 def test_a_hint_before_the_planned_time_prefetches_at_once_and_counts_late() -> None:
-    p = WaitPlanner(PlanConfig(default_lead=0.5, step=0.01))
+    p = WaitPlanner(quick())
     t = 0.0
     for _ in range(3):
         t = cycle(p, "a", t, 3.0)
@@ -140,8 +191,18 @@ def test_lead_follows_the_measured_prefetch_time_and_the_host_load() -> None:
     assert p.lead("a") == pytest.approx(1.3)
 
 
+def test_too_few_waits_predict_nothing() -> None:
+    p = WaitPlanner(PlanConfig(min_samples=5))
+    t = 0.0
+    for name in ("a", "b", "c", "d"):
+        t = cycle(p, name, t, 3.0)
+    assert p.wait_started("e", t) is None
+    p.tool_started("e", t + 3.0)
+    assert p.wait_started("f", t + 5.0) is not None  # five in the fleet now
+
+
 def test_other_phases_end_the_plan() -> None:
-    p = WaitPlanner(PlanConfig(default_lead=0.5, step=0.01))
+    p = WaitPlanner(quick())
     t = 0.0
     for _ in range(3):
         t = cycle(p, "a", t, 3.0)
@@ -152,7 +213,8 @@ def test_other_phases_end_the_plan() -> None:
 
 @pytest.mark.parametrize("bad", [
     dict(history=0), dict(threshold=0.0, threshold_min=0.0), dict(threshold=0.9),
-    dict(step=0.0), dict(max_lead=0.0), dict(recompress_after=-1.0),
+    dict(step=0.0), dict(max_lead=0.0), dict(recompress_after=-1.0), dict(max_fires=0),
+    dict(min_hit_rate=1.5),
 ])
 def test_bad_config_is_refused(bad: dict) -> None:
     with pytest.raises(errors.InvalidValue):
