@@ -266,6 +266,7 @@ class Box:
     traj: list[Cycle]
     tool_s: list[float] = field(default_factory=list)
     majflt: list[int] = field(default_factory=list)
+    cycles: list[dict[str, Any]] = field(default_factory=list)  # per cycle, for the JSON
     bad: int = 0
     error: str = ""
 
@@ -275,12 +276,12 @@ def _rel(cg: Path) -> str:
 
 
 def start_daemon(args: list[str], timeout: float) -> DaemonProcess:
-    """The shipped daemon, answering and its prefetcher tracing; its log where the host can
-    read it after the guest run ($AZSWAP_OUT/phase-daemon-logs/)."""
+    """The shipped daemon, answering and its prefetcher tracing (unless told not to prefetch);
+    its log where the host can read it after the guest run ($AZSWAP_OUT/phase-daemon-logs/)."""
     logs = Path(os.environ.get("AZSWAP_OUT", tempfile.gettempdir())) / "phase-daemon-logs"
     d = DaemonProcess(*args, log_path=logs / f"daemon-{time.strftime('%H%M%S')}-{os.getpid()}.log")
     try:
-        d.wait_ready(timeout=timeout, tracing=True)
+        d.wait_ready(timeout=timeout, tracing="--no-prefetch" not in args)
     except DaemonError as e:
         with contextlib.suppress(DaemonError):
             d.stop()
@@ -325,7 +326,7 @@ def run_regime(regime: str, host: Host, style: str, cfg: Config, dev: Any,
                rep: int) -> dict[str, Any]:
     from bench.kit import cgroups
     from bench.pagesandbox import PageSandbox
-    from controlplane.scheduler import lower_thread_priority
+    from controlplane.priority import lower_thread_priority
 
     tag = f"{regime[:3]}-{host.name[:4]}-{style}-{rep}"
     parent = BENCH_CG / tag
@@ -411,6 +412,9 @@ def run_regime(regime: str, host: Host, style: str, cfg: Config, dev: Any,
                     r = b.sb.touch(c.hot, write_every=8, units=max(round(c.work_s * rate), 1))
                     b.tool_s.append(time.monotonic() - t0)
                     b.majflt.append(int(r["majflt"]))
+                    b.cycles.append({"wait_s": round(c.wait_s, 3), "work_s": round(c.work_s, 3),
+                                     "hot": len(c.hot), "tool_s": round(b.tool_s[-1], 4),
+                                     "majflt": int(r["majflt"]), "t": round(t0, 3)})
                     b.bad += int(r["bad"])
                 if client is not None:
                     client.phase(b.name, "idle")
@@ -453,8 +457,11 @@ def run_regime(regime: str, host: Host, style: str, cfg: Config, dev: Any,
         out["template_mib"] = (round(statistics.fmean(template_mem) / MiB, 2)
                                if template_mem else 0.0)
         out["pgmajfault"] = sum(cgroups.stat(b.cg).get("pgmajfault", 0) for b in boxes)
+        out["cycles"] = {b.name: b.cycles for b in boxes}
         if daemon is not None:
+            out["daemon"]["cpu_s"] = daemon.cpu_seconds()
             pf = [e for e in events if e.get("event") == "prefetch"]
+            out["daemon"]["planned"] = sum(bool(e.get("planned")) for e in pf)
             out["daemon"]["prefetch_events"] = len(pf)
             pages = [(e.get("result") or {}).get("prefetched_pages", 0) for e in pf]
             out["daemon"]["prefetched_pages"] = sum(p for p in pages if isinstance(p, int))

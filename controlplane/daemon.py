@@ -46,9 +46,10 @@ from controlplane import errors, metrics, restore
 from controlplane.abi import MAX_LOAD_PAGES, Phase, validate_group
 from controlplane.cgroup import CGROUP_ROOT, PROC_ROOT, host_memory, normalize
 from controlplane.phase import PhaseConfig, PhaseModel
+from controlplane.priority import lower_thread_priority
 from controlplane.registry import RUN_DIR, ModuleBackend, Registry, Sandbox, state_path
 from controlplane.restore import NoopPrefetcher, Prefetcher, load_prefetcher
-from controlplane.scheduler import Scheduler, SchedulerConfig, Target, lower_thread_priority
+from controlplane.scheduler import Scheduler, SchedulerConfig, Target
 from controlplane.sysfs import SYS_BLOCK, Device
 from controlplane.waitplan import Action, PlanConfig, WaitPlanner
 

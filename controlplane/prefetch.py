@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from controlplane import cgroup
+from controlplane.priority import lower_thread_priority
 from ebpf.events import PAGE_SIZE, FaultEvent, FaultRecords
 
 log = logging.getLogger("azswap.prefetch")
@@ -294,6 +295,8 @@ class PrefetchConfig:
     # probe_every-th restore uses willneed and shows which of them the tool really touches.
     method: str = "populate"
     probe_every: int = 4
+    poll_s: float = 0.25  # events are taken from the ring buffer this often
+    poll_nice: int = 19  # nice of the thread that turns them into records
 
 
 @dataclass
@@ -643,9 +646,14 @@ class Prefetcher:
         self._thread.start()
 
     def _poll_loop(self) -> None:
-        while not self._stop.is_set():
+        """Learning is bookkeeping, never urgent: the events are taken in batches every
+        ``poll_s`` seconds (no wake-up per fault) by a thread at nice ``poll_nice``, so that
+        during a tool phase the sandboxes' own work gets the CPU first (under TCG, turning each
+        event into a record costs about as much as the fault it describes)."""
+        lower_thread_priority(self.cfg.poll_nice)
+        while not self._stop.wait(self.cfg.poll_s):
             try:
-                evs = self.tracer.poll(100)
+                evs = self.tracer.drain()
             except Exception as e:  # keep the daemon alive; say why prefetch stopped learning
                 self.status = f"event polling stopped: {e}"
                 log.warning("prefetch: %s", self.status)
@@ -673,7 +681,9 @@ def make_prefetcher() -> Prefetcher:
     empty history and says so in its result."""
     from ebpf.tracer import PHASE_CODES, FaultTracer
 
-    tracer = FaultTracer()
+    # a ring buffer that holds a few tool phases' faults (~16k events per MiB): the consumer
+    # runs at a low priority and may fall behind while tools run
+    tracer = FaultTracer(ringbuf_pages=512)
     p = Prefetcher(tracer=None)
     p.status = "tracer starting"
 

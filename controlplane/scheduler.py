@@ -46,7 +46,6 @@ tree.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -58,6 +57,7 @@ from controlplane import errors
 from controlplane.abi import Codec, Phase
 from controlplane.cgroup import PROC_ROOT, Cgroup, HostMemory, host_memory
 from controlplane.phase import PhaseModel, PhaseView
+from controlplane.priority import lower_thread_priority
 
 log = logging.getLogger("azswap.scheduler")
 
@@ -96,17 +96,6 @@ class SchedulerConfig:
             raise errors.InvalidValue("chunk must be at least one page")
         if self.interval <= 0 or self.grace < 0 or self.idle_grace < 0:
             raise errors.InvalidValue("interval must be > 0 and grace periods >= 0")
-
-
-def lower_thread_priority(nice: int) -> None:
-    """Raise the calling thread's nice by ``nice`` (Linux: nice is per thread).  Best effort."""
-    if nice <= 0:
-        return
-    try:
-        tid = threading.get_native_id()
-        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + nice))
-    except OSError as e:
-        log.info("cannot lower the scheduler's priority: %s", e)
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ prefetcher's fault tracer is attached: BPF compiles in tens of seconds under TCG
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import subprocess
 import sys
@@ -54,6 +55,11 @@ class DaemonProcess:
         rc = self.proc.poll()
         if rc is not None:
             raise DaemonError(f"the daemon exited with status {rc}:\n{self.log_tail()}")
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU time the daemon (all its threads) has used so far."""
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return round((int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), 2)
 
     def client(self, timeout: float = 30.0) -> Any:
         from controlplane.client import DaemonClient

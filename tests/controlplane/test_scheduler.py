@@ -298,7 +298,7 @@ def test_scheduler_thread_runs_at_lower_priority() -> None:
     import os
     import threading
 
-    from controlplane.scheduler import lower_thread_priority
+    from controlplane.priority import lower_thread_priority
 
     seen: list[int] = []
 
