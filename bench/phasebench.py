@@ -237,8 +237,8 @@ BENCH_CG = CGROOT / "azphase"
 
 @dataclass
 class Config:
-    cycles: int = 6
-    warmup: int = 1
+    cycles: int = 10
+    warmup: int = 3
     hot: float = 0.25
     wait_scale: float = 1.0
     interval: float = 0.25
@@ -554,8 +554,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pages", type=int, default=4096, help="pages per sandbox, idle host")
     ap.add_argument("--loaded-pages", type=int, default=2048, help="pages per sandbox, loaded")
     ap.add_argument("--hot", type=float, default=0.25, help="fraction touched per tool phase")
-    ap.add_argument("--cycles", type=int, default=6, help="LLM waits and tool phases per sandbox")
-    ap.add_argument("--warmup", type=int, default=1, help="cycles left out of tool latency")
+    ap.add_argument("--cycles", type=int, default=10,
+                    help="LLM waits and tool phases per sandbox")
+    ap.add_argument("--warmup", type=int, default=3,
+                    help="first cycles left out of tool latency (every regime alike: the "
+                         "daemon learns the waits and working sets in them)")
     ap.add_argument("--wait-scale", type=float, default=1.0,
                     help="factor on every LLM wait (below 1: a quicker, easier run)")
     ap.add_argument("--interval", type=float, default=0.25, help="aggressive: reclaim period")

@@ -80,7 +80,11 @@ class DaemonConfig:
     phase: PhaseConfig = field(default_factory=PhaseConfig)
     plan: PlanConfig = field(default_factory=PlanConfig)
     predict: bool = True  # prefetch before the predicted end of each wait (else on the hint)
-    hint_prefetch_nice: int = 5  # nice of a prefetch racing a running tool
+    # on a tool hint that found nothing prefetched in the wait: prefetch beside the tool (at
+    # this nice), or let the tool fault its pages in.  Off: measured in the phase benchmark, a
+    # prefetch racing the tool made it slower than faulting alone (CPU, pages it never used)
+    hint_prefetch: bool = False
+    hint_prefetch_nice: int = 5
 
 
 
@@ -406,11 +410,13 @@ class Daemon:
         self._plan_wake.set()
         if phase != Phase.TOOL:
             restore.phase_changed(self.prefetcher, sb, phase.label)
-        elif start is not None and start.prefetch:
+        elif start is not None and start.prefetch and self.config.hint_prefetch:
             # nothing brought the working set back in this wait: fetch it beside the tool
             threading.Thread(
                 target=self._restore, args=(sb, False), name=f"prefetch-{sb.name}", daemon=True
             ).start()
+        elif start is not None and start.prefetch and start.reason != "recompressed":
+            restore.phase_changed(self.prefetcher, sb, phase.label)  # learn this tool phase
         # else: the planned prefetch is done or in flight (and told the prefetcher that the
         # tool phase began: a second phase change would hide the tool's faults from learning)
         out: dict[str, Any] = {

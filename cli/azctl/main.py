@@ -478,6 +478,12 @@ def policy_set(ctx: click.Context, assignments: tuple[str, ...], as_json: bool) 
 @click.option("--no-policy", is_flag=True, help="Never switch the store policy fast/dense.")
 @click.option("--no-prefetch", is_flag=True, help="Do not prefetch sandboxes' working sets.")
 @click.option(
+    "--hint-prefetch",
+    is_flag=True,
+    help="On a tool hint that found nothing prefetched in its wait, prefetch beside the tool "
+    "(default: the tool faults its pages in; a racing prefetch measured slower).",
+)
+@click.option(
     "--no-predict",
     is_flag=True,
     help="Prefetch on the tool hint only, instead of before the end of each LLM wait as "
@@ -501,6 +507,7 @@ def daemon(
     interval: float,
     no_policy: bool,
     no_prefetch: bool,
+    hint_prefetch: bool,
     no_predict: bool,
     metrics_port: int | None,
     log_level: str,
@@ -512,7 +519,7 @@ def daemon(
       llm-wait hint  compress the sandbox at once (within the CPU budget);
       before the wait's predicted end (learned from its earlier waits)
                      stop compressing and prefetch its learned working set;
-      tool hint      if nothing was prefetched in this wait, prefetch beside the tool;
+      tool hint      compression stops; pages not prefetched fault back on use;
       no hints       inferred idle (cgroup CPU/PSI) after --idle-grace, compressed too.
     """
     from controlplane.daemon import Daemon, DaemonConfig
@@ -533,6 +540,7 @@ def daemon(
         state_dir=env.state_dir,
         prefetch=not no_prefetch,
         predict=not no_predict,
+        hint_prefetch=hint_prefetch,
         metrics_port=metrics_port,
         scheduler=SchedulerConfig(
             interval=interval,

@@ -365,7 +365,7 @@ def test_prefetcher_is_told_phases_and_restores_on_tool(tmp_path: Path) -> None:
         make_cgroup(tmp_path / "cg", p)
     fm = FakeModule(tmp_path / "cg")
     pf = RecordingPrefetcher()
-    d = Daemon(config(tmp_path), module_factory=lambda: fm, prefetcher=pf)
+    d = Daemon(config(tmp_path, hint_prefetch=True), module_factory=lambda: fm, prefetcher=pf)
     d.start()
     try:
         with DaemonClient(d.config.socket_path) as c:
@@ -380,6 +380,23 @@ def test_prefetcher_is_told_phases_and_restores_on_tool(tmp_path: Path) -> None:
         d.stop()
     assert pf.calls[:2] == [("phase", "a:llm-wait"), ("restore", "a")]
     assert pf.calls[-1] == ("close", "")
+
+
+def test_by_default_an_unpredicted_tool_phase_faults_its_pages_in(tmp_path: Path) -> None:
+    make_cgroup(tmp_path / "cg", "/sb/a")
+    fm = FakeModule(tmp_path / "cg")
+    pf = RecordingPrefetcher()
+    d = Daemon(config(tmp_path), module_factory=lambda: fm, prefetcher=pf)
+    d.start()
+    try:
+        with DaemonClient(d.config.socket_path) as c:
+            c.register("a", "/sb/a", 1)
+            c.phase("a", "llm-wait")
+            c.phase("a", "tool")
+    finally:
+        d.stop()
+    # no prefetch racing the tool; the prefetcher is told the tool phase began, to learn it
+    assert pf.calls == [("phase", "a:llm-wait"), ("phase", "a:tool"), ("close", "")]
 
 
 def _until(cond, what: str, timeout: float = 10.0) -> None:
@@ -407,20 +424,20 @@ def test_prefetch_before_the_predicted_end_of_a_wait_and_not_again_on_the_hint(
     try:
         with DaemonClient(d.config.socket_path) as c:
             c.register("a", "/sb/a", 1)
-            # three waits of 3 s: too few to predict, each tool hint prefetches
-            for n in range(1, 4):
+            # three waits of 3 s: too few to predict, each tool phase faults its pages in
+            for _ in range(3):
                 c.phase("a", "llm-wait")
                 clock.advance(3.0)
                 c.phase("a", "tool")
-                _until(lambda n=n: restores() == n, "the hint's prefetch")
                 clock.advance(1.0)
+            assert restores() == 0 and pf.calls.count(("phase", "a:tool")) == 3
             c.phase("a", "llm-wait")
             clock.advance(2.0)
             d.plan_tick()
-            assert restores() == 3  # not yet: the wait is predicted to end at 3 s
+            assert restores() == 0  # not yet: the wait is predicted to end at 3 s
             clock.advance(0.6)
             d.plan_tick()
-            _until(lambda: restores() == 4, "the planned prefetch")
+            _until(lambda: restores() == 1, "the planned prefetch")
             gen = d.phases.get("a", clock()).generation
             assert d.scheduler.held("a", gen)  # no compression while the set comes back
 
@@ -432,7 +449,8 @@ def test_prefetch_before_the_predicted_end_of_a_wait_and_not_again_on_the_hint(
             clock.advance(0.4)
             c.phase("a", "tool")
             time.sleep(0.2)
-            assert restores() == 4  # the working set is already back
+            assert restores() == 1  # the working set is already back
+            assert pf.calls.count(("phase", "a:tool")) == 3  # the restore began the tool phase
             assert plan()["hits"] == 1 and plan()["waits"] == 4
     finally:
         d.stop()
