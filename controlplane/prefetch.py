@@ -682,8 +682,10 @@ def make_prefetcher() -> Prefetcher:
     from ebpf.tracer import PHASE_CODES, FaultTracer
 
     # a ring buffer that holds a few tool phases' faults (~16k events per MiB): the consumer
-    # runs at a low priority and may fall behind while tools run
-    tracer = FaultTracer(ringbuf_pages=512)
+    # runs at a low priority and may fall behind while tools run.  Only the faults: the
+    # module's load/store tracepoints (per-sandbox counters for `python -m ebpf.faulttrace`)
+    # would run a BPF program for every page the daemon itself compresses.
+    tracer = FaultTracer(module_events="off", ringbuf_pages=512)
     p = Prefetcher(tracer=None)
     p.status = "tracer starting"
 
