@@ -382,7 +382,9 @@ class Daemon:
         self.phases.remove(sb.name)
         self.scheduler.forget(sb.name)
         with self._plan_lock:
+            plan = self.planner.snapshot(sb.name, self.clock())
             self.planner.forget(sb.name)
+        log.info("plan of %s: %s", sb.name, " ".join(f"{k}={v}" for k, v in plan.items()))
         self.publish({"event": "unregister", "name": sb.name, "cgroup_id": sb.cgroup_id})
         return sb.to_dict()
 

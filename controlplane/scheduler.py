@@ -11,10 +11,11 @@ Control law, per tick (every ``interval`` seconds):
    least ``idle_grace`` seconds, or asked for by hand (``compress``); under host pressure the grace
    periods are skipped.  A sandbox in TOOL (or UNKNOWN) phase is never touched.  A sandbox is
    compressed once per wait: it is *done* when memory.reclaim comes up short (EAGAIN: nothing left
-   the kernel can push out) or memory.current reaches ``floor_bytes``; the next phase change
-   re-arms it.  One pass leaves the pages the kernel found on the active list (it deactivates
-   them instead), so a sandbox still waiting ``recheck`` seconds after it was done is compressed
-   again, until a pass frees less than 64 KiB; after that only if it grows by 256 KiB.
+   the kernel can push out) twice in a row, or memory.current reaches ``floor_bytes``; the next
+   phase change re-arms it.  One pass leaves the pages the kernel found on the active list (it
+   deactivates them instead: the second pass takes them), and a sandbox still waiting
+   ``recheck`` seconds after it was done is compressed again, until a pass frees less than
+   64 KiB; after that only if it grows by 256 KiB.
    Candidates are served longest-waiting first (oldest phase start), which is what host
    pressure asks for: the sandbox idle the longest is the coldest.
 4. Work: write ``chunk_bytes`` at a time to the candidate's memory.reclaim.  The reclaim (and so the
@@ -437,6 +438,7 @@ class Scheduler:
                 st.mem_start, st.started_at = mem_before, self.clock()
                 st.total_runs += 1
         mem, wall, cpu, requested, chunks = mem_before, 0.0, 0.0, 0, 0
+        short = 0  # passes in a row that came up short
         result = "budget"
         try:
             while cpu < budget:
@@ -460,7 +462,10 @@ class Scheduler:
                     st.wall, st.cpu = st.wall + dt, st.cpu + dc
                     st.total_requested += chunk
                     st.total_wall, st.total_cpu = st.total_wall + dt, st.total_cpu + dc
-                if not full:
+                # a pass that comes up short deactivated what it found on the active list (the
+                # pages the tool just used) instead of taking it: the next pass takes those
+                short = 0 if full else short + 1
+                if short >= 2:
                     result = "done"
                     break
                 self._rest(dc / b - dt, v.name, v.generation)

@@ -391,3 +391,13 @@ def test_a_write_starved_of_cpu_needs_no_rest(tmp_path: Path, clock: FakeClock) 
     assert act.chunks > 1 and act.cpu == pytest.approx(act.wall / 4)
     assert not [s for s in clock.sleeps if s > 1e-9]
     assert rep.spent == pytest.approx(act.cpu) and rep.spent <= rep.budget + 1e-9
+
+
+def test_a_short_pass_is_followed_by_one_more(tmp_path: Path, clock: FakeClock) -> None:
+    # the kernel deactivates recently used pages on a pass instead of taking them: one more
+    # pass takes them, and two short passes in a row end the run
+    r = Rig(tmp_path, clock, memory=8 * MiB, unreclaimable=2 * MiB, grace=0.0, cpu_budget=1.0,
+            chunk_bytes=16 * MiB)
+    r.hint("sb0", Phase.LLM_WAIT)
+    (act,) = r.sched.tick().actions
+    assert act.result == "done" and act.chunks == 2
