@@ -457,7 +457,7 @@ class Daemon:
         busy = False
         try:
             cpu = host_memory(self.config.proc_root).cpu_psi_some_avg10
-            busy = cpu is not None and cpu >= self.scheduler.config.cpu_busy_psi
+            busy = cpu is not None and cpu >= self.config.plan.busy_psi
         except OSError:
             pass
         with self._plan_lock:

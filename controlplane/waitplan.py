@@ -38,8 +38,11 @@ The control law, per sandbox:
   the sandbox's threshold (the next one fires later), a hit relaxes it back.  A sandbox whose
   last ``judge_waits`` planned waits hit less than ``min_hit_rate`` of the time is not
   predicted for the next ``pause_waits`` waits: its prefetch comes with the tool hint.
-* Never worse than compressing blind: without a prediction the tool hint starts the prefetch at
-  once, and the scheduler never compresses during a tool phase.
+* A host short of CPU (the daemon sets ``busy`` from /proc/pressure/cpu): a prefetch then
+  competes with the running tools for the CPU they lack, so waits that start then are not
+  predicted (``predict_when_busy`` off) and their tools fault their pages in on use.
+* Never worse than compressing blind: without a prediction the tool faults in what it touches,
+  and the scheduler never compresses during a tool phase.
 """
 
 from __future__ import annotations
@@ -72,6 +75,8 @@ class PlanConfig:
     lead_pad: float = 0.05
     max_lead: float = 5.0
     busy_lead_factor: float = 2.0
+    predict_when_busy: bool = False  # under CPU pressure, let tools fault their pages in
+    busy_psi: float = 40.0  # /proc/pressure/cpu some avg10 (%) from which the host is busy
     recompress_after: float = 1.0  # seconds after a finished prefetch with the wait still on
     step: float = 0.05  # resolution of the fire-time search, seconds
 
@@ -139,6 +144,7 @@ class SandboxPlan:
     late: int = 0
     early: int = 0
     on_hint: int = 0
+    busy_waits: int = 0  # waits not predicted because the host was short of CPU
 
 
 @dataclass(frozen=True)
@@ -205,6 +211,9 @@ class WaitPlanner:
         if sp.paused > 0:
             sp.paused -= 1
             sp.fire_at = None
+        elif self.busy and not self.config.predict_when_busy:
+            sp.fire_at = None
+            sp.busy_waits += 1
         else:
             sp.fire_at = self._plan(name, 0.0)
         return sp.fire_at
@@ -340,4 +349,5 @@ class WaitPlanner:
             "late": sp.late,
             "early": sp.early,
             "on_hint": sp.on_hint,
+            "busy_waits": sp.busy_waits,
         }

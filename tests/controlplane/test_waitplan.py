@@ -219,3 +219,22 @@ def test_other_phases_end_the_plan() -> None:
 def test_bad_config_is_refused(bad: dict) -> None:
     with pytest.raises(errors.InvalidValue):
         WaitPlanner(PlanConfig(**bad))
+
+
+def test_no_prediction_while_the_host_is_short_of_cpu() -> None:
+    p = WaitPlanner(quick())
+    t = 0.0
+    for _ in range(3):
+        t = cycle(p, "a", t, 3.0)
+    p.busy = True
+    assert p.wait_started("a", t) is None
+    assert p.tool_started("a", t + 3.0).reason == "no-prediction"
+    assert p.snapshot("a", t)["busy_waits"] == 1
+    p.busy = False
+    assert p.wait_started("a", t + 5.0) is not None
+    q = WaitPlanner(quick(predict_when_busy=True))
+    t = 0.0
+    for _ in range(3):
+        t = cycle(q, "a", t, 3.0)
+    q.busy = True
+    assert q.wait_started("a", t) is not None
