@@ -77,5 +77,13 @@ def session_tracer(ringbuf_pages: int = 32) -> object:
     return tr
 
 
+def release_tracer() -> None:
+    """Close the session's tracer, if one runs (one tracer per host: a daemon's prefetcher
+    needs the place); the next session_tracer() starts it again."""
+    tr = _session.pop("tracer", None)
+    if tr is not None:
+        tr.close()  # type: ignore[attr-defined]
+
+
 def replace_tracer(tr: object) -> None:
     _session["tracer"] = tr

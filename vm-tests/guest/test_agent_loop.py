@@ -35,7 +35,7 @@ LEARN = 5  # waits the daemon sees before it predicts
 
 def test_daemon_prefetches_before_the_predicted_end_of_each_wait() -> None:
     import azswap_guest as ag
-    from swapdev import Cg, session_swap
+    from swapdev import Cg, release_tracer, session_swap
 
     from bench.kit.daemon import DaemonProcess
     from bench.pagesandbox import PageSandbox
@@ -43,6 +43,7 @@ def test_daemon_prefetches_before_the_predicted_end_of_each_wait() -> None:
     kind = session_swap()
     assert kind == "azswap", f"this test needs azswap, the swap device that came up is {kind}"
     ag.assert_azswap_swap()
+    release_tracer()  # the daemon's prefetcher runs the host's one tracer
     cg = Cg("loop")
     sb = PageSandbox(cg.path, NPAGES, 11)
     hot = random.Random(2).sample(range(NPAGES), HOT)
