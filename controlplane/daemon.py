@@ -302,6 +302,7 @@ class Daemon:
         self.planner = WaitPlanner(c.plan)
         self._plan_lock = threading.Lock()
         self._plan_wake = threading.Event()
+        self._wait_gen: dict[str, int] = {}  # sandbox -> phase generation of its last hint
         # loaded in start(), after the module answered: the real prefetcher compiles BPF
         self.prefetcher: Prefetcher = prefetcher if prefetcher is not None else NoopPrefetcher()
         self._load_prefetcher = prefetcher is None
@@ -384,6 +385,7 @@ class Daemon:
         with self._plan_lock:
             plan = self.planner.snapshot(sb.name, self.clock())
             self.planner.forget(sb.name)
+            self._wait_gen.pop(sb.name, None)
         log.info("plan of %s: %s", sb.name, " ".join(f"{k}={v}" for k, v in plan.items()))
         self.publish({"event": "unregister", "name": sb.name, "cgroup_id": sb.cgroup_id})
         return sb.to_dict()
@@ -403,6 +405,7 @@ class Daemon:
         now = self.clock()
         start = None
         with self._plan_lock:
+            self._wait_gen[sb.name] = view.generation
             if phase == Phase.TOOL:
                 start = self.planner.tool_started(sb.name, now)
             elif phase == Phase.LLM_WAIT and self.config.predict:
@@ -412,15 +415,17 @@ class Daemon:
         self._plan_wake.set()
         if phase != Phase.TOOL:
             restore.phase_changed(self.prefetcher, sb, phase.label)
-        elif start is not None and start.prefetch and self.config.hint_prefetch:
+        elif start is not None and start.prefetch and (
+            self.config.hint_prefetch or not self.config.predict
+        ):
             # nothing brought the working set back in this wait: fetch it beside the tool
             threading.Thread(
-                target=self._restore, args=(sb, False), name=f"prefetch-{sb.name}", daemon=True
+                target=self._restore, args=(sb, None), name=f"prefetch-{sb.name}", daemon=True
             ).start()
-        elif start is not None and start.prefetch and start.reason != "recompressed":
+        elif start is not None and start.reason not in ("in-flight", "predicted"):
             restore.phase_changed(self.prefetcher, sb, phase.label)  # learn this tool phase
-        # else: the planned prefetch is done or in flight (and told the prefetcher that the
-        # tool phase began: a second phase change would hide the tool's faults from learning)
+        # else: this wait's planned prefetch told the prefetcher that the tool phase began (a
+        # second phase change would hide the tool's faults from learning)
         out: dict[str, Any] = {
             "name": sb.name,
             "phase": view.phase.label,
@@ -430,9 +435,11 @@ class Daemon:
             out["module_error"] = module_error
         return out
 
-    def _restore(self, sb: Sandbox, planned: bool) -> None:
-        """One prefetch: ``planned`` before the predicted end of a wait, else on a tool hint
-        (then at a lower priority: the tool runs meanwhile and its own faults come first)."""
+    def _restore(self, sb: Sandbox, token: int | None) -> None:
+        """One prefetch: planned before the predicted end of a wait (``token`` from the
+        planner), or on a tool hint (None; then at a lower priority: the tool runs meanwhile
+        and its own faults come first)."""
+        planned = token is not None
         if not planned:
             lower_thread_priority(self.config.hint_prefetch_nice)
         t0 = self.clock()
@@ -444,10 +451,10 @@ class Daemon:
         except Exception as e:  # the prefetcher is best effort: report, never kill the daemon
             log.warning("prefetch %s: %s", sb.name, e)
         finally:
-            if planned:
+            if token is not None:
                 now = self.clock()
                 with self._plan_lock:
-                    self.planner.prefetch_done(sb.name, now - t0, now)
+                    self.planner.prefetch_done(sb.name, token, now - t0, now)
                 self._plan_wake.set()
             self.module.release()
 
@@ -463,25 +470,28 @@ class Daemon:
         with self._plan_lock:
             self.planner.busy = busy
             due = self.planner.due(self.clock())
+            acts = []  # (name, action, token, the wait's phase generation)
             for name, act in due:
-                if act is Action.PREFETCH:
-                    self.planner.prefetch_started(name)
-        for name, act in due:
-            if act is Action.RECOMPRESS:
-                self.scheduler.release(name)
-                self.scheduler.wake()
-                log.info("plan: %s still waiting after its prefetch: compress again", name)
-                continue
-            self.scheduler.hold(name)
+                token = self.planner.prefetch_started(name) if act is Action.PREFETCH else -1
+                acts.append((name, act, token, self._wait_gen.get(name)))
+        for name, act, token, gen in acts:
             try:
                 sb = self.registry.sandbox(name)
             except errors.AzswapError:
                 with self._plan_lock:
                     self.planner.forget(name)
                 continue
+            if act is Action.RECOMPRESS:
+                # the planned restore began the prefetcher's tool phase: the wait goes on
+                restore.phase_changed(self.prefetcher, sb, Phase.LLM_WAIT.label)
+                self.scheduler.release(name)
+                self.scheduler.wake()
+                log.info("plan: %s still waiting after its prefetch: compress again", name)
+                continue
+            self.scheduler.hold(name, gen)
             log.info("plan: %s: wait predicted to end, prefetching", name)
             threading.Thread(
-                target=self._restore, args=(sb, True), name=f"prefetch-{name}", daemon=True
+                target=self._restore, args=(sb, token), name=f"prefetch-{name}", daemon=True
             ).start()
         return due
 

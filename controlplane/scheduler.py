@@ -25,10 +25,11 @@ Control law, per tick (every ``interval`` seconds):
    ``dt * (1 - b) / b``), where b is the CPU budget (fraction of one CPU,
    ``cpu_budget``, or ``pressure_cpu_budget`` under pressure, or ``idle_cpu_budget`` while the
    host's CPU PSI ``some avg10`` stays below ``cpu_busy_psi``): the writes take at most a fraction
-   b of the wall clock.  A tick stops after ``interval * b`` CPU seconds of writes.  Between two
-   chunks the phase generation is re-checked: a tool hint (or a shutdown) ends the loop at once;
-   the chunk in flight either completed or came up short, both of which leave the sandbox
-   consistent (memory.reclaim only moves pages to swap; nothing is half-done at our level).
+   b of the wall clock.  A tick stops after ``interval * b`` CPU seconds of writes, or one
+   ``interval`` of wall clock (writes starved of CPU must not hold up the other sandboxes).
+   Between two chunks the phase generation is re-checked: a tool hint (or a shutdown) ends the
+   loop at once; the chunk in flight either completed or came up short, both of which leave the
+   sandbox consistent (memory.reclaim only moves pages to swap; nothing is half-done at our level).
    A *hold* (``hold()``, from the daemon's wait planner when the wait is about to end and the
    sandbox's working set is being brought back) stops the loop the same way and keeps the
    sandbox out of the candidates until ``release()`` or the next phase change.
@@ -267,14 +268,16 @@ class Scheduler:
             self._force_pending.add(name)
         self.wake()
 
-    def hold(self, name: str) -> None:
-        """Compress ``name`` no more in its current phase (its wait is about to end)."""
-        now = self.clock()
-        v = self.phases.get(name, now)
-        if v is None:
-            return
+    def hold(self, name: str, generation: int | None = None) -> None:
+        """Compress ``name`` no more in the phase of ``generation`` (default: its current one;
+        a hold for a phase that has already ended does nothing): its wait is about to end."""
+        if generation is None:
+            v = self.phases.get(name, self.clock())
+            if v is None:
+                return
+            generation = v.generation
         with self._lock:
-            self._holds[name] = v.generation
+            self._holds[name] = generation
 
     def release(self, name: str) -> None:
         """Undo :meth:`hold`: the sandbox may be compressed again in this phase."""
@@ -363,7 +366,7 @@ class Scheduler:
         spent = 0.0
         actions: list[Action] = []
         for v in candidates:
-            if spent >= budget or self.stopping:
+            if spent >= budget or self.stopping or self.clock() - now >= c.interval:
                 break
             act = self._compress(v, targets[v.name].cgroup, b, budget - spent)
             spent += act.cpu
@@ -441,7 +444,10 @@ class Scheduler:
         short = 0  # passes in a row that came up short
         result = "budget"
         try:
-            while cpu < budget:
+            t_begin = self.clock()
+            # CPU seconds within the budget, and no longer than one interval of wall clock (a
+            # write starved of CPU must not keep the other sandboxes waiting)
+            while cpu < budget and self.clock() - t_begin < c.interval:
                 why = self._still_wanted(v.name, v.generation)
                 if why:
                     result = f"stopped:{why}"

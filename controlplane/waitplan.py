@@ -35,7 +35,8 @@ The control law, per sandbox:
 * Outcomes, per sandbox: a *hit* (the prefetch finished before the tool hint and was not
   followed by a recompress), *late* (the tool hint came first: the tool paid for the rest),
   *early* (followed by a recompress: memory was held for nothing).  An early prefetch raises
-  the sandbox's threshold (the next one fires later), a hit relaxes it back.  A sandbox whose
+  the sandbox's threshold (the next one fires later), a hit relaxes it back; a late one is
+  answered by the lead, which follows the measured prefetch times.  A sandbox whose
   last ``judge_waits`` planned waits hit less than ``min_hit_rate`` of the time is not
   predicted for the next ``pause_waits`` waits: its prefetch comes with the tool hint.
 * A host short of CPU (the daemon sets ``busy`` from /proc/pressure/cpu): a prefetch then
@@ -61,7 +62,6 @@ class PlanConfig:
     fleet_history: int = 128  # waits kept for the whole fleet
     min_samples: int = 5  # waits needed to predict (own, else the fleet's)
     threshold: float = 0.5  # hazard at which the prefetch starts
-    threshold_min: float = 0.2
     threshold_max: float = 0.8
     early_factor: float = 1.15  # threshold x this after a recompress
     relax_factor: float = 0.95  # threshold x this (down to `threshold`) after a hit
@@ -78,19 +78,18 @@ class PlanConfig:
     predict_when_busy: bool = False  # under CPU pressure, let tools fault their pages in
     busy_psi: float = 40.0  # /proc/pressure/cpu some avg10 (%) from which the host is busy
     recompress_after: float = 1.0  # seconds after a finished prefetch with the wait still on
-    step: float = 0.05  # resolution of the fire-time search, seconds
 
     def validate(self) -> None:
         if self.history < 1 or self.fleet_history < 1 or self.min_samples < 1:
             raise errors.InvalidValue("history sizes must be >= 1")
-        if not 0 < self.threshold_min <= self.threshold <= self.threshold_max <= 1:
-            raise errors.InvalidValue("need 0 < threshold_min <= threshold <= threshold_max <= 1")
+        if not 0 < self.threshold <= self.threshold_max <= 1:
+            raise errors.InvalidValue("need 0 < threshold <= threshold_max <= 1")
         if self.max_fires < 1 or self.judge_waits < 1 or self.pause_waits < 0:
             raise errors.InvalidValue("max_fires and judge_waits must be >= 1, pause_waits >= 0")
         if not 0 <= self.min_hit_rate <= 1 or self.recompress_min_remaining < 0:
             raise errors.InvalidValue("min_hit_rate in [0, 1], recompress_min_remaining >= 0")
-        if self.step <= 0 or self.default_lead < 0 or self.max_lead <= 0:
-            raise errors.InvalidValue("step and max_lead must be > 0, default_lead >= 0")
+        if self.default_lead < 0 or self.max_lead <= 0:
+            raise errors.InvalidValue("max_lead must be > 0, default_lead >= 0")
         if self.recompress_after < 0:
             raise errors.InvalidValue("recompress_after must be >= 0")
 
@@ -100,24 +99,24 @@ class Action(Enum):
     RECOMPRESS = "recompress"  # the wait went on: the scheduler may compress again
 
 
-def fire_time(waits: list[float], since: float, lead: float, threshold: float,
-              step: float) -> float | None:
+def fire_time(waits: list[float], since: float, lead: float,
+              threshold: float) -> float | None:
     """The first wait age >= ``since`` at which the empirical hazard of the wait ending within
     ``lead`` reaches ``threshold``; None when the waits say nothing about waits that long."""
     ws = sorted(waits)
     if not ws or ws[-1] <= since:
         return None
-    # Only the ages just past a recorded wait's (end - lead) can change the hazard's numerator
-    # upwards, and the ages just past an end change its denominator: scanning candidate ages
-    # on a grid of `step` between `since` and the longest wait is exact enough and bounded.
-    e = since
-    last = ws[-1]
-    while e < last:
+    # The hazard only changes where a recorded wait enters the window (age w - lead) or ends
+    # (age w), and holds from each such age to the next: those ages are the only candidates.
+    ages = sorted({since, *(w - lead for w in ws if w - lead > since),
+                   *(w for w in ws if w > since)})
+    for e in ages:
         alive = [w for w in ws if w > e]
+        if not alive:
+            break
         ending = sum(1 for w in alive if w <= e + lead)
-        if alive and ending / len(alive) >= threshold:
+        if ending / len(alive) >= threshold:
             return e
-        e += step
     return None
 
 
@@ -128,6 +127,8 @@ class SandboxPlan:
     outcomes: deque[str] = field(default_factory=lambda: deque(maxlen=8))
     threshold: float = 0.5
     paused: int = 0  # waits left without prediction
+    epoch: int = 0  # bumped by every wait: a prefetch of an earlier wait is told apart
+    inflight: int = 0  # planned prefetches running (of any wait)
     # the wait in progress (wait_start None when not waiting)
     wait_start: float | None = None
     fire_at: float | None = None  # absolute time of the planned prefetch
@@ -184,8 +185,8 @@ class WaitPlanner:
     # -- inputs -----------------------------------------------------------------------------
 
     def lead(self, name: str) -> float:
-        c, sp = self.config, self._get(name)
-        if sp.prefetch_s:
+        c, sp = self.config, self._sb.get(name)
+        if sp is not None and sp.prefetch_s:
             lead = c.lead_factor * statistics.median(sp.prefetch_s) + c.lead_pad
         else:
             lead = c.default_lead
@@ -205,6 +206,7 @@ class WaitPlanner:
     def wait_started(self, name: str, now: float) -> float | None:
         """An llm-wait hint: plan this wait's prefetch; returns its absolute time or None."""
         sp = self._get(name)
+        sp.epoch += 1
         sp.wait_start, sp.prefetching, sp.fires = now, False, 0
         sp.prefetched_at = sp.recompress_at = None
         sp.recompressed = sp.went_on = False
@@ -221,8 +223,7 @@ class WaitPlanner:
     def _plan(self, name: str, since: float) -> float | None:
         sp = self._get(name)
         assert sp.wait_start is not None
-        at = fire_time(self.samples(name), since, self.lead(name), sp.threshold,
-                       self.config.step)
+        at = fire_time(self.samples(name), since, self.lead(name), sp.threshold)
         return None if at is None else sp.wait_start + at
 
     def _outcome(self, sp: SandboxPlan, what: str) -> None:
@@ -277,19 +278,26 @@ class WaitPlanner:
         sp.wait_start = sp.fire_at = sp.recompress_at = sp.prefetched_at = None
         sp.prefetching = False
 
-    def prefetch_started(self, name: str) -> None:
+    def prefetch_started(self, name: str) -> int:
+        """A planned prefetch starts; returns the token its prefetch_done() passes back."""
         sp = self._get(name)
         sp.fire_at = None
         sp.prefetching = True
         sp.fired += 1
         sp.fires += 1
+        sp.inflight += 1
+        return sp.epoch
 
-    def prefetch_done(self, name: str, seconds: float, now: float) -> None:
-        """A planned prefetch finished after ``seconds``."""
-        sp = self._get(name)
+    def prefetch_done(self, name: str, token: int, seconds: float, now: float) -> None:
+        """The planned prefetch that prefetch_started() gave ``token`` finished after
+        ``seconds``."""
+        sp = self._sb.get(name)
+        if sp is None:
+            return  # forgotten meanwhile (unregistered)
         sp.prefetch_s.append(seconds)
-        if not sp.prefetching:
-            return  # the wait ended meanwhile (tool_started counted it late)
+        sp.inflight = max(0, sp.inflight - 1)
+        if token != sp.epoch or not sp.prefetching:
+            return  # its wait ended meanwhile (tool_started counted it late)
         sp.prefetching = False
         sp.prefetched_at = now
         if sp.fires < self.config.max_fires:
@@ -311,6 +319,8 @@ class WaitPlanner:
             if sp.wait_start is None:
                 continue
             if sp.fire_at is not None and now >= sp.fire_at and not sp.prefetching:
+                if sp.inflight:
+                    continue  # an earlier wait's prefetch still runs: after it
                 out.append((name, Action.PREFETCH))
                 continue
             if sp.recompress_at is not None and now >= sp.recompress_at:
@@ -328,13 +338,15 @@ class WaitPlanner:
         return out
 
     def next_due(self) -> float | None:
+        # a fire time waiting for an earlier prefetch is not due: its end wakes the caller
         times = [t for sp in self._sb.values() if sp.wait_start is not None
-                 for t in (sp.fire_at if not sp.prefetching else None, sp.recompress_at)
+                 for t in (sp.fire_at if not (sp.prefetching or sp.inflight) else None,
+                           sp.recompress_at)
                  if t is not None]
         return min(times) if times else None
 
     def snapshot(self, name: str, now: float) -> dict[str, object]:
-        sp = self._get(name)
+        sp = self._sb.get(name) or SandboxPlan(deque(), threshold=self.config.threshold)
         ws = list(sp.waits)
         return {
             "waits": sp.waits_seen,

@@ -413,7 +413,8 @@ def test_prefetch_before_the_predicted_end_of_a_wait_and_not_again_on_the_hint(
     fm = FakeModule(tmp_path / "cg")
     pf = RecordingPrefetcher()
     clock = FakeClock()
-    cfg = config(tmp_path, plan=PlanConfig(min_samples=3, default_lead=0.5, step=0.01))
+    # hint prefetches on: the predicted wait's tool hint must not start one of its own
+    cfg = config(tmp_path, hint_prefetch=True, plan=PlanConfig(min_samples=3, default_lead=0.5))
     d = Daemon(cfg, module_factory=lambda: fm, prefetcher=pf, clock=clock)
     d._plan_loop = lambda: None  # type: ignore[method-assign]  # the test calls plan_tick()
     d.start()
@@ -424,20 +425,20 @@ def test_prefetch_before_the_predicted_end_of_a_wait_and_not_again_on_the_hint(
     try:
         with DaemonClient(d.config.socket_path) as c:
             c.register("a", "/sb/a", 1)
-            # three waits of 3 s: too few to predict, each tool phase faults its pages in
-            for _ in range(3):
+            # three waits of 3 s: too few to predict, each tool hint prefetches
+            for n in range(1, 4):
                 c.phase("a", "llm-wait")
                 clock.advance(3.0)
                 c.phase("a", "tool")
+                _until(lambda n=n: restores() == n, "the hint's prefetch")
                 clock.advance(1.0)
-            assert restores() == 0 and pf.calls.count(("phase", "a:tool")) == 3
             c.phase("a", "llm-wait")
             clock.advance(2.0)
             d.plan_tick()
-            assert restores() == 0  # not yet: the wait is predicted to end at 3 s
+            assert restores() == 3  # not yet: the wait is predicted to end at 3 s
             clock.advance(0.6)
             d.plan_tick()
-            _until(lambda: restores() == 1, "the planned prefetch")
+            _until(lambda: restores() == 4, "the planned prefetch")
             gen = d.phases.get("a", clock()).generation
             assert d.scheduler.held("a", gen)  # no compression while the set comes back
 
@@ -449,8 +450,8 @@ def test_prefetch_before_the_predicted_end_of_a_wait_and_not_again_on_the_hint(
             clock.advance(0.4)
             c.phase("a", "tool")
             time.sleep(0.2)
-            assert restores() == 1  # the working set is already back
-            assert pf.calls.count(("phase", "a:tool")) == 3  # the restore began the tool phase
+            assert restores() == 4  # the working set is already back: no prefetch on the hint
+            assert ("phase", "a:tool") not in pf.calls  # each restore began its tool phase
             assert plan()["hits"] == 1 and plan()["waits"] == 4
     finally:
         d.stop()

@@ -401,3 +401,18 @@ def test_a_short_pass_is_followed_by_one_more(tmp_path: Path, clock: FakeClock) 
     r.hint("sb0", Phase.LLM_WAIT)
     (act,) = r.sched.tick().actions
     assert act.result == "done" and act.chunks == 2
+
+
+def test_a_tick_lasts_one_interval_when_writes_are_starved(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    # a tenth of a CPU while writing: the CPU budget alone would keep this sandbox's run going
+    # for five intervals, and every other sandbox waiting
+    r = Rig(tmp_path, clock, n=2, grace=0.0, cpu_budget=0.5, interval=1.0, chunk_bytes=4 * MiB,
+            cpu_clock=lambda: clock() / 10)
+    r.hint("sb0", Phase.LLM_WAIT)
+    r.hint("sb1", Phase.LLM_WAIT)
+    t0 = clock()
+    rep = r.sched.tick()
+    assert rep.actions and rep.actions[0].cpu < 0.5
+    assert clock() - t0 <= 1.0 + 4 / 256 + 1e-9  # one interval, plus the write in flight

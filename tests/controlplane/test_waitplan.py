@@ -10,8 +10,7 @@ from controlplane.waitplan import Action, PlanConfig, WaitPlanner, fire_time
 
 def quick(**kw: object) -> PlanConfig:
     """Few samples suffice and the default threshold: the tests' small histories."""
-    base: dict[str, object] = dict(min_samples=3, threshold=0.3, threshold_min=0.05,
-                                   default_lead=0.5, step=0.01)
+    base: dict[str, object] = dict(min_samples=3, threshold=0.3, default_lead=0.5)
     base.update(kw)
     return PlanConfig(**base)  # type: ignore[arg-type]
 
@@ -22,27 +21,27 @@ def cycle(p: WaitPlanner, name: str, t: float, wait: float, took: float = 0.3) -
     at = p.wait_started(name, t)
     if at is not None and at + took <= t + wait:
         assert p.due(at) == [(name, Action.PREFETCH)]
-        p.prefetch_started(name)
-        p.prefetch_done(name, took, at + took)
+        token = p.prefetch_started(name)
+        p.prefetch_done(name, token, took, at + took)
     p.tool_started(name, t + wait)
     return t + wait + 1.0
 
 
 def test_fire_time_of_a_regular_wait_is_one_lead_before_its_end() -> None:
-    assert fire_time([3.0] * 5, 0.0, 0.5, 0.3, 0.05) == pytest.approx(2.5, abs=0.051)
+    assert fire_time([3.0] * 5, 0.0, 0.5, 0.3) == pytest.approx(2.5)
 
 
 def test_fire_time_says_nothing_past_the_longest_wait_seen() -> None:
-    assert fire_time([], 0.0, 0.5, 0.3, 0.05) is None
-    assert fire_time([1.0, 2.0], 2.0, 0.5, 0.3, 0.05) is None
+    assert fire_time([], 0.0, 0.5, 0.3) is None
+    assert fire_time([1.0, 2.0], 2.0, 0.5, 0.3) is None
 
 
 def test_fire_time_conditions_on_the_age_of_the_wait() -> None:
     waits = [1.0, 1.0, 1.0, 10.0, 10.0]
     # from the start, most waits end around 1 s: fire before that
-    assert fire_time(waits, 0.0, 0.5, 0.3, 0.05) == pytest.approx(0.5, abs=0.051)
+    assert fire_time(waits, 0.0, 0.5, 0.3) == pytest.approx(0.5)
     # a wait that has already lasted 2 s is one of the long ones: fire before 10 s
-    assert fire_time(waits, 2.0, 0.5, 0.3, 0.05) == pytest.approx(9.5, abs=0.051)
+    assert fire_time(waits, 2.0, 0.5, 0.3) == pytest.approx(9.5)
 
 
 def test_no_history_means_prefetch_on_the_tool_hint() -> None:
@@ -60,12 +59,12 @@ def test_predicted_wait_prefetches_before_the_end_and_not_again_on_the_hint() ->
     for _ in range(3):
         t = cycle(p, "a", t, 3.0)
     at = p.wait_started("a", t)
-    assert at == pytest.approx(t + 2.5, abs=0.011)
+    assert at == pytest.approx(t + 2.5, abs=1e-9)
     assert p.due(t + 2.0) == []
     assert p.next_due() == at
     assert p.due(at) == [("a", Action.PREFETCH)]
-    p.prefetch_started("a")
-    p.prefetch_done("a", 0.2, at + 0.2)
+    tok = p.prefetch_started("a")
+    p.prefetch_done("a", tok, 0.2, at + 0.2)
     start = p.tool_started("a", t + 3.0)
     assert not start.prefetch and start.reason == "predicted"
     snap = p.snapshot("a", t + 3.0)
@@ -77,7 +76,7 @@ def test_a_new_sandbox_is_predicted_from_the_fleet() -> None:
     t = 0.0
     for name in ("a", "b", "c"):
         t = cycle(p, name, t, 4.0)
-    assert p.wait_started("new", t) == pytest.approx(t + 3.5, abs=0.011)
+    assert p.wait_started("new", t) == pytest.approx(t + 3.5, abs=1e-9)
 
 
 def test_a_wait_longer_than_predicted_is_compressed_again_and_predicted_anew() -> None:
@@ -86,10 +85,10 @@ def test_a_wait_longer_than_predicted_is_compressed_again_and_predicted_anew() -
     for w in (1.0, 1.0, 1.0, 10.0, 10.0):
         t = cycle(p, "a", t, w)
     at = p.wait_started("a", t)
-    assert at == pytest.approx(t + 0.5, abs=0.011)
+    assert at == pytest.approx(t + 0.5, abs=1e-9)
     assert p.due(at) == [("a", Action.PREFETCH)]
-    p.prefetch_started("a")
-    p.prefetch_done("a", 0.1, at + 0.1)
+    tok = p.prefetch_started("a")
+    p.prefetch_done("a", tok, 0.1, at + 0.1)
     assert p.due(at + 0.5) == []
     # one second after the prefetch the wait is still on, and the longer waits went on for
     # 8 s more: compress again, plan near 10 s
@@ -97,8 +96,8 @@ def test_a_wait_longer_than_predicted_is_compressed_again_and_predicted_anew() -
     nxt = p.next_due()
     assert nxt is not None and t + 9.0 < nxt < t + 10.0
     assert p.due(nxt) == [("a", Action.PREFETCH)]
-    p.prefetch_started("a")
-    p.prefetch_done("a", 0.1, nxt + 0.1)
+    tok = p.prefetch_started("a")
+    p.prefetch_done("a", tok, 0.1, nxt + 0.1)
     assert p.due(nxt + 5.0) == []  # max_fires (2): no more recompress in this wait
     assert p.tool_started("a", t + 10.0).reason == "predicted"
     assert p.snapshot("a", t)["early"] == 1  # two prefetches for one wait
@@ -111,8 +110,8 @@ def test_a_wait_about_to_end_keeps_its_working_set() -> None:
         t = cycle(p, "a", t, w)
     at = p.wait_started("a", t)
     assert at is not None and p.due(at) == [("a", Action.PREFETCH)]
-    p.prefetch_started("a")
-    p.prefetch_done("a", 0.1, at + 0.1)
+    tok = p.prefetch_started("a")
+    p.prefetch_done("a", tok, 0.1, at + 0.1)
     # still waiting after 1.6 s, but the longer waits ended 1.4 s later: no recompress
     assert p.due(at + 1.2) == [] and p.next_due() is None
     assert p.tool_started("a", t + 3.0).reason == "predicted"
@@ -126,8 +125,8 @@ def test_early_prefetches_move_the_next_one_later_and_hits_relax_it() -> None:
         t = cycle(p, "a", t, w)
     at = p.wait_started("a", t)
     assert at is not None and p.due(at) == [("a", Action.PREFETCH)]
-    p.prefetch_started("a")
-    p.prefetch_done("a", 0.1, at + 0.1)
+    tok = p.prefetch_started("a")
+    p.prefetch_done("a", tok, 0.1, at + 0.1)
     assert p.due(at + 2.0) == [("a", Action.RECOMPRESS)]
     p.tool_started("a", t + 10.0)  # not re-fired in time: the wait was a long one
     snap = p.snapshot("a", t)
@@ -161,10 +160,10 @@ def test_late_prefetch_is_timed_and_counted_once() -> None:
         t = cycle(p, "a", t, 3.0)
     first = p.wait_started("a", t)
     assert first is not None and p.due(first) == [("a", Action.PREFETCH)]
-    p.prefetch_started("a")
+    tok = p.prefetch_started("a")
     start = p.tool_started("a", first + 0.1)  # while the prefetch runs: the tool paid for it
     assert not start.prefetch and start.reason == "in-flight"
-    p.prefetch_done("a", 1.0, first + 1.0)
+    p.prefetch_done("a", tok, 1.0, first + 1.0)
     assert p.snapshot("a", first)["late"] == 1
     assert p.lead("a") > 0.5  # the slow prefetch moves the next one earlier
 
@@ -184,8 +183,8 @@ def test_lead_follows_the_measured_prefetch_time_and_the_host_load() -> None:
     p = WaitPlanner(PlanConfig(default_lead=0.5, lead_factor=1.5, lead_pad=0.05))
     assert p.lead("a") == pytest.approx(0.5)
     p.wait_started("a", 0.0)
-    p.prefetch_started("a")
-    p.prefetch_done("a", 0.4, 0.4)
+    tok = p.prefetch_started("a")
+    p.prefetch_done("a", tok, 0.4, 0.4)
     assert p.lead("a") == pytest.approx(0.65)
     p.busy = True
     assert p.lead("a") == pytest.approx(1.3)
@@ -212,8 +211,8 @@ def test_other_phases_end_the_plan() -> None:
 
 
 @pytest.mark.parametrize("bad", [
-    dict(history=0), dict(threshold=0.0, threshold_min=0.0), dict(threshold=0.9),
-    dict(step=0.0), dict(max_lead=0.0), dict(recompress_after=-1.0), dict(max_fires=0),
+    dict(history=0), dict(threshold=0.0), dict(threshold=0.9),
+    dict(max_lead=0.0), dict(recompress_after=-1.0), dict(max_fires=0),
     dict(min_hit_rate=1.5),
 ])
 def test_bad_config_is_refused(bad: dict) -> None:
@@ -238,3 +237,45 @@ def test_no_prediction_while_the_host_is_short_of_cpu() -> None:
         t = cycle(q, "a", t, 3.0)
     q.busy = True
     assert q.wait_started("a", t) is not None
+
+
+def test_a_prefetch_of_the_last_wait_is_not_credited_to_the_next() -> None:
+    p = WaitPlanner(quick())
+    t = 0.0
+    for _ in range(3):
+        t = cycle(p, "a", t, 3.0)
+    at = p.wait_started("a", t)
+    assert at is not None and p.due(at) == [("a", Action.PREFETCH)]
+    old = p.prefetch_started("a")
+    assert p.tool_started("a", at + 0.1).reason == "in-flight"  # it still runs
+    t = at + 1.0
+    nxt = p.wait_started("a", t)
+    assert nxt is not None
+    assert p.due(nxt) == [] and p.next_due() is None  # not while the old one runs
+    p.prefetch_done("a", old, 0.5, nxt)  # the old one ends: nothing planned for this wait
+    snap = p.snapshot("a", nxt)
+    assert not snap["prefetching"] and snap["hits"] == 0 and snap["late"] == 1
+    assert p.due(nxt) == [("a", Action.PREFETCH)]
+    new = p.prefetch_started("a")
+    p.prefetch_done("a", new, 0.2, nxt + 0.2)
+    assert p.tool_started("a", t + 3.0).reason == "predicted"
+
+
+def test_a_forgotten_sandbox_stays_forgotten() -> None:
+    p = WaitPlanner(quick())
+    t = 0.0
+    for _ in range(3):
+        t = cycle(p, "a", t, 3.0)
+    at = p.wait_started("a", t)
+    assert at is not None and p.due(at)
+    tok = p.prefetch_started("a")
+    p.forget("a")
+    p.prefetch_done("a", tok, 0.1, at + 0.1)
+    p.snapshot("a", at)
+    assert "a" not in p._sb
+
+
+def test_fire_time_is_cheap_on_long_waits() -> None:
+    # the candidates are the waits' own ages, not a grid: an hour-long wait costs no more
+    waits = [1.0, 2.0, 3600.0, 3600.0]
+    assert fire_time(waits, 3.0, 0.5, 0.5) == pytest.approx(3599.5)

@@ -5,9 +5,10 @@ prefetches the working set its tool touched before the wait's predicted end, onc
 enough waits (five) to predict one.
 
 Checked: the first tool phase (nothing learned) faults its whole hot set back (the wait really
-compressed it); in later waits the planned prefetch runs before the tool hint, and a tool phase
-whose prefetch finished in time takes at most a fifth of those major faults; no tool hint of a
-predicted wait starts a second prefetch; every page verifies."""
+compressed it); the first five waits are not predicted and the later ones are, and a tool phase
+whose planned prefetch finished in time takes at most a fifth of those major faults; every page
+verifies.  (That a predicted wait's tool hint starts no prefetch of its own is checked on the
+host, tests/controlplane/test_daemon_protocol.py.)"""
 
 from __future__ import annotations
 
@@ -87,5 +88,4 @@ def test_daemon_prefetches_before_the_predicted_end_of_each_wait() -> None:
     assert in_time, cycles
     for c in in_time:
         assert c["majflt"] <= 0.2 * HOT, c
-    # a predicted wait's tool hint started no prefetch of its own
-    assert final["on_hint"] <= CYCLES - len(predicted), final
+    assert final["waits"] == CYCLES and final["fired"] >= len(predicted), final
