@@ -44,7 +44,7 @@ from typing import Any, ClassVar
 
 from controlplane import errors, metrics, restore
 from controlplane.abi import MAX_LOAD_PAGES, Phase, validate_group
-from controlplane.cgroup import CGROUP_ROOT, PROC_ROOT, host_memory, normalize
+from controlplane.cgroup import CGROUP_ROOT, PROC_ROOT, normalize
 from controlplane.phase import PhaseConfig, PhaseModel
 from controlplane.priority import lower_thread_priority
 from controlplane.registry import RUN_DIR, ModuleBackend, Registry, Sandbox, state_path
@@ -461,12 +461,10 @@ class Daemon:
     def plan_tick(self) -> list[tuple[str, Action]]:
         """Act on what the wait planner has due now: hold the scheduler and prefetch a
         sandbox whose wait is about to end; release one whose wait went on."""
-        busy = False
-        try:
-            cpu = host_memory(self.config.proc_root).cpu_psi_some_avg10
-            busy = cpu is not None and cpu >= self.config.plan.busy_psi
-        except OSError:
-            pass
+        # the host as the scheduler's last tick read it (at most one interval old)
+        rep = self.scheduler.last_report
+        cpu = rep.host.cpu_psi_some_avg10 if rep is not None and rep.host is not None else None
+        busy = cpu is not None and cpu >= self.config.plan.busy_psi
         with self._plan_lock:
             self.planner.busy = busy
             due = self.planner.due(self.clock())
