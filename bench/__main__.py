@@ -18,7 +18,8 @@ Steps (every figure is measured in this run):
     compression blind to phases, `azctl daemon`; idle and loaded hosts, ml and coding
     styles): OUT/phasebench.json;
  3. replay every trace, the microVM one too, through the host store core per strategy, with the
-    unlimited-search limit (controlplane.trace.replay): OUT/replay.json; reduction as sandboxes
+    maximum-effort store and the stream reference (controlplane.trace.replay): OUT/replay.json
+    (ratio, net ratio with metadata, total with the template); net reduction as sandboxes
     scale: replay of the first 1, 2, 4, ... sandboxes of the fork-style trace (recorded with
     max(--scale) sandboxes);
  4. host store/load MB/s vs python-lz4/zstandard (bench.hostbench): OUT/host.json;
@@ -86,31 +87,31 @@ def charts(
         systems = [
             s
             for s in SYSTEMS
-            if any(x["system"] == s and "ratio" in x for r in sw["runs"] for x in r["results"])
+            if any(x["system"] == s and "net_ratio" in x for r in sw["runs"] for x in r["results"])
         ]
         fig, ax = plt.subplots(figsize=(9, 4.5))
         w = 0.8 / max(1, len(systems))
         for j, s in enumerate(systems):
             vals = []
             for r in sw["runs"]:
-                x = next((x for x in r["results"] if x["system"] == s and "ratio" in x), None)
-                vals.append(x["ratio"] if x else 0)
+                x = next((x for x in r["results"] if x["system"] == s and "net_ratio" in x), None)
+                vals.append(x["net_ratio"] if x else 0)
             ax.bar(np.arange(len(styles)) + j * w, vals, w, label=s)
         for k, r in enumerate(rep):
             lim = next((x for x in r["results"] if x["strategy"] == "max-effort-zstd"), None)
             if lim and r["meta"].get("style") in styles:
                 i = styles.index(r["meta"]["style"])
                 ax.hlines(
-                    lim["ratio"],
+                    lim["net_ratio"],
                     i - 0.1,
                     i + 0.9,
                     colors="k",
                     linestyles="dashed",
-                    label="replay limit (zstd)" if k == 0 else None,
+                    label="replay, maximum effort (zstd)" if k == 0 else None,
                 )
         ax.set_xticks(np.arange(len(styles)) + 0.4 - w / 2, styles)
-        ax.set_ylabel("sandbox bytes / bytes stored")
-        ax.set_title("Memory reduction of sandbox pages pushed to swap (one guest per run)")
+        ax.set_ylabel("sandbox bytes / (pool + metadata)")
+        ax.set_title("Net memory reduction of sandbox pages pushed to swap (one guest per run)")
         ax.legend(fontsize=8, ncol=2)
         fig.tight_layout()
         fig.savefig(out / "reduction.png", dpi=110)
@@ -158,12 +159,15 @@ def charts(
         fig, ax = plt.subplots(figsize=(7, 4))
         ks = [s["sandboxes"] for s in scale]
         for strat in ("lz4", "zstd", "xdelta", "all", "max-effort-zstd"):
-            ys = [next(x["ratio"] for x in s["results"] if x["strategy"] == strat) for s in scale]
+            ys = [
+                next(x["net_ratio"] for x in s["results"] if x["strategy"] == strat)
+                for s in scale
+            ]
             ax.plot(ks, ys, marker="o", label=rp.STRATEGIES[strat].label)
         ax.set_xscale("log", base=2)
         ax.set_xticks(ks, [str(k) for k in ks])
         ax.set_xlabel("sandboxes forked from the template")
-        ax.set_ylabel("sandbox bytes / bytes stored")
+        ax.set_ylabel("sandbox bytes / (pool + metadata)")
         ax.set_title("Reduction as sandboxes scale (fork style, replay)")
         ax.legend(fontsize=8)
         fig.tight_layout()
@@ -179,11 +183,12 @@ def charts(
         names = [str(r["meta"].get("style", "?")) for r in rep]
         for j, s in enumerate(strat):
             vals = [
-                next((x["ratio"] for x in r["results"] if x["strategy"] == s), 0.0) for r in rep
+                next((x["net_ratio"] for x in r["results"] if x["strategy"] == s), 0.0)
+                for r in rep
             ]
             ax.bar(np.arange(len(rep)) + j * w, vals, w, label=rp.STRATEGIES[s].label)
         ax.set_xticks(np.arange(len(rep)) + 0.4 - w / 2, names)
-        ax.set_ylabel("sandbox bytes / bytes stored")
+        ax.set_ylabel("sandbox bytes / (pool + metadata)")
         ax.set_title("Reduction per sandbox style (host replay of the same pages)")
         ax.legend(fontsize=8)
         fig.tight_layout()
@@ -232,17 +237,23 @@ def fmt_sw(sw: dict[str, Any]) -> list[str]:
             f"### {run['style']} ({run['meta'].get('n')} sandboxes, "
             f"size {run['meta'].get('size')})",
             "",
-            "| system | owned MiB | stored MiB | reduction | vs zram-lz4 | template stored "
-            "MiB | total reduction | swap-out MB/s | swap-in MB/s | load p50 µs | load p99 µs | "
-            "p99 vs zram-lz4 | verified |",
-            "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|",
+            "| system | owned MiB | stored MiB | metadata MiB | reduction | net reduction | "
+            "net vs zram-lz4 | template stored MiB | total reduction | swap-out MB/s | "
+            "swap-in MB/s | load p50 µs | load p99 µs | p99 vs zram-lz4 | verified |",
+            "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|",
         ]
         for x in run["results"]:
             if "error" in x:
                 what = "unavailable" if x.get("unavailable") else "error"
                 lines.append(f"| {x['system']} | {what}: {x['error'][:160]} |")
                 continue
-            rel = f"{x['ratio'] / base['ratio']:.2f}x" if base and x["system"] != "none" else "-"
+            rel = (
+                f"{x['net_ratio'] / base['net_ratio']:.2f}x"
+                if base and base.get("net_ratio") and x.get("net_ratio")
+                else "-"
+            )
+            meta = f"{x['meta_bytes'] / 2**20:.2f}" if "meta_bytes" in x else "-"
+            net = f"{x['net_ratio']:.2f}" if "net_ratio" in x else "-"
             r99 = (
                 f"{x.get('load_p99_us', 0) / base['load_p99_us']:.2f}x"
                 if base and base.get("load_p99_us") and x["system"] != "none"
@@ -251,7 +262,7 @@ def fmt_sw(sw: dict[str, Any]) -> list[str]:
             tot = f"{x['total_ratio']:.2f}" if "total_ratio" in x else "-"
             lines.append(
                 f"| {x['system']} | {x['owned_bytes'] / 2**20:.1f} | "
-                f"{x['stored_bytes'] / 2**20:.1f} | {x['ratio']:.2f} | {rel} | "
+                f"{x['stored_bytes'] / 2**20:.1f} | {meta} | {x['ratio']:.2f} | {net} | {rel} | "
                 f"{x.get('template_stored_bytes', 0) / 2**20:.1f} | "
                 f"{tot} | {x.get('swapout_mbps', 0):.1f} | {x.get('swapin_mbps', 0):.1f} | "
                 f"{x.get('load_p50_us', 0):.0f} | {x.get('load_p99_us', 0):.0f} | {r99} | "
@@ -265,20 +276,25 @@ def fmt_replay(rep: list[dict[str, Any]]) -> list[str]:
     lines = []
     for r in rep:
         base = next(x for x in r["results"] if x["strategy"] == "lz4")
+        ref = next((x for x in r["results"] if x["strategy"] == rp.STREAM_REF), None)
         lines += [
             f"### {r['meta'].get('style')}: {r['pages']} pages "
             f"({r['pages'] * PAGE_SIZE / 2**20:.0f} MiB incl. template)",
             "",
-            "| strategy | sandbox MiB | stored MiB | reduction | vs lz4 | template stored MiB "
-            "| store MB/s | load MB/s | sandbox pages by kind |",
-            "|---|--:|--:|--:|--:|--:|--:|--:|---|",
+            "| strategy | sandbox MiB | stored MiB | metadata MiB | reduction | net reduction | "
+            "net vs lz4 | net / stream | template stored MiB | total reduction | store MB/s | "
+            "load MB/s | sandbox pages by kind |",
+            "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|",
         ]
         for x in r["results"]:
             kinds = " ".join(f"{k}={v}" for k, v in x["sandbox_kinds"].items() if v)
+            vs_ref = f"{x['net_ratio'] / ref['net_ratio']:.2f}" if ref else "-"
             lines.append(
                 f"| {x['label']} | {x['sandbox_orig_bytes'] / 2**20:.1f} | "
-                f"{x['sandbox_stored_bytes'] / 2**20:.1f} | {x['ratio']:.2f} | "
-                f"{x['ratio'] / base['ratio']:.2f}x | {x['template_stored_bytes'] / 2**20:.1f} | "
+                f"{x['sandbox_stored_bytes'] / 2**20:.1f} | {x['meta_bytes'] / 2**20:.2f} | "
+                f"{x['ratio']:.2f} | {x['net_ratio']:.2f} | "
+                f"{x['net_ratio'] / base['net_ratio']:.2f}x | {vs_ref} | "
+                f"{x['template_stored_bytes'] / 2**20:.1f} | {x['total_ratio']:.2f} | "
                 f"{x['put_mbps']:.0f} | {x['get_mbps']:.0f} | {kinds} |"
             )
         lines.append("")
@@ -390,7 +406,7 @@ def main(argv: list[str] | None = None) -> int:
             scale.append({"sandboxes": k, "results": res})
             log(
                 f"scaling: {k} sandboxes: "
-                + ", ".join(f"{x['strategy']} {x['ratio']:.2f}" for x in res)
+                + ", ".join(f"{x['strategy']} {x['net_ratio']:.2f}" for x in res)
             )
         (out / "scaling.json").write_text(json.dumps(scale, indent=1, default=float))
     # 4. host
@@ -533,9 +549,9 @@ def write_report(
     if made:
         L += ["## Charts", ""]
         expl = {
-            "reduction.png": "Sandbox-owned bytes divided by the bytes each system holds for "
-            "them after memory.reclaim (higher is better); dashed: the replay "
-            "tool's unlimited-search limit on the same pages.",
+            "reduction.png": "Net reduction: sandbox-owned bytes divided by the pool bytes and "
+            "metadata each system holds for them after memory.reclaim (higher is better); "
+            "dashed: the replay's maximum-effort store on the same pages.",
             "representation.png": "How the store core represents the sandboxes' pages per "
             "strategy (replay); same/dup/delta pages are what per-page "
             "compression cannot see.",
@@ -559,7 +575,11 @@ def write_report(
         "owned = memory.stat anon of the sandbox cgroups before reclaim; stored = bytes the "
         "system's allocator holds for the sandboxes' pages (zram mem_used_total, zswap "
         "pool_total_size + pages it passed to the backing ramdisk, azswap pool bytes), the "
-        "template's pages reclaimed first and reported apart.",
+        "template's pages reclaimed first and reported apart; metadata = what the system spends "
+        "outside its pool on them (zram's table entries, zswap's entries, azswap's slot entries, "
+        "object headers, indexes and caches; docs/bench.md, \"Net ratio\"); reduction = owned / "
+        "stored, net reduction = owned / (stored + metadata); total reduction counts the "
+        "template's pages, pool and metadata too.",
         "",
     ]
     L += fmt_sw(sw) if sw else ["(no guest run)", ""]
@@ -567,8 +587,10 @@ def write_report(
         "## Replay through the host store core (same C as azswap.ko)",
         "",
         "reduction = sandbox bytes / bytes the sandboxes' pages added to the store (template "
-        "stored first, apart). `unlimited search` is sim_effort max with every delta accepted: "
-        "the practical limit.",
+        "stored first, apart); net reduction counts the store's metadata too (docs/trace-"
+        "format.md, \"Replay output\"). `max-effort` is sim_effort max with every delta "
+        "accepted; `stream-ref` is one zstd -19 stream of the sandboxes' pages with the template "
+        "as prefix: a ceiling with no random access, not a store.",
         "",
     ]
     L += fmt_replay(rep)
@@ -584,7 +606,7 @@ def write_report(
         for s in scale:
             L.append(
                 f"| {s['sandboxes']} | "
-                + " | ".join(f"{x['ratio']:.2f}" for x in s["results"])
+                + " | ".join(f"{x['net_ratio']:.2f}" for x in s["results"])
                 + " |"
             )
         L.append("")

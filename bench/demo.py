@@ -13,8 +13,9 @@
    alternate tool phases and LLM waits on an idle host, with no compression, aggressive
    compression blind to phases, and the shipped daemon (`azctl daemon`: phase hints, its
    scheduler and prefetcher) (bench.phasebench, small sizes).
-3. Two tables of what was measured in this run: sandbox-owned memory, bytes stored, reduction
-   and its ratio to zram-lz4's; tool-phase slowdown and memory saved per regime.
+3. Two tables of what was measured in this run: sandbox-owned memory, bytes stored, the
+   metadata spent on them, the net reduction (owned / (stored + metadata)) and its ratio to
+   zram-lz4's; tool-phase slowdown and memory saved per regime.
 """
 
 from __future__ import annotations
@@ -113,23 +114,26 @@ def _guest(a: argparse.Namespace, trace: Path, console: Console) -> int:
 
 def _memory_table(sw: dict[str, Any]) -> Table:
     t = Table(title="Sandbox-owned memory pushed to swap (same pages on every system, one guest)")
-    for col in ("system", "owned MiB", "stored MiB", "reduction", "vs zram-lz4",
-                "swap-in MB/s", "load p99 µs", "every page verified"):
+    for col in ("system", "owned MiB", "stored MiB", "metadata MiB", "net reduction",
+                "vs zram-lz4", "swap-in MB/s", "load p99 µs", "every page verified"):
         t.add_column(col, justify="left" if col == "system" else "right")
     for run in sw.get("runs", []):
         res = run["results"]
-        base = next((r for r in res if r["system"] == "zram-lz4" and r.get("ratio")), None)
+        base = next((r for r in res if r["system"] == "zram-lz4" and r.get("net_ratio")), None)
         for r in res:
             if "error" in r:
-                t.add_row(r["system"], "", "", "", "", "", "", f"[red]error: {r['error'][:50]}")
+                t.add_row(r["system"], *[""] * 7, f"[red]error: {r['error'][:50]}")
                 continue
-            rel = "-"
-            if base and r["system"] != "none":
-                rel = f"{r['ratio'] / base['ratio']:.2f}x"
+            rel = net = meta = "-"
+            if "net_ratio" in r:
+                net = f"{r['net_ratio']:.2f}x"
+                meta = f"{r['meta_bytes'] / MiB:.2f}"
+                if base:
+                    rel = f"{r['net_ratio'] / base['net_ratio']:.2f}x"
             ok = "[green]yes" if r.get("ok") else "[red]NO"
             t.add_row(
                 r["system"], f"{r['owned_bytes'] / MiB:.1f}", f"{r['stored_bytes'] / MiB:.1f}",
-                f"{r['ratio']:.2f}x", rel, f"{r.get('swapin_mbps', 0):.1f}",
+                meta, net, rel, f"{r.get('swapin_mbps', 0):.1f}",
                 f"{r.get('load_p99_us', 0):.0f}", ok,
             )
     return t

@@ -32,9 +32,11 @@ For every trace (recorded beforehand with ``python -m bench.record``, or here wi
 
 Figures: sandbox-owned bytes (memory.stat anon of the sandbox cgroups before reclaim), bytes the
 system holds for them (allocator pool bytes, plus what it holds outside the pool: KSM's metadata,
-a zram dictionary on the template's side; azswap also payload and metadata), reduction and its
-ratio against zram-lz4 from the same run, the total reduction with the template's pages and
-cost included, swap-out and swap-in MB/s, load latency p50/p99.
+a zram dictionary on the template's side), the metadata it spends on them (System.meta: zram's
+table entries, zswap's entries, azswap's slot entries, object headers, indexes and caches), the
+reduction (owned / pool), the net reduction (owned / (pool + metadata)) and its ratio against
+zram-lz4 from the same run, the total reduction with the template's pages and costs included,
+swap-out and swap-in MB/s, load latency p50/p99.
 JSON goes to $AZSWAP_OUT/swapbench.json (--json to change). Nothing here asserts timing.
 
 Without --systems the default set runs, and a baseline the running kernel lacks (e.g. zram
@@ -299,10 +301,9 @@ def remove_cgroups() -> None:
 
 
 # ------------------------------------------------------------------ one run
-def total_ratio(out_sb: int, out_tm: int, stored_sb: int, stored_tm: int) -> float:
-    """Sandbox and template bytes pushed out / everything the system holds for both."""
-    held = stored_sb + stored_tm
-    return (out_sb + out_tm) / held if held > 0 else float("inf")
+def ratio(out: int, held: int) -> float:
+    """Bytes pushed out / bytes the system holds for them."""
+    return out / held if held > 0 else float("inf")
 
 
 def pct(a: np.ndarray, q: float) -> float:
@@ -373,17 +374,19 @@ def run_system(
         res["template_stored_bytes"] = s1.get("pool", 0) - s0.get("pool", 0) + fixed_tm
         if "payload" in s2:
             res["payload_bytes"] = s2["payload"] - s1["payload"]
-        if "meta" in s2:
-            res["meta_bytes"] = s2["meta"]
         res["ratio"] = out_sb / res["stored_bytes"] if res["stored_bytes"] > 0 else float("inf")
         res["template_ratio"] = (
             out_tm / res["template_stored_bytes"]
             if res["template_stored_bytes"] > 0
             else float("inf")
         )
-        res["total_ratio"] = total_ratio(
-            out_sb, out_tm, res["stored_bytes"], res["template_stored_bytes"]
-        )
+        meta = system.meta(s0, s1, s2)
+        if meta is not None:
+            res["meta_bytes"], res["template_meta_bytes"] = meta
+            res["net_ratio"] = ratio(out_sb, res["stored_bytes"] + meta[0])
+            res["total_ratio"] = ratio(
+                out_sb + out_tm, res["stored_bytes"] + res["template_stored_bytes"] + sum(meta)
+            )
         res["swapout_mbps"] = out_sb / t_sb / 1e6 if t_sb else 0.0
         res["swapout_s"] = t_sb
         res["template_swapout_s"] = t_tm
@@ -430,8 +433,10 @@ def table(results: list[dict[str, Any]], style: str) -> None:
         "system",
         "owned MiB",
         "stored MiB",
+        "meta MiB",
         "reduction",
-        "vs zram-lz4",
+        "net red.",
+        "net vs zram-lz4",
         "tmpl stored MiB",
         "total red.",
         "out MB/s",
@@ -446,7 +451,7 @@ def table(results: list[dict[str, Any]], style: str) -> None:
     for r in results:
         if "error" in r:
             what = "UNAVAILABLE" if r.get("unavailable") else "ERROR"
-            t.add_row(r["system"], *([""] * 11), what, r["error"][:120])
+            t.add_row(r["system"], *([""] * 13), what, r["error"][:120])
             continue
         kinds = ""
         if r.get("owners_azswap"):
@@ -457,15 +462,17 @@ def table(results: list[dict[str, Any]], style: str) -> None:
                         agg[k] = agg.get(k, 0) + v
             kinds = " ".join(f"{k}={v}" for k, v in agg.items() if v)
         rel = rel99 = "-"
-        if base and r.get("ratio") and r["system"] != "none":
-            rel = f"{r['ratio'] / base['ratio']:.2f}x"
-            if base.get("load_p99_us"):
-                rel99 = f"{r.get('load_p99_us', 0) / base['load_p99_us']:.2f}x"
+        if base and r.get("net_ratio") and base.get("net_ratio"):
+            rel = f"{r['net_ratio'] / base['net_ratio']:.2f}x"
+        if base and r.get("ratio") and r["system"] != "none" and base.get("load_p99_us"):
+            rel99 = f"{r.get('load_p99_us', 0) / base['load_p99_us']:.2f}x"
         t.add_row(
             r["system"],
             f"{r['owned_bytes'] / 2**20:.1f}",
             f"{r['stored_bytes'] / 2**20:.1f}",
+            f"{r['meta_bytes'] / 2**20:.2f}" if "meta_bytes" in r else "-",
             f"{r['ratio']:.2f}",
+            f"{r['net_ratio']:.2f}" if "net_ratio" in r else "-",
             rel,
             f"{r.get('template_stored_bytes', 0) / 2**20:.1f}",
             f"{r['total_ratio']:.2f}" if "total_ratio" in r else "-",

@@ -65,6 +65,16 @@ STAT_FILES: dict[str, tuple[str, ...]] = {
         "base_cache_hits",
         "base_cache_misses",
     ),
+    # meta_bytes by component (all but slot_used_bytes sum to it)
+    "meta_stat": (
+        "slot_bytes",
+        "slot_used_bytes",
+        "owner_bytes",
+        "obj_meta_bytes",
+        "index_table_bytes",
+        "tnode_bytes",
+        "base_cache_bytes",
+    ),
 }
 
 _SIZE_RE = re.compile(r"^\s*(\d+)\s*([kKmMgGtT]?)[iI]?[bB]?\s*$")

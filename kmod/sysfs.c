@@ -520,6 +520,22 @@ static ssize_t obj_stat_show(struct device *d, struct device_attribute *attr,
 }
 static DEVICE_ATTR_RO(obj_stat);
 
+static ssize_t meta_stat_show(struct device *d, struct device_attribute *attr,
+			      char *buf)
+{
+	struct azswap_dev *dev = dev_to_az(d);
+	struct az_stats st;
+
+	down_read(&dev->init_lock);
+	azswap_stats(dev, &st);
+	up_read(&dev->init_lock);
+	return sysfs_emit(buf, "%8llu %8llu %8llu %8llu %8llu %8llu %8llu\n",
+			  st.slot_bytes, st.slot_used_bytes, st.owner_bytes,
+			  st.obj_meta_bytes, st.index_table_bytes,
+			  st.tnode_bytes, st.base_cache_bytes);
+}
+static DEVICE_ATTR_RO(meta_stat);
+
 static struct attribute *azswap_disk_attrs[] = {
 	&dev_attr_disksize.attr,
 	&dev_attr_initstate.attr,
@@ -541,6 +557,7 @@ static struct attribute *azswap_disk_attrs[] = {
 	&dev_attr_io_stat.attr,
 	&dev_attr_kind_stat.attr,
 	&dev_attr_obj_stat.attr,
+	&dev_attr_meta_stat.attr,
 	NULL,
 };
 

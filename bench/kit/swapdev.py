@@ -44,6 +44,7 @@ from bench.kit.shell import read, sh, write
 from controlplane.abi import Codec
 from controlplane.sysfs import STAT_FILES, parse_columns
 from controlplane.trace import PAGE_SIZE, ROLE_TEMPLATE, Owner
+from controlplane.trace.accounting import meta_split
 
 # Documentation/admin-guide/blockdev/zram.rst, mm_stat (6.1)
 ZRAM_MM_STAT = (
@@ -113,6 +114,14 @@ class System:
         """(sandboxes' part, template's part) of the memory the system holds beside its pool."""
         return 0, 0
 
+    def meta(
+        self, s0: dict[str, int], s1: dict[str, int], s2: dict[str, int]
+    ) -> tuple[int, int] | None:
+        """(sandboxes', template's) per-page metadata: what the system spends outside its pool
+        on the pages stored between ``s0`` (before the template's), ``s1`` (after it) and
+        ``s2`` (after the sandboxes'), stats() snapshots; None when the kernel does not say."""
+        return None
+
     def teardown(self) -> None: ...
 
     def register(self, cgroups: dict[str, Path], owners: list[Owner]) -> None: ...
@@ -142,6 +151,7 @@ class Zram(System):
         self.swap = True
         self.device = "/dev/zram0"
         self.sys = Path("/sys/block/zram0")
+        self.entry_bytes = 0.0
 
     def setup(self, nbytes: int) -> None:
         if not self.sys.exists():
@@ -156,8 +166,20 @@ class Zram(System):
             write(self.sys / "disksize", str(nbytes))
         except OSError as e:
             raise SwapDevError(f"{self.name}: disksize {nbytes}: {e}") from None
+        self.entry_bytes = zram_table_entry(nbytes)
+        self.info["table_entry_bytes"] = self.entry_bytes
         sh("mkswap", self.device)
         self._swapon()
+
+    def meta(
+        self, s0: dict[str, int], s1: dict[str, int], s2: dict[str, int]
+    ) -> tuple[int, int] | None:
+        """zram's table entries of the slots in use (its table covers every slot of disksize;
+        the unused entries are left out, as for azswap)."""
+        if not self.entry_bytes:
+            return None
+        e = self.entry_bytes
+        return round(e * (s2["pages"] - s1["pages"])), round(e * (s1["pages"] - s0["pages"]))
 
     def _before_disksize(self) -> None:
         """Attributes that must be set before the device is initialised (disksize)."""
@@ -170,6 +192,7 @@ class Zram(System):
         m = parse_columns(ZRAM_MM_STAT, read(self.sys / "mm_stat"))
         return {
             "orig": m["orig_data_size"],
+            "pages": m["orig_data_size"] // PAGE_SIZE,
             "payload": m["compr_data_size"],
             "pool": m["mem_used_total"],
             "same_pages": m["same_pages"],
@@ -202,6 +225,7 @@ class Zswap(System):
         if (self.P / "zpool").exists():
             write(self.P / "zpool", "zsmalloc")
         self.info["zpool"] = read(self.P / "zpool") if (self.P / "zpool").exists() else "zsmalloc"
+        self.info["entry_bytes"] = slab_size("zswap_entry")
         try:
             write(self.P / "compressor", self.algo)
         except OSError as e:
@@ -211,6 +235,16 @@ class Zswap(System):
         write(self.P / "enabled", "Y")
         if read(self.P / "compressor") != self.algo or read(self.P / "enabled") != "Y":
             raise SwapDevError(f"{self.name}: zswap did not take {self.algo}")
+
+    def meta(
+        self, s0: dict[str, int], s1: dict[str, int], s2: dict[str, int]
+    ) -> tuple[int, int] | None:
+        """One `struct zswap_entry` (its slab object) per page in zswap; its tree's nodes are
+        not counted (a lower bound)."""
+        e = self.info.get("entry_bytes", 0)
+        if not e:
+            return None
+        return e * (s2["pages"] - s1["pages"]), e * (s1["pages"] - s0["pages"])
 
     def _shrinker(self, on: bool) -> None:
         """zswap's shrinker (6.8+) as asked: on for "-shrink", explicitly off otherwise."""
@@ -243,6 +277,7 @@ class Zswap(System):
         on_disk = max(0, used - d.get("stored_pages", 0) * PAGE_SIZE)
         return {
             "orig": d.get("stored_pages", 0) * PAGE_SIZE,
+            "pages": d.get("stored_pages", 0),
             "pool": d.get("pool_total_size", 0) + on_disk,
             "zswap_pool": d.get("pool_total_size", 0),
             "backing_bytes": on_disk,
@@ -336,7 +371,9 @@ class Azswap(System):
         m = parse_columns(STAT_FILES["mm_stat"], read(self.B / "mm_stat"))
         k = parse_columns(STAT_FILES["kind_stat"], read(self.B / "kind_stat"))
         o = parse_columns(STAT_FILES["obj_stat"], read(self.B / "obj_stat"))
+        meta = parse_columns(STAT_FILES["meta_stat"], read(self.B / "meta_stat"))
         out = {
+            **meta,
             "orig": m["orig_data_size"],
             "payload": m["compr_data_size"],
             "pool": m["mem_used_total"],
@@ -349,6 +386,14 @@ class Azswap(System):
         for name in STAT_FILES["kind_stat"]:
             out[f"kind_{name}"] = k[name]
         return out
+
+    def meta(
+        self, s0: dict[str, int], s1: dict[str, int], s2: dict[str, int]
+    ) -> tuple[int, int] | None:
+        """Used slot entries and object headers by who stored them; indexes, owner table and
+        base cache to the sandboxes (controlplane.trace.accounting, as the replay does)."""
+        sb, tm = meta_split(s2, s1, s0)
+        return sum(sb.values()), sum(tm.values())
 
     def owner_stats(self) -> list[dict[str, Any]]:
         from controlplane.netlink import AzswapNetlink
@@ -663,6 +708,23 @@ class KsmZram(Zram):
                 write(self.K / "run", "2")
                 for k, v in self.saved.items():
                     write(self.K / k, v)
+
+
+def zram_table_entry(disksize: int, info: Path = Path("/proc/vmallocinfo")) -> float:
+    """Bytes of zram's table per slot: its vmalloc'ed table (``info``, allocated by
+    zram_meta_alloc) over the slots of ``disksize``; 0.0 if the kernel does not show it."""
+    try:
+        lines = info.read_text().splitlines()
+    except OSError:
+        return 0.0
+    pages = [
+        int(m[1])
+        for line in lines
+        if "zram_meta_alloc" in line and (m := re.search(r"\bpages=(\d+)", line))
+    ]
+    if len(pages) != 1:
+        return 0.0
+    return pages[0] * PAGE_SIZE / (disksize // PAGE_SIZE)
 
 
 def slab_size(cache: str) -> int:

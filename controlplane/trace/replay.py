@@ -49,6 +49,7 @@ from typing import Any
 
 import zstandard
 
+from controlplane.trace.accounting import meta_split
 from controlplane.trace.corelib import (
     CODEC_LZ4,
     CODEC_ZSTD,
@@ -217,30 +218,6 @@ def replay(
     return res
 
 
-def _meta_split(tm: dict[str, Any], end: dict[str, Any]) -> tuple[dict[str, int], dict[str, int]]:
-    """Metadata of the sandboxes and of the template, by component, from the core's stats.
-
-    ``tm`` is a snapshot after the template's pages were stored, ``end`` after everything. The
-    per-page parts (slot entries of used slots, object headers) are split at that point; the
-    parts that exist for the sandboxes' sake (the dedup/similarity/template indexes, the owner
-    table, the base cache) are charged to the sandboxes whole. Unused slot entries are neither
-    (``idle_slot_bytes``). The template stores nothing after ``tm``: each slot is written once.
-    """
-    sb = {
-        "slots": end["slot_used_bytes"] - tm["slot_used_bytes"],
-        "object_headers": end["obj_meta_bytes"] - tm["obj_meta_bytes"],
-        "index_tables": end["index_table_bytes"],
-        "template_index_nodes": end["tnode_bytes"],
-        "owner_table": end["owner_bytes"],
-        "base_cache": end["base_cache_bytes"],
-    }
-    tmpl = {
-        "slots": tm["slot_used_bytes"],
-        "object_headers": tm["obj_meta_bytes"],
-    }
-    return sb, tmpl
-
-
 def _ratio(num: int, den: int) -> float:
     return num / den if den else float("inf")
 
@@ -248,12 +225,12 @@ def _ratio(num: int, den: int) -> float:
 def figures(
     strategy: Strategy, tm: dict[str, Any], end: dict[str, Any], nr: int, tmpl_pages: int
 ) -> dict[str, Any]:
-    """The JSON contract's figures of one strategy from two core stats snapshots (see
-    :func:`_meta_split`): the sandboxes' bytes, their pool bytes and metadata, and the
-    template's beside them."""
+    """The JSON contract's figures of one strategy from two core stats snapshots (metadata
+    split by :func:`controlplane.trace.accounting.meta_split`): the sandboxes' bytes, their
+    pool bytes and metadata, and the template's beside them."""
     if sum(end[k] for k in META_PARTS) != end["meta_bytes"]:
         raise CoreError(5, "store stats: meta_bytes is not the sum of its components")
-    sb_meta, tm_meta = _meta_split(tm, end)
+    sb_meta, tm_meta = meta_split(end, tm)
     sandbox = (nr - tmpl_pages) * PAGE_SIZE
     tmpl = tmpl_pages * PAGE_SIZE
     stored = end["stored_bytes"] - tm["stored_bytes"]

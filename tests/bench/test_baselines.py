@@ -24,7 +24,7 @@ from bench.kit.swapdev import (
     read_kv,
     training_pages,
 )
-from bench.swapbench import DEFAULT_SYSTEMS, SYSTEMS, acceptable, total_ratio
+from bench.swapbench import DEFAULT_SYSTEMS, SYSTEMS, acceptable, ratio
 from controlplane.trace import PAGE_SIZE
 
 
@@ -160,11 +160,63 @@ def test_dictionary_is_the_templates_cost() -> None:
     assert Zram("zstd").fixed_bytes() == (0, 0)
 
 
-def test_total_ratio_and_acceptable_rows() -> None:
-    assert total_ratio(300, 100, 100, 100) == 2.0
-    assert total_ratio(1, 1, 0, 0) == float("inf")
+def test_ratio_and_acceptable_rows() -> None:
+    assert ratio(400, 200) == 2.0
+    assert ratio(1, 0) == float("inf")
     assert acceptable({"ok": True})
     assert not acceptable({"ok": False})
     assert acceptable({"error": "no recomp", "unavailable": True, "requested": False})
     assert not acceptable({"error": "no recomp", "unavailable": True, "requested": True})
     assert not acceptable({"error": "boom"})
+
+
+# ------------------------------------------------------------------ metadata (net ratio)
+VMALLOCINFO = (
+    "0xffffc90000000000-0xffffc90000005000   20480 irq_init_percpu_irqstack+0x10/0x30 "
+    "pages=4 vmalloc\n"
+    "0xffffc90000a4d000-0xffffc90000b4e000 1052672 zram_meta_alloc+0x33/0x90 [zram] "
+    "pages=256 vmalloc N0=256\n"
+)
+
+
+def test_zram_table_entry_from_vmallocinfo(tmp_path: Path) -> None:
+    info = tmp_path / "vmallocinfo"
+    info.write_text(VMALLOCINFO)
+    # 256 pages of table for a 256 MiB disk: 16 bytes per slot
+    assert swapdev.zram_table_entry(256 << 20, info) == 16.0
+    info.write_text(VMALLOCINFO.splitlines()[0])
+    assert swapdev.zram_table_entry(256 << 20, info) == 0.0  # not shown: no figure
+    assert swapdev.zram_table_entry(256 << 20, tmp_path / "missing") == 0.0
+
+
+def test_zram_meta_is_its_entries_in_use() -> None:
+    z = Zram("lz4")
+    snaps = ({"pages": 1}, {"pages": 101}, {"pages": 1101})
+    assert z.meta(*snaps) is None  # table size unknown: no net ratio, never a guess
+    z.entry_bytes = 16.0
+    assert z.meta(*snaps) == (16 * 1000, 16 * 100)
+
+
+def test_zswap_meta_is_one_entry_per_page() -> None:
+    z = Zswap("lz4")
+    snaps = ({"pages": 0}, {"pages": 10}, {"pages": 30})
+    assert z.meta(*snaps) is None
+    z.info["entry_bytes"] = 64
+    assert z.meta(*snaps) == (64 * 20, 64 * 10)
+
+
+def test_azswap_meta_splits_per_page_and_shared_parts() -> None:
+    def snap(slots: int, objs: int, shared: int) -> dict[str, int]:
+        return {
+            "slot_used_bytes": slots,
+            "obj_meta_bytes": objs,
+            "index_table_bytes": shared,
+            "tnode_bytes": shared,
+            "owner_bytes": shared,
+            "base_cache_bytes": shared,
+        }
+
+    s0, s1, s2 = snap(16, 0, 100), snap(16 + 160, 880, 100), snap(16 + 480, 2640, 200)
+    sb, tm = make_system("azswap-lz4").meta(s0, s1, s2)
+    assert tm == 160 + 880  # the template's slot entries and headers, swap's header page apart
+    assert sb == 320 + 1760 + 4 * 200  # the sandboxes' per-page parts and every shared part

@@ -148,6 +148,12 @@ def test_block_io_roundtrip_partial_and_discard(dev0) -> None:
     st = d.mm()
     assert st["orig_data_size"] >= (pages + 3) * 4096
     assert st["same_pages"] >= pages // 2  # zero and same-filled pages
+    # meta_stat splits meta_bytes: one 16-byte slot entry per slot, the used ones per page stored.
+    meta = d.stat("meta_stat")
+    assert meta["slot_bytes"] == 16 * (16 << 20) // 4096
+    assert meta["slot_used_bytes"] == 16 * d.obj()["pages_stored"]
+    parts = sum(v for k, v in meta.items() if k != "slot_used_bytes")
+    assert parts == d.mm()["meta_bytes"]
     # Discard frees the slots: they read back as zeroes.
     ag.sh("blkdiscard", "-o", str(4096 * 10), "-l", str(4096 * pages), d.path)
     fd = os.open(d.path, os.O_RDONLY | os.O_DIRECT)
@@ -221,7 +227,7 @@ BAD: dict[str, list[bytes]] = {
     "base_cache": [b"", b"65537", b"-1", b"abc", b"1M", b"4294967296", b"99999999999999999999"],
     "sim_slots": [b"", b"0", b"3", b"6", b"128", b"-1", b"abc", b"4294967296"],
 }
-READ_ONLY = ["initstate", "mm_stat", "io_stat", "kind_stat", "obj_stat"]
+READ_ONLY = ["initstate", "mm_stat", "io_stat", "kind_stat", "obj_stat", "meta_stat"]
 
 
 def _snapshot(d: ag.Dev) -> dict[str, str]:
