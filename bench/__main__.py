@@ -3,7 +3,7 @@
     python -m bench [--out bench-report] [--n 8] [--size default] [--seed 1]
         [--styles fork,fresh-aslr,fresh-noaslr] [--systems ...] [--kernel 6.1|6.12|7.3]
         [--memory 3G] [--reuse-traces] [--skip-vm] [--scale 1,2,4,8,16]
-        [--microvm auto|skip|DIR] [--no-phase]
+        [--microvm auto|skip|DIR] [--no-phase] [--no-trim]
 
 Steps (every figure is measured in this run):
  1. record each sandbox style on this machine (bench.record: the ML workloads of
@@ -23,7 +23,9 @@ Steps (every figure is measured in this run):
     scale: replay of the first 1, 2, 4, ... sandboxes of the fork-style trace (recorded with
     max(--scale) sandboxes);
  4. host store/load MB/s vs python-lz4/zstandard (bench.hostbench): OUT/host.json;
- 5. OUT/report.md and OUT/*.png.
+ 5. the trim step apart from compression: fork and fresh-aslr recorded again with each sandbox
+    trimming its heap before the wait, both replayed (bench.trimbench): OUT/trim.json;
+ 6. OUT/report.md and OUT/*.png.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import hostbench
+from bench import hostbench, trimbench
 from bench.kit.shell import logger
 from bench.record import STYLES, run_and_record
 from bench.swapbench import DEFAULT_SYSTEMS, SYSTEMS
@@ -46,6 +48,7 @@ from controlplane.trace import PAGE_SIZE, ROLE_TEMPLATE, Trace, read_trace
 from controlplane.trace import replay as rp
 
 TOP = Path(__file__).resolve().parents[1]
+TRIM_STYLES = ("fork", "fresh-aslr")
 
 
 log = logger("bench")
@@ -327,6 +330,7 @@ def main(argv: list[str] | None = None) -> int:
         help="microVM recording dir (auto: vm-tests/out/microvm, recorded if missing; skip)",
     )
     ap.add_argument("--no-phase", action="store_true", help="skip the tool-phase benchmark")
+    ap.add_argument("--no-trim", action="store_true", help="skip the trim-step measurement")
     ap.add_argument(
         "--report-only",
         action="store_true",
@@ -415,9 +419,16 @@ def main(argv: list[str] | None = None) -> int:
     for h in host:
         hostbench.print_table(h)
     (out / "host.json").write_text(json.dumps(host, indent=1))
-    # 5. report
+    # 5. the trim step, apart from compression (host recordings, replay)
+    trim = [
+        trimbench.measure(st, a.n, a.size, a.seed, out / "traces", log=log)
+        for st in TRIM_STYLES
+        if st in styles and not a.no_trim
+    ]
+    (out / "trim.json").write_text(json.dumps(trim, indent=1))
+    # 6. report
     made = charts(out, sw, rep, scale, ph)
-    write_report(out, a, sw, rep, scale, host, made, ph)
+    write_report(out, a, sw, rep, scale, host, made, ph, trim)
     log(f"wrote {out / 'report.md'}")
     return 0
 
@@ -434,7 +445,7 @@ def report_only(out: Path, a: argparse.Namespace) -> int:
     sw, scale, host = load("swapbench.json", {}), load("scaling.json", []), load("host.json", [])
     ph = None if a.no_phase else load("phasebench.json", None)
     made = charts(out, sw, rep, scale, ph)
-    write_report(out, a, sw, rep, scale, host, made, ph)
+    write_report(out, a, sw, rep, scale, host, made, ph, load("trim.json", []))
     log(f"wrote {out / 'report.md'} from the JSON of the last run")
     return 0
 
@@ -516,6 +527,7 @@ def write_report(
     host: list[dict[str, Any]],
     made: list[str],
     ph: dict[str, Any] | None = None,
+    trim: list[dict[str, Any]] | None = None,
 ) -> None:
     L = [
         "# azswap evaluation report",
@@ -610,6 +622,18 @@ def write_report(
                 + " |"
             )
         L.append("")
+    if trim:
+        L += [
+            "## Trim step, apart from compression (host recordings, replay)",
+            "",
+            "The same sandboxes recorded without and with the trim step (controlplane.trim: "
+            "gc.collect and malloc_trim(0) in each sandbox before its wait; docs/daemon-protocol."
+            "md, \"Trim step\"). trim alone = sandbox bytes without / with; held = stored + "
+            "metadata in the store core; \"with trim\" = held without / held with.",
+            "",
+            *trimbench.table(trim),
+            "",
+        ]
     if host:
         L += [
             "## Host: store core vs python-lz4 / python-zstandard (same pages, one CPU)",

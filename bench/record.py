@@ -1,7 +1,7 @@
 """Run the ML sandbox workloads (vm-tests/workloads/mlsandbox.py) and record them as page traces.
 
     python -m bench.record --style fork|fresh-aslr|fresh-noaslr [--n 8] [--size S]
-        [--seed 1] --out TRACE
+        [--seed 1] [--trim] --out TRACE
 
 fork          a template process builds the state and forks N sandboxes (each joins its own memory
               cgroup when cgroups are available); a sandbox owns the pages it maps exclusively.
@@ -79,6 +79,7 @@ def run_and_record(
     cgroup_root: Path | None = None,
     timeout: float = 1800,
     group: int = 1,
+    trim: bool = False,
     log=print,
 ) -> dict[str, Any]:
     """Start the workload, wait until every process idles, record, stop everything."""
@@ -92,6 +93,7 @@ def run_and_record(
         cgs = cgroups.make_tree(cgroup_root, names)
     env = dict(os.environ, PYTHONHASHSEED="0", OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
     common = ["--seed", str(seed), "--size", size, "--status", str(status)]
+    common += ["--trim"] if trim else []
     procs: list[subprocess.Popen] = []
     t0 = time.monotonic()
     try:
@@ -161,6 +163,7 @@ def run_and_record(
             "workload": "vm-tests/workloads/mlsandbox.py",
             "run_seconds": round(t_run, 1),
             "cgroup_anon_bytes": anon,
+            "trim": trim,
         }
         t1 = time.monotonic()
         stats = record(out, plist, meta)
@@ -212,9 +215,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--cgroups", action="store_true", help="put each process in its own memory cgroup"
     )
+    ap.add_argument(
+        "--trim",
+        action="store_true",
+        help="sandboxes trim their heap after their task (controlplane.trim), as the agent "
+        "loop's trim step does before a wait",
+    )
     a = ap.parse_args(argv)
     cg = CGROOT / "azrecord" if a.cgroups and cgroups_usable() else None
-    run_and_record(a.style, a.n, a.size, a.seed, a.out, cgroup_root=cg)
+    run_and_record(a.style, a.n, a.size, a.seed, a.out, cgroup_root=cg, trim=a.trim)
     return 0
 
 

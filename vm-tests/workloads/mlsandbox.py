@@ -22,7 +22,9 @@ Sandbox trajectories (--task, default by index, round robin over TASKS), each fr
             token statistics (Counter), new example records
   eval      forward passes over held-out batches, logits, per-example metrics
   sft       one full-model step at a small learning rate (every weight, m and v touched)
-Then the process writes STATUS/<name>.ready (its pid) and idles (signal.pause) until killed.
+With --trim a sandbox then trims its heap (controlplane.trim: gc.collect + malloc_trim(0)), as
+the agent loop's trim step does before a wait. Then the process writes STATUS/<name>.ready (its
+pid) and idles (signal.pause) until killed.
 
 Fork style: the template builds the state, gc.freeze()s it (as a zygote does), forks --n children;
 each child moves itself into CGROUP_ROOT/sb<i> before running its task, so the pages it copies on
@@ -461,10 +463,15 @@ def idle() -> None:
         signal.pause()
 
 
-def run_task(st: State, task: str, seed: int) -> None:
+def run_task(st: State, task: str, seed: int, trim: bool = False) -> None:
     t0 = time.monotonic()
     TASK_FNS[task](st, np.random.default_rng(seed))
     log(f"task {task} done in {time.monotonic() - t0:.1f}s")
+    if trim:  # the agent loop's trim step, before the sandbox waits for the LLM
+        from controlplane.trim import trim as trim_heap  # imported by main(), before any fork
+
+        t = trim_heap()
+        log(f"trim: {t.released_bytes >> 10} KiB released (malloc_trim: {t.malloc_trim})")
 
 
 def main() -> None:
@@ -478,13 +485,17 @@ def main() -> None:
     ap.add_argument("--size", choices=tuple(SIZES), default="default")
     ap.add_argument("--cgroup-root", help="fork style: children join CGROUP_ROOT/sb<i>")
     ap.add_argument("--status", help="directory for <name>.ready files")
+    ap.add_argument("--trim", action="store_true",
+                    help="sandboxes trim their heap (controlplane.trim) after their task")
     a = ap.parse_args()
+    if a.trim:
+        import controlplane.trim  # noqa: F401  (a sandbox's trim() then allocates nothing)
 
     t0 = time.monotonic()
     st = build_state(a.seed, a.size)
     log(f"state built in {time.monotonic() - t0:.1f}s ({a.size})")
     if a.role == "sandbox":
-        run_task(st, a.task or TASKS[a.index % len(TASKS)], a.seed * 1000 + a.index + 1)
+        run_task(st, a.task or TASKS[a.index % len(TASKS)], a.seed * 1000 + a.index + 1, a.trim)
         ready(a.status, f"sb{a.index}")
         idle()
     if a.style == "fresh":
@@ -499,7 +510,7 @@ def main() -> None:
                 if a.cgroup_root:
                     with open(os.path.join(a.cgroup_root, f"sb{i}", "cgroup.procs"), "w") as f:
                         f.write(str(os.getpid()))
-                run_task(st, a.task or TASKS[i % len(TASKS)], a.seed * 1000 + i + 1)
+                run_task(st, a.task or TASKS[i % len(TASKS)], a.seed * 1000 + i + 1, a.trim)
                 ready(a.status, f"sb{i}")
                 idle()
             finally:
