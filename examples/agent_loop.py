@@ -15,7 +15,12 @@ Each sandbox is a memory cgroup (made by your runtime: runc, Firecracker's jaile
     the tool call  -> here --tool run inside the sandbox's cgroup
 
 and unregisters them at the end, also on errors and Ctrl-C.  Orchestrators copy the
-`waiting_for_llm` context manager: it is the whole integration.
+`waiting_for_llm` context manager: it is the whole integration on the host.  Inside the
+sandbox, a long-lived tool runtime (a REPL, a Jupyter kernel, a tool server) adds the trim step:
+it calls `controlplane.trim.trim()` after each tool call, before the result goes back and the
+llm-wait hint is sent, so the heap memory the call freed is returned instead of compressed
+(docs/daemon-protocol.md, "Trim step").  The tools here are short-lived commands: nothing to
+trim.
 """
 
 from __future__ import annotations
