@@ -59,12 +59,28 @@ endif
 # production module; `make kmod AZSWAP_DEBUG=1` builds it in place instead.
 KMOD_DEBUG_DIR := $(TOP)/build/kmod-debug
 KMOD_DEBUG := $(KMOD_DEBUG_DIR)/kmod/azswap.ko
+# Another series' self-test build: build/kmod-SERIES-debug (`make kmod-debug KERNEL=6.12`), which
+# `vm-tests/run --kernel SERIES` mounts over build/kmod-debug/kmod in the guest.
+ifneq ($(origin KDIR)$(KERNEL),file6.1)
+ifneq ($(origin KDIR),command line)
+KMOD_DEBUG_SERIES := $(KERNEL)
+endif
+endif
+ifdef KMOD_DEBUG_SERIES
+kmod-debug: setup-apt
+	@$(TOP)/scripts/kernels.sh install $(KERNEL)
+	@$(TOP)/scripts/kernels.sh build $(KERNEL) debug
+else
 kmod-debug: $(if $(filter command line,$(origin KDIR)),,setup-apt)
 	rm -rf $(KMOD_DEBUG_DIR) && mkdir -p $(KMOD_DEBUG_DIR)
 	cp -r $(TOP)/kmod $(TOP)/Kbuild $(KMOD_DEBUG_DIR)/
 	find $(KMOD_DEBUG_DIR) \( -name '*.o' -o -name '*.ko' -o -name '.*.cmd' -o -name '*.mod' \
 		-o -name '*.mod.c' -o -name modules.order \) -delete
 	$(MAKE) -C $(KDIR) M=$(KMOD_DEBUG_DIR) AZSWAP_DEBUG=1 modules
+endif
+
+kmod-debug-all: setup-apt
+	@for s in $(SERIES); do $(MAKE) --no-print-directory kmod-debug KERNEL=$$s || exit 1; done
 
 hostlib: setup-apt
 	$(MAKE) -f $(TOP)/kmod/core/host.mk TOP=$(TOP)
@@ -97,7 +113,7 @@ kmod-all: setup-apt
 
 # The full guest suite once per series (vm-tests/conftest.py passes AZSWAP_KERNEL on to
 # vm-tests/run); every series runs even when one fails.
-test-kernels: setup kmod-all
+test-kernels: setup kmod-all kmod-debug-all
 	@rc=0; for s in $(SERIES); do echo "== guest suite on $$s"; \
 	  AZSWAP_KERNEL=$$s $(PYTEST) vm-tests/guest || rc=1; done; exit $$rc
 

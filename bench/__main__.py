@@ -1,13 +1,15 @@
 """`make bench`: the evaluation report (markdown + PNG charts + raw JSON) in one command.
 
     python -m bench [--out bench-report] [--n 8] [--size default] [--seed 1]
-        [--styles fork,fresh-aslr,fresh-noaslr] [--systems ...] [--kernel 6.1|6.12|7.3]
+        [--styles fork,fresh-aslr,fresh-noaslr,coding-fork,coding-fresh-aslr] [--systems ...]
+        [--kernel 6.1|6.12|7.3]
         [--memory 3G] [--reuse-traces] [--skip-vm] [--scale 1,2,4,8,16]
         [--microvm auto|skip|DIR] [--no-phase] [--no-trim]
 
 Steps (every figure is measured in this run):
  1. record each sandbox style on this machine (bench.record: the ML workloads of
-    vm-tests/workloads/mlsandbox.py, N sandboxes, fixed seed) into OUT/traces/STYLE.aztrace;
+    vm-tests/workloads/mlsandbox.py and the coding-agent ones of codingsandbox.py, N sandboxes,
+    fixed seed) into OUT/traces/STYLE.aztrace;
     microVM style: the recording of vm-tests/microvm/record.py in vm-tests/out/microvm
     (--microvm auto: made now if missing, ~11 min the first time, docs/lab/microvm.md);
  2. boot the test kernel of --kernel's series once (vm-tests/run --kernel; the module built
@@ -48,7 +50,8 @@ from controlplane.trace import PAGE_SIZE, ROLE_TEMPLATE, Trace, read_trace
 from controlplane.trace import replay as rp
 
 TOP = Path(__file__).resolve().parents[1]
-TRIM_STYLES = ("fork", "fresh-aslr")
+DEFAULT_STYLES = ("fork", "fresh-aslr", "fresh-noaslr", "coding-fork", "coding-fresh-aslr")
+TRIM_STYLES = ("fork", "fresh-aslr", "coding-fork")
 
 
 log = logger("bench")
@@ -315,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n", type=int, default=8)
     ap.add_argument("--size", default="default")
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--styles", default=",".join(STYLES))
+    ap.add_argument("--styles", default=",".join(DEFAULT_STYLES))
     ap.add_argument("--systems", default=None,
                     help="comma list (default: " + ",".join(DEFAULT_SYSTEMS) + ")")
     ap.add_argument("--kernel", default=None, choices=("6.1", "6.12", "7.3"),
@@ -342,6 +345,9 @@ def main(argv: list[str] | None = None) -> int:
         return report_only(out, a)
     (out / "traces").mkdir(parents=True, exist_ok=True)
     styles = [s for s in a.styles.split(",") if s]
+    bad = [s for s in styles if s not in STYLES]
+    if bad:
+        ap.error(f"unknown style(s) {','.join(bad)} (from {','.join(STYLES)})")
     traces = []
     for st in styles:
         p = out / "traces" / f"{st}.aztrace"
@@ -549,7 +555,11 @@ def write_report(
         "A template Python process holds a transformer's float32 weights, Adam state, a "
         "tokenized dataset and Python heaps (tokenizer, corpus, records, warmed interpreter); "
         "sandboxes run training, generation, data processing, evaluation and SFT trajectories "
-        "(vm-tests/workloads/mlsandbox.py). Styles: `fork` (sandboxes forked from the template; "
+        "(vm-tests/workloads/mlsandbox.py). Coding-agent sandboxes (`coding-*`, "
+        "vm-tests/workloads/codingsandbox.py): a template interpreter holds a source tree (the "
+        "Python standard library's sources), its symbol index, ASTs, an sqlite database and a "
+        "conversation history; sandboxes parse, search, edit (with diffs), query and test it. "
+        "Styles: `fork` (sandboxes forked from the template; "
         "they own their CoW copies and new pages), `fresh-aslr` / `fresh-noaslr` (independent "
         "processes with ASLR on / off). Each style is recorded once "
         "(docs/trace-format.md) and played back into live processes for every system, so every "

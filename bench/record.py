@@ -1,12 +1,14 @@
-"""Run the ML sandbox workloads (vm-tests/workloads/mlsandbox.py) and record them as page traces.
+"""Run a sandbox workload and record it as a page trace: the ML sandboxes
+(vm-tests/workloads/mlsandbox.py) or the coding-agent ones (codingsandbox.py).
 
-    python -m bench.record --style fork|fresh-aslr|fresh-noaslr [--n 8] [--size S]
+    python -m bench.record --style [coding-]fork|fresh-aslr|fresh-noaslr [--n 8] [--size S]
         [--seed 1] [--trim] --out TRACE
 
 fork          a template process builds the state and forks N sandboxes (each joins its own memory
               cgroup when cgroups are available); a sandbox owns the pages it maps exclusively.
 fresh-aslr    the template and N sandboxes started as independent processes (ASLR on).
 fresh-noaslr  the same under personality ADDR_NO_RANDOMIZE (setarch -R): same layout, same indexes.
+coding-STYLE  the coding-agent workload (codingsandbox.py) started as STYLE.
 
 Every process runs with PYTHONHASHSEED=0 and a fixed seed, so a rerun builds the same pages.
 Works on the host (no cgroups needed) and in the test guest.
@@ -31,8 +33,22 @@ from controlplane.trace import PAGE_SIZE, ROLE_SANDBOX, ROLE_TEMPLATE
 from controlplane.trace.recorder import Proc, record
 
 TOP = Path(__file__).resolve().parents[1]
-WORKLOAD = TOP / "vm-tests" / "workloads" / "mlsandbox.py"
-STYLES = ("fork", "fresh-aslr", "fresh-noaslr")
+WORKLOADS = {
+    "ml": TOP / "vm-tests" / "workloads" / "mlsandbox.py",
+    "coding": TOP / "vm-tests" / "workloads" / "codingsandbox.py",
+}
+PROC_STYLES = ("fork", "fresh-aslr", "fresh-noaslr")
+# "coding-STYLE": the coding-agent workload started the same way
+STYLES = PROC_STYLES + tuple(f"coding-{s}" for s in PROC_STYLES)
+
+
+def split_style(style: str) -> tuple[str, str]:
+    """(workload, how its processes start) of a style name: "coding-fork" -> coding, fork."""
+    if style not in STYLES:
+        raise ValueError(f"unknown style {style!r} (from {', '.join(STYLES)})")
+    if style.startswith("coding-"):
+        return "coding", style.removeprefix("coding-")
+    return "ml", style
 CGROOT = Path("/sys/fs/cgroup")
 
 
@@ -83,8 +99,8 @@ def run_and_record(
     log=print,
 ) -> dict[str, Any]:
     """Start the workload, wait until every process idles, record, stop everything."""
-    if style not in STYLES:
-        raise ValueError(f"unknown style {style!r}")
+    workload, proc_style = split_style(style)
+    script = WORKLOADS[workload]
     py = python or sys.executable
     names = ["template"] + [f"sb{i}" for i in range(n)]
     status = Path(tempfile.mkdtemp(prefix="azrec-"))
@@ -97,10 +113,10 @@ def run_and_record(
     procs: list[subprocess.Popen] = []
     t0 = time.monotonic()
     try:
-        if style == "fork":
+        if proc_style == "fork":
             cmd = [
                 py,
-                str(WORKLOAD),
+                str(script),
                 "--role",
                 "template",
                 "--style",
@@ -115,10 +131,10 @@ def run_and_record(
                 subprocess.Popen(cmd, env=env, preexec_fn=cgroups.joiner(cgs.get("template")))
             )
         else:
-            pre = ["setarch", "-R"] if style == "fresh-noaslr" else []
+            pre = ["setarch", "-R"] if proc_style == "fresh-noaslr" else []
             procs.append(
                 subprocess.Popen(
-                    [*pre, py, str(WORKLOAD), "--role", "template", "--style", "fresh", *common],
+                    [*pre, py, str(script), "--role", "template", "--style", "fresh", *common],
                     env=env,
                     preexec_fn=cgroups.joiner(cgs.get("template")),
                 )
@@ -126,7 +142,7 @@ def run_and_record(
             for i in range(n):
                 procs.append(
                     subprocess.Popen(
-                        [*pre, py, str(WORKLOAD), "--role", "sandbox", "--index", str(i), *common],
+                        [*pre, py, str(script), "--role", "sandbox", "--index", str(i), *common],
                         env=env,
                         preexec_fn=cgroups.joiner(cgs.get(f"sb{i}")),
                     )
@@ -140,7 +156,9 @@ def run_and_record(
                 pids["template"], 1000, group, ROLE_TEMPLATE, "template", info={"task": "template"}
             )
         ]
-        tasks = tuple(_read_tasks(WORKLOAD)) or ("train", "generate", "data", "eval", "sft")
+        tasks = tuple(_read_tasks(script))
+        if not tasks:
+            raise RuntimeError(f"{script}: no TASKS = (...) line")
         for i in range(n):
             plist.append(
                 Proc(
@@ -149,7 +167,7 @@ def run_and_record(
                     group,
                     ROLE_SANDBOX,
                     f"sb{i}",
-                    exclusive=style == "fork",
+                    exclusive=proc_style == "fork",
                     info={"task": tasks[i % len(tasks)]},
                 )
             )
@@ -160,7 +178,8 @@ def run_and_record(
             "seed": seed,
             "recorded_at": time.time(),
             "kernel": os.uname().release,
-            "workload": "vm-tests/workloads/mlsandbox.py",
+            "workload": workload,
+            "workload_script": str(script.relative_to(TOP)),
             "run_seconds": round(t_run, 1),
             "cgroup_anon_bytes": anon,
             "trim": trim,

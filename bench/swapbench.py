@@ -314,7 +314,9 @@ def run_system(
     tr: Trace, sysname: str, exe: Path, tmp: Path, expect: dict[str, np.ndarray]
 ) -> dict[str, Any]:
     owners = list(tr.owners.values())
-    fork_style = tr.meta.get("style") == "fork" or any(o.info.get("exclusive") for o in owners)
+    fork_style = str(tr.meta.get("style", "")).endswith("fork") or any(
+        o.info.get("exclusive") for o in owners
+    )
     system = make_system(sysname)
     remove_cgroups()
     cgs = make_cgroups([o.name for o in owners])

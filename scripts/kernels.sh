@@ -166,22 +166,29 @@ copy_sources() {
 		-not -name '*.mod.c' -print0 | cpio -0 -pdmu --quiet "$dst")
 }
 
+# build SERIES [debug]: the module for SERIES in build/kmod-SERIES (debug: the self-test
+# build, AZSWAP_DEBUG=1, in build/kmod-SERIES-debug).
 build() {
-	local series=$1 rel out
+	local series=$1 variant=${2:-} rel out flags=()
 	rel=$(release "$series")
 	out="$top/build/kmod-$series"
+	case "$variant" in
+	"") ;;
+	debug) out="$out-debug" flags=(AZSWAP_DEBUG=1) ;;
+	*) die "build: unknown variant '$variant' (debug)" ;;
+	esac
 	case "$series" in
 	6.1 | 6.12)
 		copy_sources "$out"
-		make -C "/lib/modules/$rel/build" M="$out" modules
+		make -C "/lib/modules/$rel/build" M="$out" "${flags[@]}" modules
 		;;
 	7.3)
 		local src
-		src="/build/azswap-$(echo "$top" | md5sum | cut -c1-8)"
+		src="/build/azswap-$(echo "$top" | md5sum | cut -c1-8)${variant:+-$variant}"
 		copy_sources "$root73$src"
 		mountpoint -q "$root73/proc" || mount -t proc proc "$root73/proc"
 		local rc=0
-		in_root make -C "/usr/src/linux-headers-$rel" M="$src" modules || rc=$?
+		in_root make -C "/usr/src/linux-headers-$rel" M="$src" "${flags[@]}" modules || rc=$?
 		umount "$root73/proc" 2>/dev/null || true
 		[ "$rc" = 0 ] || exit "$rc"
 		mkdir -p "$out/kmod"
@@ -236,13 +243,17 @@ install)
 		esac
 	done
 	;;
-release | image | build)
+release | image)
 	[ $# = 1 ] || die "usage: $0 $cmd SERIES"
 	"$cmd" "$1"
+	;;
+build)
+	[ $# = 1 ] || [ $# = 2 ] || die "usage: $0 build SERIES [debug]"
+	build "$@"
 	;;
 dkms)
 	[ $# = 2 ] || die "usage: $0 dkms SERIES DIR"
 	dkms_tree "$1" "$2"
 	;;
-*) die "usage: $0 install|release|image|build|dkms [SERIES [DIR]]" ;;
+*) die "usage: $0 install|release|image|build|dkms [SERIES [debug|DIR]]" ;;
 esac

@@ -463,9 +463,11 @@ def idle() -> None:
         signal.pause()
 
 
-def run_task(st: State, task: str, seed: int, trim: bool = False) -> None:
+def run_task(
+    st: object, task: str, seed: int, trim: bool = False, fns: dict | None = None
+) -> None:
     t0 = time.monotonic()
-    TASK_FNS[task](st, np.random.default_rng(seed))
+    (fns or TASK_FNS)[task](st, np.random.default_rng(seed))
     log(f"task {task} done in {time.monotonic() - t0:.1f}s")
     if trim:  # the agent loop's trim step, before the sandbox waits for the LLM
         from controlplane.trim import trim as trim_heap  # imported by main(), before any fork
@@ -474,28 +476,37 @@ def run_task(st: State, task: str, seed: int, trim: bool = False) -> None:
         log(f"trim: {t.released_bytes >> 10} KiB released (malloc_trim: {t.malloc_trim})")
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None, *, doc: str | None = None, sizes: dict | None = None,
+         build=None, fns: dict | None = None) -> None:
+    """The process roles (template, fork children, fresh sandboxes) of a sandbox workload: this
+    file's ML workload, or another one's state builder and task functions (codingsandbox.py)."""
+    doc = doc or __doc__
+    sizes = sizes or SIZES
+    build = build or build_state
+    fns = fns or TASK_FNS
+    tasks = tuple(fns)
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     ap.add_argument("--role", choices=("template", "sandbox"), required=True)
     ap.add_argument("--style", choices=("fork", "fresh"), default="fresh")
     ap.add_argument("--n", type=int, default=8, help="sandboxes to fork (fork style)")
     ap.add_argument("--index", type=int, default=0, help="sandbox number (fresh style)")
-    ap.add_argument("--task", choices=TASKS, help="default: TASKS[index % 5]")
+    ap.add_argument("--task", choices=tasks, help="default: the tasks round robin by index")
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--size", choices=tuple(SIZES), default="default")
+    ap.add_argument("--size", choices=tuple(sizes), default="default")
     ap.add_argument("--cgroup-root", help="fork style: children join CGROUP_ROOT/sb<i>")
     ap.add_argument("--status", help="directory for <name>.ready files")
     ap.add_argument("--trim", action="store_true",
                     help="sandboxes trim their heap (controlplane.trim) after their task")
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     if a.trim:
         import controlplane.trim  # noqa: F401  (a sandbox's trim() then allocates nothing)
 
     t0 = time.monotonic()
-    st = build_state(a.seed, a.size)
+    st = build(a.seed, a.size)
     log(f"state built in {time.monotonic() - t0:.1f}s ({a.size})")
     if a.role == "sandbox":
-        run_task(st, a.task or TASKS[a.index % len(TASKS)], a.seed * 1000 + a.index + 1, a.trim)
+        run_task(st, a.task or tasks[a.index % len(tasks)], a.seed * 1000 + a.index + 1, a.trim,
+                 fns)
         ready(a.status, f"sb{a.index}")
         idle()
     if a.style == "fresh":
@@ -510,7 +521,7 @@ def main() -> None:
                 if a.cgroup_root:
                     with open(os.path.join(a.cgroup_root, f"sb{i}", "cgroup.procs"), "w") as f:
                         f.write(str(os.getpid()))
-                run_task(st, a.task or TASKS[i % len(TASKS)], a.seed * 1000 + i + 1, a.trim)
+                run_task(st, a.task or tasks[i % len(tasks)], a.seed * 1000 + i + 1, a.trim, fns)
                 ready(a.status, f"sb{i}")
                 idle()
             finally:
