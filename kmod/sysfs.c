@@ -440,6 +440,16 @@ static void azswap_stats(struct azswap_dev *dev, struct az_stats *st)
 		memset(st, 0, sizeof(*st));
 }
 
+/* The store's figures for a stat file that needs nothing else of @dev. */
+static void azswap_stats_locked(struct device *d, struct az_stats *st)
+{
+	struct azswap_dev *dev = dev_to_az(d);
+
+	down_read(&dev->init_lock);
+	azswap_stats(dev, st);
+	up_read(&dev->init_lock);
+}
+
 static ssize_t mm_stat_show(struct device *d, struct device_attribute *attr,
 			    char *buf)
 {
@@ -487,12 +497,9 @@ static DEVICE_ATTR_RO(io_stat);
 static ssize_t kind_stat_show(struct device *d, struct device_attribute *attr,
 			      char *buf)
 {
-	struct azswap_dev *dev = dev_to_az(d);
 	struct az_stats st;
 
-	down_read(&dev->init_lock);
-	azswap_stats(dev, &st);
-	up_read(&dev->init_lock);
+	azswap_stats_locked(d, &st);
 	return sysfs_emit(buf, "%8llu %8llu %8llu %8llu %8llu %8llu\n",
 			  st.kind_pages[AZ_KIND_SAME], st.kind_pages[AZ_KIND_DUP],
 			  st.kind_pages[AZ_KIND_TDELTA],
@@ -505,12 +512,9 @@ static DEVICE_ATTR_RO(kind_stat);
 static ssize_t obj_stat_show(struct device *d, struct device_attribute *attr,
 			     char *buf)
 {
-	struct azswap_dev *dev = dev_to_az(d);
 	struct az_stats st;
 
-	down_read(&dev->init_lock);
-	azswap_stats(dev, &st);
-	up_read(&dev->init_lock);
+	azswap_stats_locked(d, &st);
 	return sysfs_emit(buf,
 			  "%8llu %8llu %8llu %8llu %8llu %8llu %8llu %8llu %8llu\n",
 			  st.pages_stored, st.objects, st.bases,
@@ -523,12 +527,9 @@ static DEVICE_ATTR_RO(obj_stat);
 static ssize_t meta_stat_show(struct device *d, struct device_attribute *attr,
 			      char *buf)
 {
-	struct azswap_dev *dev = dev_to_az(d);
 	struct az_stats st;
 
-	down_read(&dev->init_lock);
-	azswap_stats(dev, &st);
-	up_read(&dev->init_lock);
+	azswap_stats_locked(d, &st);
 	return sysfs_emit(buf, "%8llu %8llu %8llu %8llu %8llu %8llu %8llu\n",
 			  st.slot_bytes, st.slot_used_bytes, st.owner_bytes,
 			  st.obj_meta_bytes, st.index_table_bytes,
