@@ -70,6 +70,7 @@ REGIMES = {
     "none": "no compression",
     "aggressive": "aggressive, blind to phases",
     "daemon": "azctl daemon",
+    "daemon-stream": "azctl daemon, tool-call streaming announced",
 }
 
 
@@ -207,7 +208,11 @@ def charts(
         groups: dict[str, list[dict[str, Any]]] = {}
         for r in runs:
             groups.setdefault(f"{r['host']}\n{r['style']}", []).append(r["regimes"])
-        keys = [k for k in ("aggressive", "daemon") if any(k in g[0] for g in groups.values())]
+        keys = [
+            k
+            for k in ("aggressive", "daemon", "daemon-stream")
+            if any(k in g[0] for g in groups.values())
+        ]
         fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
         w = 0.8 / max(len(keys), 1)
         x = np.arange(len(groups))

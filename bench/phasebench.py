@@ -32,6 +32,10 @@ Regimes, each with fresh sandboxes and the same trajectories, on one azswap-lz4 
               template, a `llm-wait` hint at the start of every wait and a `tool` hint at its
               end.  The daemon's scheduler compresses, its prefetcher restores; the benchmark
               does neither.
+  daemon-stream
+              the same, and the orchestrator also says when the model begins to stream its
+              tool call (`ending`, the trajectory's stream_s before the wait's end), as an agent
+              loop that streams the model's answer can.
 
 Figures per regime: tool-phase latency (mean, p95; cycles after --warmup), end-to-end time,
 slowdown (tool mean / none's, same run), footprint (sum of the sandboxes' memory.current plus
@@ -66,11 +70,12 @@ from typing import Any
 from bench.kit.daemon import DaemonError, DaemonProcess
 
 MiB = float(1 << 20)
-REGIMES = ("none", "aggressive", "daemon")
+REGIMES = ("none", "aggressive", "daemon", "daemon-stream")
 HOSTS = ("idle", "loaded")
 STYLES = ("ml", "coding")
 WAIT_MIN, WAIT_MAX = 0.5, 20.0
 WORK_MIN, WORK_MAX = 0.1, 5.0
+STREAM_MIN, STREAM_MAX = 0.2, 4.0
 DRIFT_MIN, DRIFT_MAX = 0.10, 0.30
 GROUP = 1  # the trust group every sandbox and the template share
 CONTRACT_KEYS = ("tool_mean_s", "tool_p95_s", "e2e_s", "slowdown", "saved_mib", "peak_mib",
@@ -92,6 +97,7 @@ class Cycle:
     work_s: float  # the tool's own work, in seconds of the calibrated work function
     hot: tuple[int, ...]  # pages the tool reads, in order (every 8th one is rewritten)
     new: int  # pages of ``hot`` not in the previous cycle's hot set
+    stream_s: float = 0.0  # the last seconds of the wait: the model streams its tool call
 
 
 def _clip(x: float, lo: float, hi: float) -> float:
@@ -100,14 +106,20 @@ def _clip(x: float, lo: float, hi: float) -> float:
 
 def trajectory(style: str, seed: int, sid: int, cycles: int, npages: int, hot: float = 0.25,
                wait_scale: float = 1.0, wait_median: float = 2.0, wait_sigma: float = 1.0,
-               work_median: float = 0.4, work_sigma: float = 0.9) -> list[Cycle]:
+               work_median: float = 0.4, work_sigma: float = 0.9,
+               stream_median: float = 1.0) -> list[Cycle]:
     """A sandbox's seeded trajectory: waits lognormal clipped to [0.5, 20] s times
     ``wait_scale``, tool work lognormal clipped to [0.1, 5] s, a hot set of ``hot`` of the
     pages that drifts 10-30% each cycle (``ml``: a sequential window that slides; other styles:
-    scattered pages, some replaced)."""
+    scattered pages, some replaced), and how long before each wait's end the model starts to
+    stream its tool call (lognormal around ``stream_median`` s clipped to [0.2, 4] s, at most
+    half the wait: a tool call's tens to hundreds of tokens at tens to a few hundred tokens a
+    second)."""
     if not 0 < hot <= 0.5:
         raise ValueError("hot must be in (0, 0.5]")
     rng = random.Random(f"trajectory:{style}:{seed}:{sid}")
+    # its own stream: the waits, tools and hot sets are the same with or without it
+    srng = random.Random(f"stream:{style}:{seed}:{sid}")
     n = max(int(npages * hot), 10)
     lo, hi = math.ceil(DRIFT_MIN * n), math.floor(DRIFT_MAX * n)
     if style == "ml":
@@ -139,7 +151,10 @@ def trajectory(style: str, seed: int, sid: int, cycles: int, npages: int, hot: f
                 for p in fresh:
                     kept.insert(rng.randrange(len(kept) + 1), p)
                 cur = kept
-        out.append(Cycle(round(wait * wait_scale, 4), round(work, 4), tuple(cur), k))
+        w = round(wait * wait_scale, 4)
+        stream = min(_clip(srng.lognormvariate(math.log(stream_median), 0.6), STREAM_MIN,
+                           STREAM_MAX), w / 2)
+        out.append(Cycle(w, round(work, 4), tuple(cur), k, math.floor(stream * 1e4) / 1e4))
     return out
 
 
@@ -365,7 +380,7 @@ def run_regime(regime: str, host: Host, style: str, cfg: Config, dev: Any,
 
         client_for: Any = None
         regs: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
-        if regime == "daemon":
+        if regime.startswith("daemon"):
             from controlplane.client import DaemonClient
 
             daemon = start_daemon(cfg.daemon_args, cfg.daemon_timeout)
@@ -397,6 +412,8 @@ def run_regime(regime: str, host: Host, style: str, cfg: Config, dev: Any,
         elif regime == "aggressive":
             regs = _module_registrations(cgs["template"], boxes)
 
+        announce = regime == "daemon-stream"
+
         def life(b: Box, offset: float) -> None:
             client = client_for() if client_for is not None else None
             try:
@@ -405,7 +422,10 @@ def run_regime(regime: str, host: Host, style: str, cfg: Config, dev: Any,
                     if client is not None:
                         client.phase(b.name, "llm-wait")
                     end = time.monotonic() + c.wait_s
-                    time.sleep(c.wait_s)
+                    if announce:  # the model begins to stream its tool call
+                        time.sleep(c.wait_s - c.stream_s)
+                        client.ending(b.name)
+                    time.sleep(max(0.0, end - time.monotonic()))
                     t0 = max(time.monotonic(), end)
                     if client is not None:
                         client.phase(b.name, "tool")

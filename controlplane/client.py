@@ -150,6 +150,11 @@ class DaemonClient:
     def phase(self, name: str, phase: str) -> dict[str, Any]:
         return self.request("phase", name=name, phase=phase)
 
+    def ending(self, name: str) -> dict[str, Any]:
+        """The sandbox's LLM wait ends soon (the model has begun to stream its tool call): the
+        daemon brings its working set back now. Returns at once."""
+        return self.request("ending", name=name)
+
     def compress(self, name: str, wait: float = 0.0) -> dict[str, Any]:
         return self.request("compress", name=name, wait=wait)
 

@@ -435,6 +435,16 @@ class Daemon:
             out["module_error"] = module_error
         return out
 
+    def op_ending(self, req: dict[str, Any]) -> dict[str, Any]:
+        """The sandbox's wait ends soon (the orchestrator sees the model stream its answer):
+        its planned prefetch is due now. Never waits for it."""
+        sb = self.registry.sandbox(_str(req, "name"))
+        with self._plan_lock:
+            due = self.planner.wait_ending(sb.name, self.clock())
+        self._plan_wake.set()
+        self.publish({"event": "ending", "name": sb.name, "prefetch": due})
+        return {"name": sb.name, "prefetch": due}
+
     def _restore(self, sb: Sandbox, token: int | None) -> None:
         """One prefetch: planned before the predicted end of a wait (``token`` from the
         planner), or on a tool hint (None; then at a lower priority: the tool runs meanwhile
@@ -612,6 +622,7 @@ class Daemon:
         "register": op_register,
         "unregister": op_unregister,
         "phase": op_phase,
+        "ending": op_ending,
         "compress": op_compress,
         "prefetch": op_prefetch,
         "list": op_list,

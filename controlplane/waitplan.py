@@ -42,6 +42,10 @@ The control law, per sandbox:
 * A host short of CPU (the daemon sets ``busy`` from /proc/pressure/cpu): a prefetch then
   competes with the running tools for the CPU they lack, so waits that start then are not
   predicted (``predict_when_busy`` off) and their tools fault their pages in on use.
+* Announced ends: an orchestrator that streams the model's answer knows the wait is ending
+  when the first tokens of a tool call arrive, seconds before the tool hint.  ``wait_ending``
+  makes the prefetch due at once (unless this wait's prefetch already ran or runs) and keeps
+  the wait from being compressed again; a wait without the announcement is predicted as above.
 * Never worse than compressing blind: without a prediction the tool faults in what it touches,
   and the scheduler never compresses during a tool phase.
 """
@@ -138,6 +142,7 @@ class SandboxPlan:
     recompress_at: float | None = None
     recompressed: bool = False  # compressed again, no prefetch planned since
     went_on: bool = False  # this wait was compressed again after a prefetch
+    ending: bool = False  # the orchestrator said this wait ends soon (the model streams)
     # counts, for the stats
     waits_seen: int = 0
     fired: int = 0
@@ -146,6 +151,7 @@ class SandboxPlan:
     early: int = 0
     on_hint: int = 0
     busy_waits: int = 0  # waits not predicted because the host was short of CPU
+    endings: int = 0  # waits whose end was announced (wait_ending)
 
 
 @dataclass(frozen=True)
@@ -209,7 +215,7 @@ class WaitPlanner:
         sp.epoch += 1
         sp.wait_start, sp.prefetching, sp.fires = now, False, 0
         sp.prefetched_at = sp.recompress_at = None
-        sp.recompressed = sp.went_on = False
+        sp.recompressed = sp.went_on = sp.ending = False
         if sp.paused > 0:
             sp.paused -= 1
             sp.fire_at = None
@@ -272,6 +278,21 @@ class WaitPlanner:
         sp.prefetching = False
         return out
 
+    def wait_ending(self, name: str, now: float) -> bool:
+        """The orchestrator says the wait ends soon (the model has begun to stream its answer or
+        tool call): the prefetch is due now unless one ran or runs in this wait, and the wait is
+        not compressed again. Returns whether a prefetch was made due."""
+        sp = self._get(name)
+        if sp.wait_start is None or sp.ending:
+            return False
+        sp.ending = True
+        sp.endings += 1
+        sp.recompress_at = None
+        if sp.prefetching or (sp.prefetched_at is not None and not sp.recompressed):
+            return False
+        sp.fire_at = now
+        return True
+
     def other_phase(self, name: str) -> None:
         """Any other hint (idle, unknown): no wait in progress any more."""
         sp = self._get(name)
@@ -300,7 +321,7 @@ class WaitPlanner:
             return  # its wait ended meanwhile (tool_started counted it late)
         sp.prefetching = False
         sp.prefetched_at = now
-        if sp.fires < self.config.max_fires:
+        if sp.fires < self.config.max_fires and not sp.ending:
             sp.recompress_at = now + self.config.recompress_after
 
     def remaining(self, name: str, age: float) -> float | None:
@@ -323,7 +344,7 @@ class WaitPlanner:
                     continue  # an earlier wait's prefetch still runs: after it
                 out.append((name, Action.PREFETCH))
                 continue
-            if sp.recompress_at is not None and now >= sp.recompress_at:
+            if sp.recompress_at is not None and now >= sp.recompress_at and not sp.ending:
                 sp.recompress_at = None
                 age = now - sp.wait_start
                 left = self.remaining(name, age)
@@ -362,4 +383,5 @@ class WaitPlanner:
             "early": sp.early,
             "on_hint": sp.on_hint,
             "busy_waits": sp.busy_waits,
+            "endings": sp.endings,
         }

@@ -29,6 +29,7 @@ Examples:
   azctl daemon &                       start the control plane (root)
   azctl sandbox add sb1 --cgroup /sandboxes/sb1 --group 1
   azctl phase sb1 llm-wait             compress while it waits for the model
+  azctl ending sb1                     the model streams its tool call: prefetch now
   azctl phase sb1 tool                 stop compressing, prefetch its working set
   azctl template add base --group 1 --from-file /srv/vm/base.mem
   azctl stats --json | jq .totals.ratio
@@ -339,6 +340,17 @@ def phase(ctx: click.Context, name: str, phase: str, as_json: bool) -> None:
     """Hint that sandbox NAME entered PHASE (llm-wait compresses, tool stops and prefetches)."""
     r = _env(ctx).client("phase").phase(name, phase)
     _done(as_json, r, f"{name}: {r['phase']}")
+
+
+@cli.command(epilog="\b\nExample:\n  azctl ending sb1")
+@click.argument("name")
+@json_opt
+@click.pass_context
+def ending(ctx: click.Context, name: str, as_json: bool) -> None:
+    """Hint that sandbox NAME's LLM wait ends soon (the model is streaming its tool call):
+    its working set is prefetched now and the wait is not compressed again."""
+    r = _env(ctx).client("ending").ending(name)
+    _done(as_json, r, f"{name}: {'prefetching' if r['prefetch'] else 'nothing to prefetch'}")
 
 
 @cli.command(epilog="\b\nExamples:\n  azctl compress sb1\n  azctl compress sb1 --wait 60")

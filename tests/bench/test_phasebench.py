@@ -162,3 +162,17 @@ def test_spread_and_contract_shape() -> None:
     assert (lo, med, hi) == pytest.approx((1.1, 1.2, 1.3))
     assert rows["daemon"]["keeps"] == pytest.approx((0.8, 0.9, 1.0))
     assert rows["daemon"]["bad_pages"] == 1 and rows["none"]["bad_pages"] == 0
+
+
+def test_tool_call_streaming_starts_within_the_last_half_of_each_wait() -> None:
+    from bench.phasebench import STREAM_MAX, STREAM_MIN, trajectory
+
+    cycles = trajectory("coding", 7, 2, 200, 1000)
+    for c in cycles:
+        assert min(STREAM_MIN, c.wait_s / 2) - 1e-3 <= c.stream_s <= min(STREAM_MAX, c.wait_s / 2)
+    assert len({c.stream_s for c in cycles}) > 100  # drawn per wait, not a constant
+    # the stream has a random source of its own: waits, tools and hot sets do not depend on it
+    again = trajectory("coding", 7, 2, 200, 1000, stream_median=3.0)
+    assert [(c.wait_s, c.work_s, c.hot) for c in cycles] == [
+        (c.wait_s, c.work_s, c.hot) for c in again
+    ]

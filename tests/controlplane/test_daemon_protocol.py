@@ -457,6 +457,38 @@ def test_prefetch_before_the_predicted_end_of_a_wait_and_not_again_on_the_hint(
         d.stop()
 
 
+def test_an_announced_end_prefetches_at_once_and_holds_compression(tmp_path: Path) -> None:
+    make_cgroup(tmp_path / "cg", "/sb/a")
+    fm = FakeModule(tmp_path / "cg")
+    pf = RecordingPrefetcher()
+    clock = FakeClock()
+    d = Daemon(config(tmp_path), module_factory=lambda: fm, prefetcher=pf, clock=clock)
+    d._plan_loop = lambda: None  # type: ignore[method-assign]  # the test calls plan_tick()
+    d.start()
+    try:
+        with DaemonClient(d.config.socket_path) as c:
+            c.register("a", "/sb/a", 1)
+            c.phase("a", "llm-wait")  # a first wait: nothing to predict from
+            clock.advance(2.0)
+            d.plan_tick()
+            assert ("restore", "a") not in pf.calls
+            assert c.ending("a") == {"name": "a", "prefetch": True}
+            d.plan_tick()
+            _until(lambda: ("restore", "a") in pf.calls, "the announced prefetch")
+            assert d.scheduler.held("a", d.phases.get("a", clock()).generation)
+            plan = c.stats("a")["phase"]["plan"]
+            assert plan["endings"] == 1 and plan["fired"] == 1
+            assert c.ending("a")["prefetch"] is False  # once per wait
+            clock.advance(0.5)
+            c.phase("a", "tool")
+            time.sleep(0.2)
+            assert pf.calls.count(("restore", "a")) == 1
+            with pytest.raises(errors.AzswapError):
+                c.ending("nope")
+    finally:
+        d.stop()
+
+
 def test_device_reset_is_noticed_and_registrations_restored(tmp_path: Path) -> None:
     r = Running(tmp_path, reconcile_interval=0)  # no thread: reconcile() called by hand
     try:

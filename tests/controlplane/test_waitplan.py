@@ -279,3 +279,51 @@ def test_fire_time_is_cheap_on_long_waits() -> None:
     # the candidates are the waits' own ages, not a grid: an hour-long wait costs no more
     waits = [1.0, 2.0, 3600.0, 3600.0]
     assert fire_time(waits, 3.0, 0.5, 0.5) == pytest.approx(3599.5)
+
+
+def test_an_announced_end_prefetches_at_once_without_history() -> None:
+    p = WaitPlanner(quick())
+    assert p.wait_started("a", 0.0) is None  # nothing learned yet: no prediction
+    assert p.due(1.0) == []
+    assert p.wait_ending("a", 1.5)
+    assert p.next_due() == 1.5
+    assert p.due(1.5) == [("a", Action.PREFETCH)]
+    tok = p.prefetch_started("a")
+    p.prefetch_done("a", tok, 0.3, 1.8)
+    assert not p.wait_ending("a", 1.9)  # said once per wait
+    assert p.tool_started("a", 2.2).reason == "predicted"
+    snap = p.snapshot("a", 2.2)
+    assert snap["endings"] == 1 and snap["hits"] == 1
+
+
+def test_an_announced_end_is_never_compressed_again() -> None:
+    p = WaitPlanner(quick(recompress_after=1.0, recompress_min_remaining=3.0))
+    t = 0.0
+    for w in (1.0, 1.0, 1.0, 10.0, 10.0):
+        t = cycle(p, "a", t, w)
+    at = p.wait_started("a", t)
+    assert at is not None and p.due(at) == [("a", Action.PREFETCH)]
+    tok = p.prefetch_started("a")
+    p.prefetch_done("a", tok, 0.1, at + 0.1)
+    # without the announcement the wait would be compressed again at at + 1.1
+    assert not p.wait_ending("a", at + 0.5)  # its prefetch already ran: nothing more to do
+    assert p.due(at + 1.2) == [] and p.next_due() is None
+    assert p.tool_started("a", t + 3.0).reason == "predicted"
+
+
+def test_an_announced_end_during_a_prefetch_waits_for_it() -> None:
+    p = WaitPlanner(quick())
+    t = 0.0
+    for _ in range(3):
+        t = cycle(p, "a", t, 3.0)
+    at = p.wait_started("a", t)
+    assert at is not None and p.due(at) == [("a", Action.PREFETCH)]
+    p.prefetch_started("a")
+    assert not p.wait_ending("a", at + 0.1)  # in flight: not a second one
+    assert p.due(at + 0.2) == []
+
+
+def test_an_announced_end_outside_a_wait_does_nothing() -> None:
+    p = WaitPlanner(quick())
+    assert not p.wait_ending("a", 0.0)
+    assert p.due(0.0) == [] and p.next_due() is None
