@@ -12,13 +12,14 @@ PYTEST := $(VENV)/bin/pytest
 # The first target is the default: `make` alone prints help.
 .DEFAULT_GOAL := help
 
-.PHONY: help setup setup-apt kmod kmod-debug kmod-all hostlib test test-host test-vm \
+.PHONY: help setup setup-apt kmod kmod-debug kmod-debug-all kmod-all hostlib test test-host test-vm \
 	test-kernels test-debug debug-kernel soak lint demo bench bench-phase clean
 
 help:
 	@echo "make setup    install Debian packages + .venv (idempotent)"
 	@echo "make kmod     build kmod/azswap.ko against KDIR (default: the test kernel's headers)"
 	@echo "make kmod-debug  the module with the store core's self-test (AZSWAP_DEBUG=1) as $(KMOD_DEBUG)"
+	@echo "                 (KERNEL=6.12|7.3: build/kmod-SERIES-debug; make kmod-debug-all: every series)"
 	@echo "make kmod KERNEL=6.12|7.3  build build/kmod-SERIES/azswap.ko for that series"
 	@echo "make install  module + systemd units + config examples (KDIR=/lib/modules/\$$(uname -r)/build)"
 	@echo "make dkms-install  the same module through DKMS, rebuilt for every kernel"
@@ -61,7 +62,7 @@ KMOD_DEBUG_DIR := $(TOP)/build/kmod-debug
 KMOD_DEBUG := $(KMOD_DEBUG_DIR)/kmod/azswap.ko
 # Another series' self-test build: build/kmod-SERIES-debug (`make kmod-debug KERNEL=6.12`), which
 # `vm-tests/run --kernel SERIES` mounts over build/kmod-debug/kmod in the guest.
-ifneq ($(origin KDIR)$(KERNEL),file6.1)
+ifneq ($(KERNEL),6.1)
 ifneq ($(origin KDIR),command line)
 KMOD_DEBUG_SERIES := $(KERNEL)
 endif

@@ -25,8 +25,9 @@ Steps (every figure is measured in this run):
     scale: replay of the first 1, 2, 4, ... sandboxes of the fork-style trace (recorded with
     max(--scale) sandboxes);
  4. host store/load MB/s vs python-lz4/zstandard (bench.hostbench): OUT/host.json;
- 5. the trim step apart from compression: fork and fresh-aslr recorded again with each sandbox
-    trimming its heap before the wait, both replayed (bench.trimbench): OUT/trim.json;
+ 5. the trim step apart from compression: fork, fresh-aslr and coding-fork recorded again
+    without and with each sandbox trimming its heap before the wait, both replayed
+    (bench.trimbench): OUT/trim.json;
  6. OUT/report.md and OUT/*.png.
 """
 

@@ -180,6 +180,9 @@ def run_and_record(
             "kernel": os.uname().release,
             "workload": workload,
             "workload_script": str(script.relative_to(TOP)),
+            # the coding workload's pages are this interpreter's standard library sources
+            "python": subprocess.run([py, "-c", "import sys; print(sys.version)"],
+                                     capture_output=True, text=True).stdout.strip(),
             "run_seconds": round(t_run, 1),
             "cgroup_anon_bytes": anon,
             "trim": trim,

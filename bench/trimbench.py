@@ -31,7 +31,7 @@ def measure(style: str, n: int, size: str, seed: int, out: Path, log=print) -> d
     """Record ``style`` without and with the trim step and replay both traces."""
     row: dict[str, Any] = {"style": style, "n": n, "size": size, "seed": seed}
     for trim in (False, True):
-        path = out / f"{style}{'-trim' if trim else ''}.aztrace"
+        path = out / f"{style}-{'trim' if trim else 'plain'}.aztrace"  # not make bench's
         run_and_record(style, n, size, seed, str(path), trim=trim, log=log)
         tr = read_trace(path)
         res = {s: rp.replay(tr, rp.STRATEGIES[s]) for s in STRATEGIES}

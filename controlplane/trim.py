@@ -17,9 +17,10 @@ tool calls, after a tool call and before its result goes back to the model::
 
 This module needs nothing beyond the standard library, so a sandbox image can carry it as one
 file. Import it once at start-up (in the template, where sandboxes are forked from one): the
-call itself then allocates nothing. Other runtimes call ``malloc_trim(0)`` (glibc) the same
-way; docs/daemon-protocol.md, "Trim step", says how a platform wires it. On a C library
-without ``malloc_trim`` (musl) the call reports ``malloc_trim`` False and trims nothing else.
+call itself then loads no library and imports nothing. Other runtimes call ``malloc_trim(0)``
+(glibc) the same way; docs/daemon-protocol.md, "Trim step", says how a platform wires it. On a
+C library without ``malloc_trim`` (musl) the call reports ``malloc_trim`` False and trims
+nothing else.
 """
 
 from __future__ import annotations
@@ -67,7 +68,8 @@ def _malloc_trim() -> Callable[[int], int] | None:
 
 
 # Resolved once, when the module is imported: a runtime that forks sandboxes from a template
-# imports it in the template, so that a sandbox's trim() allocates nothing new.
+# imports it in the template, so that a sandbox's trim() loads nothing (ctypes and libc's
+# symbols are already there).
 MALLOC_TRIM = _malloc_trim()
 
 

@@ -441,7 +441,7 @@ static void azswap_stats(struct azswap_dev *dev, struct az_stats *st)
 }
 
 /* The store's figures for a stat file that needs nothing else of @dev. */
-static void azswap_stats_locked(struct device *d, struct az_stats *st)
+static void azswap_read_stats(struct device *d, struct az_stats *st)
 {
 	struct azswap_dev *dev = dev_to_az(d);
 
@@ -499,7 +499,7 @@ static ssize_t kind_stat_show(struct device *d, struct device_attribute *attr,
 {
 	struct az_stats st;
 
-	azswap_stats_locked(d, &st);
+	azswap_read_stats(d, &st);
 	return sysfs_emit(buf, "%8llu %8llu %8llu %8llu %8llu %8llu\n",
 			  st.kind_pages[AZ_KIND_SAME], st.kind_pages[AZ_KIND_DUP],
 			  st.kind_pages[AZ_KIND_TDELTA],
@@ -514,7 +514,7 @@ static ssize_t obj_stat_show(struct device *d, struct device_attribute *attr,
 {
 	struct az_stats st;
 
-	azswap_stats_locked(d, &st);
+	azswap_read_stats(d, &st);
 	return sysfs_emit(buf,
 			  "%8llu %8llu %8llu %8llu %8llu %8llu %8llu %8llu %8llu\n",
 			  st.pages_stored, st.objects, st.bases,
@@ -529,7 +529,7 @@ static ssize_t meta_stat_show(struct device *d, struct device_attribute *attr,
 {
 	struct az_stats st;
 
-	azswap_stats_locked(d, &st);
+	azswap_read_stats(d, &st);
 	return sysfs_emit(buf, "%8llu %8llu %8llu %8llu %8llu %8llu %8llu\n",
 			  st.slot_bytes, st.slot_used_bytes, st.owner_bytes,
 			  st.obj_meta_bytes, st.index_table_bytes,

@@ -4,7 +4,8 @@
 #   scripts/kernels.sh install [SERIES...]  install 6.12 and/or 7.3 (default: both)
 #   scripts/kernels.sh release SERIES       print the kernel release (e.g. 6.12.95+deb12-amd64)
 #   scripts/kernels.sh image SERIES         print the path of its vmlinuz
-#   scripts/kernels.sh build SERIES         build the module for it: build/kmod-SERIES/azswap.ko
+#   scripts/kernels.sh build SERIES [debug] build the module for it: build/kmod-SERIES/azswap.ko
+#                                           (debug: the self-test build, build/kmod-SERIES-debug)
 #   scripts/kernels.sh dkms SERIES DIR      DKMS add + build for it, nothing installed
 #                                           (packaging/dkms-install.sh --tree DIR; 7.3: in the
 #                                           chroot, with DIR's tree in it and the module copied
@@ -180,7 +181,7 @@ build() {
 	case "$series" in
 	6.1 | 6.12)
 		copy_sources "$out"
-		make -C "/lib/modules/$rel/build" M="$out" "${flags[@]}" modules
+		make -C "/lib/modules/$rel/build" M="$out" ${flags[@]+"${flags[@]}"} modules
 		;;
 	7.3)
 		local src
@@ -188,7 +189,7 @@ build() {
 		copy_sources "$root73$src"
 		mountpoint -q "$root73/proc" || mount -t proc proc "$root73/proc"
 		local rc=0
-		in_root make -C "/usr/src/linux-headers-$rel" M="$src" "${flags[@]}" modules || rc=$?
+		in_root make -C "/usr/src/linux-headers-$rel" M="$src" ${flags[@]+"${flags[@]}"} modules || rc=$?
 		umount "$root73/proc" 2>/dev/null || true
 		[ "$rc" = 0 ] || exit "$rc"
 		mkdir -p "$out/kmod"

@@ -168,6 +168,8 @@ class Zram(System):
             raise SwapDevError(f"{self.name}: disksize {nbytes}: {e}") from None
         self.entry_bytes = zram_table_entry(nbytes)
         self.info["table_entry_bytes"] = self.entry_bytes
+        if not self.entry_bytes:
+            self.info["meta_unknown"] = "zram's table not found in /proc/vmallocinfo"
         sh("mkswap", self.device)
         self._swapon()
 
@@ -225,7 +227,6 @@ class Zswap(System):
         if (self.P / "zpool").exists():
             write(self.P / "zpool", "zsmalloc")
         self.info["zpool"] = read(self.P / "zpool") if (self.P / "zpool").exists() else "zsmalloc"
-        self.info["entry_bytes"] = slab_size("zswap_entry")
         try:
             write(self.P / "compressor", self.algo)
         except OSError as e:
@@ -240,9 +241,12 @@ class Zswap(System):
         self, s0: dict[str, int], s1: dict[str, int], s2: dict[str, int]
     ) -> tuple[int, int] | None:
         """One `struct zswap_entry` (its slab object) per page in zswap; its tree's nodes are
-        not counted (a lower bound)."""
-        e = self.info.get("entry_bytes", 0)
+        not counted (a lower bound). Read once pages were stored: from 6.12 zswap creates the
+        cache when it is first enabled."""
+        e = self.info.get("entry_bytes") or slab_size("zswap_entry")
+        self.info["entry_bytes"] = e
         if not e:
+            self.info["meta_unknown"] = "no /sys/kernel/slab/zswap_entry"
             return None
         return e * (s2["pages"] - s1["pages"]), e * (s1["pages"] - s0["pages"])
 
@@ -372,6 +376,10 @@ class Azswap(System):
         k = parse_columns(STAT_FILES["kind_stat"], read(self.B / "kind_stat"))
         o = parse_columns(STAT_FILES["obj_stat"], read(self.B / "obj_stat"))
         meta = parse_columns(STAT_FILES["meta_stat"], read(self.B / "meta_stat"))
+        parts = sum(v for k, v in meta.items() if k != "slot_used_bytes")
+        if parts != m["meta_bytes"]:
+            raise SwapDevError(f"{self.name}: meta_stat sums to {parts}, mm_stat meta_bytes is "
+                               f"{m['meta_bytes']}: the columns do not match this module")
         out = {
             **meta,
             "orig": m["orig_data_size"],
@@ -711,20 +719,22 @@ class KsmZram(Zram):
 
 
 def zram_table_entry(disksize: int, info: Path = Path("/proc/vmallocinfo")) -> float:
-    """Bytes of zram's table per slot: its vmalloc'ed table (``info``, allocated by
-    zram_meta_alloc) over the slots of ``disksize``; 0.0 if the kernel does not show it."""
+    """Bytes of zram's table per slot: its vmalloc'ed table (a ``[zram]`` line of ``info``:
+    allocated in zram_meta_alloc, which the kernels we run inline into disksize_store) over
+    the slots of ``disksize``; 0.0 unless exactly one of zram's allocations has the size of a
+    table (8-64 bytes a slot: zram's other buffers are a few pages)."""
     try:
         lines = info.read_text().splitlines()
     except OSError:
         return 0.0
-    pages = [
-        int(m[1])
+    slots = disksize // PAGE_SIZE
+    sizes = [
+        int(m[1]) * PAGE_SIZE / slots
         for line in lines
-        if "zram_meta_alloc" in line and (m := re.search(r"\bpages=(\d+)", line))
+        if "[zram]" in line and (m := re.search(r"\bpages=(\d+)", line))
     ]
-    if len(pages) != 1:
-        return 0.0
-    return pages[0] * PAGE_SIZE / (disksize // PAGE_SIZE)
+    tables = [e for e in sizes if 8 <= e <= 64]
+    return tables[0] if len(tables) == 1 else 0.0
 
 
 def slab_size(cache: str) -> int:

@@ -174,18 +174,23 @@ def test_ratio_and_acceptable_rows() -> None:
 VMALLOCINFO = (
     "0xffffc90000000000-0xffffc90000005000   20480 irq_init_percpu_irqstack+0x10/0x30 "
     "pages=4 vmalloc\n"
-    "0xffffc90000a4d000-0xffffc90000b4e000 1052672 zram_meta_alloc+0x33/0x90 [zram] "
+    "0xffffc90000a4d000-0xffffc90000b4e000 1052672 disksize_store+0x6c/0x180 [zram] "
     "pages=256 vmalloc N0=256\n"
+    "0xffffc90000c00000-0xffffc90000c03000   12288 zcomp_strm_init+0x20/0x60 [zram] "
+    "pages=2 vmalloc N0=2\n"
 )
 
 
 def test_zram_table_entry_from_vmallocinfo(tmp_path: Path) -> None:
     info = tmp_path / "vmallocinfo"
     info.write_text(VMALLOCINFO)
-    # 256 pages of table for a 256 MiB disk: 16 bytes per slot
+    # 256 pages of table for a 256 MiB disk: 16 bytes per slot (the stream buffer is not one)
     assert swapdev.zram_table_entry(256 << 20, info) == 16.0
     info.write_text(VMALLOCINFO.splitlines()[0])
     assert swapdev.zram_table_entry(256 << 20, info) == 0.0  # not shown: no figure
+    two = VMALLOCINFO.splitlines()[1]
+    info.write_text(two + "\n" + two + "\n")
+    assert swapdev.zram_table_entry(256 << 20, info) == 0.0  # two devices: which one?
     assert swapdev.zram_table_entry(256 << 20, tmp_path / "missing") == 0.0
 
 
@@ -197,7 +202,8 @@ def test_zram_meta_is_its_entries_in_use() -> None:
     assert z.meta(*snaps) == (16 * 1000, 16 * 100)
 
 
-def test_zswap_meta_is_one_entry_per_page() -> None:
+def test_zswap_meta_is_one_entry_per_page(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(swapdev, "slab_size", lambda cache: 0)
     z = Zswap("lz4")
     snaps = ({"pages": 0}, {"pages": 10}, {"pages": 30})
     assert z.meta(*snaps) is None

@@ -83,7 +83,7 @@ def build_state(seed: int, size: str) -> State:
     for p in source_files():
         if total >= budget:
             break
-        text = p.read_text(errors="replace")
+        text = p.read_text(encoding="utf-8", errors="replace")
         st.files[str(p)] = text
         total += len(text)
     st.lines = {k: v.splitlines() for k, v in st.files.items()}
@@ -217,5 +217,6 @@ TASK_FNS = {
 }
 
 if __name__ == "__main__":
+    mlsandbox.LOG_NAME = "codingsandbox"
     mlsandbox.main(doc=__doc__, sizes=SIZES, build=build_state, fns=TASK_FNS)
     sys.exit(0)

@@ -60,8 +60,11 @@ SIZES = {
 }
 
 
+LOG_NAME = "mlsandbox"
+
+
 def log(msg: str) -> None:
-    print(f"[mlsandbox {os.getpid()}] {msg}", file=sys.stderr, flush=True)
+    print(f"[{LOG_NAME} {os.getpid()}] {msg}", file=sys.stderr, flush=True)
 
 
 # ---------------------------------------------------------------- warm interpreter
@@ -485,6 +488,9 @@ def main(argv: list[str] | None = None, *, doc: str | None = None, sizes: dict |
     build = build or build_state
     fns = fns or TASK_FNS
     tasks = tuple(fns)
+    # bench/record.py labels sandbox i with TASKS[i % len(TASKS)] of the workload's file
+    if tasks != tuple(sys.modules[build.__module__].TASKS):
+        raise SystemExit(f"{build.__module__}: TASK_FNS order differs from TASKS")
     ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     ap.add_argument("--role", choices=("template", "sandbox"), required=True)
     ap.add_argument("--style", choices=("fork", "fresh"), default="fresh")
@@ -499,7 +505,7 @@ def main(argv: list[str] | None = None, *, doc: str | None = None, sizes: dict |
                     help="sandboxes trim their heap (controlplane.trim) after their task")
     a = ap.parse_args(argv)
     if a.trim:
-        import controlplane.trim  # noqa: F401  (a sandbox's trim() then allocates nothing)
+        import controlplane.trim  # noqa: F401  (a sandbox's trim() then loads nothing)
 
     t0 = time.monotonic()
     st = build(a.seed, a.size)
