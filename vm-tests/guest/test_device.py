@@ -62,8 +62,8 @@ def test_selftest_param(module) -> None:
 def test_deferred_frees_have_a_reclaim_workqueue(module) -> None:
     """Deferred frees run on a WQ_MEM_RECLAIM queue: its rescuer thread exists while the
     module is loaded (system_wq has none). The rescuer is named after the queue, from 6.8 as
-    "kworker/R-<queue>" (a task's comm keeps 15 characters)."""
-    names = {"azswap_free", "kworker/R-azswap_free"[:15]}
+    "kworker/R-<queue>" (/proc shows a workqueue thread's whole name)."""
+    names = {"azswap_free", "kworker/R-azswap_free"}
 
     def rescuers() -> int:
         n = 0
