@@ -27,6 +27,19 @@ def cycle(p: WaitPlanner, name: str, t: float, wait: float, took: float = 0.3) -
     return t + wait + 1.0
 
 
+def predicted(p: WaitPlanner, waits: tuple[float, ...], took: float = 0.1) -> tuple[float, float]:
+    """Waits of these lengths, then a new wait whose planned prefetch fires and takes
+    ``took`` s; returns (the new wait's start, its fire time)."""
+    t = 0.0
+    for w in waits:
+        t = cycle(p, "a", t, w)
+    at = p.wait_started("a", t)
+    assert at is not None and p.due(at) == [("a", Action.PREFETCH)]
+    tok = p.prefetch_started("a")
+    p.prefetch_done("a", tok, took, at + took)
+    return t, at
+
+
 def test_fire_time_of_a_regular_wait_is_one_lead_before_its_end() -> None:
     assert fire_time([3.0] * 5, 0.0, 0.5, 0.3) == pytest.approx(2.5)
 
@@ -105,13 +118,7 @@ def test_a_wait_longer_than_predicted_is_compressed_again_and_predicted_anew() -
 
 def test_a_wait_about_to_end_keeps_its_working_set() -> None:
     p = WaitPlanner(quick(recompress_after=1.0, recompress_min_remaining=3.0))
-    t = 0.0
-    for w in (1.0, 1.0, 1.0, 3.0, 3.0):
-        t = cycle(p, "a", t, w)
-    at = p.wait_started("a", t)
-    assert at is not None and p.due(at) == [("a", Action.PREFETCH)]
-    tok = p.prefetch_started("a")
-    p.prefetch_done("a", tok, 0.1, at + 0.1)
+    t, at = predicted(p, (1.0, 1.0, 1.0, 3.0, 3.0))
     # still waiting after 1.6 s, but the longer waits ended 1.4 s later: no recompress
     assert p.due(at + 1.2) == [] and p.next_due() is None
     assert p.tool_started("a", t + 3.0).reason == "predicted"
@@ -298,13 +305,7 @@ def test_an_announced_end_prefetches_at_once_without_history() -> None:
 
 def test_an_announced_end_is_never_compressed_again() -> None:
     p = WaitPlanner(quick(recompress_after=1.0, recompress_min_remaining=3.0))
-    t = 0.0
-    for w in (1.0, 1.0, 1.0, 10.0, 10.0):
-        t = cycle(p, "a", t, w)
-    at = p.wait_started("a", t)
-    assert at is not None and p.due(at) == [("a", Action.PREFETCH)]
-    tok = p.prefetch_started("a")
-    p.prefetch_done("a", tok, 0.1, at + 0.1)
+    t, at = predicted(p, (1.0, 1.0, 1.0, 10.0, 10.0))
     # without the announcement the wait would be compressed again at at + 1.1
     assert not p.wait_ending("a", at + 0.5)  # its prefetch already ran: nothing more to do
     assert p.due(at + 1.2) == [] and p.next_due() is None
