@@ -375,11 +375,9 @@ class Azswap(System):
         m = parse_columns(STAT_FILES["mm_stat"], read(self.B / "mm_stat"))
         k = parse_columns(STAT_FILES["kind_stat"], read(self.B / "kind_stat"))
         o = parse_columns(STAT_FILES["obj_stat"], read(self.B / "obj_stat"))
+        # read apart from mm_stat: on a busy device the two differ by what changed between
+        # the reads (the guest test compares them on an idle one)
         meta = parse_columns(STAT_FILES["meta_stat"], read(self.B / "meta_stat"))
-        parts = sum(v for k, v in meta.items() if k != "slot_used_bytes")
-        if parts != m["meta_bytes"]:
-            raise SwapDevError(f"{self.name}: meta_stat sums to {parts}, mm_stat meta_bytes is "
-                               f"{m['meta_bytes']}: the columns do not match this module")
         out = {
             **meta,
             "orig": m["orig_data_size"],
