@@ -364,12 +364,17 @@ def run_regime(regime: str, host: Host, style: str, cfg: Config, dev: Any,
         template_mem: list[int] = []
         events: list[dict[str, Any]] = []
 
+        sampler_error: list[str] = []
+
         def sampler() -> None:
-            while not stop.is_set():
-                total = sum(cgroups.of(b.cg).memory_current() for b in boxes)
-                footprint.append(total + dev.used_bytes())
-                template_mem.append(cgroups.of(cgs["template"]).memory_current())
-                stop.wait(0.1)
+            try:
+                while not stop.is_set():
+                    total = sum(cgroups.of(b.cg).memory_current() for b in boxes)
+                    footprint.append(total + dev.used_bytes())
+                    template_mem.append(cgroups.of(cgs["template"]).memory_current())
+                    stop.wait(0.1)
+            except Exception as e:  # a footprint with a hole in it is no figure: fail the run
+                sampler_error.append(f"{type(e).__name__}: {e}")
 
         def aggressive() -> None:
             lower_thread_priority(cfg.reclaim_nice)
@@ -461,6 +466,8 @@ def run_regime(regime: str, host: Host, style: str, cfg: Config, dev: Any,
             stop.set()
             for t in helpers:
                 t.join()
+            if sampler_error:
+                raise BenchError(f"the footprint sampler failed: {sampler_error[0]}")
             errs = [f"{b.name}: {b.error}" for b in boxes if b.error]
             if errs:
                 tail = daemon.log_tail() if daemon is not None else ""
