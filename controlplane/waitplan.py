@@ -44,8 +44,9 @@ The control law, per sandbox:
   predicted (``predict_when_busy`` off) and their tools fault their pages in on use.
 * Announced ends: an orchestrator that streams the model's answer knows the wait is ending
   when the first tokens of a tool call arrive, seconds before the tool hint.  ``wait_ending``
-  makes the prefetch due at once (unless this wait's prefetch already ran or runs) and keeps
-  the wait from being compressed again; a wait without the announcement is predicted as above.
+  makes the prefetch due at once (unless this wait's prefetch already ran or runs, or the host
+  is short of CPU) and keeps the wait from being compressed again; a wait without the
+  announcement is predicted as above.
 * Never worse than compressing blind: without a prediction the tool faults in what it touches,
   and the scheduler never compresses during a tool phase.
 """
@@ -289,6 +290,11 @@ class WaitPlanner:
         sp.endings += 1
         sp.recompress_at = None
         if sp.prefetching or (sp.prefetched_at is not None and not sp.recompressed):
+            return False
+        if self.busy and not self.config.predict_when_busy:
+            # as for predictions: on a host short of CPU a prefetch competes with the tools
+            # (the phase benchmark's loaded host measured it slower than faulting on use)
+            sp.fire_at = None
             return False
         sp.fire_at = now
         return True

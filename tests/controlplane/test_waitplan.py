@@ -328,3 +328,12 @@ def test_an_announced_end_outside_a_wait_does_nothing() -> None:
     p = WaitPlanner(quick())
     assert not p.wait_ending("a", 0.0)
     assert p.due(0.0) == [] and p.next_due() is None
+
+
+def test_an_announced_end_on_a_busy_host_leaves_the_tool_to_fault() -> None:
+    p = WaitPlanner(quick())
+    p.wait_started("a", 0.0)
+    p.busy = True
+    assert not p.wait_ending("a", 1.0)
+    assert p.due(1.0) == [] and p.next_due() is None
+    assert p.tool_started("a", 1.5).prefetch  # the tool hint may still prefetch beside it
