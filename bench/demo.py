@@ -83,6 +83,7 @@ def _guest(a: argparse.Namespace, trace: Path, console: Console) -> int:
     if not a.no_phase:
         steps.append(
             f"{py} -m bench.phasebench --hosts idle --styles ml "
+            f"--regimes none,aggressive,daemon "
             f"--sandboxes {min(a.sandboxes, 4)} --pages 2048 --cycles 6 --warmup 2 "
             f"--wait-scale 0.5 "
             f"--seed {a.seed} --json {OUT / 'phasebench.json'}"
