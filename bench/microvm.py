@@ -266,6 +266,18 @@ def azswap_register(cgs: dict[str, Path]) -> dict[str, int]:
                 for n, p in cgs.items()}
 
 
+def azswap_map(cgroup_id: int, pid: int, image: Path) -> dict[str, int]:
+    """SANDBOX_MAP: where the VMM maps the image privately (its /proc/PID/maps), which kernels
+    that index a copied-on-write page by its virtual page (7.x) need for template deltas."""
+    from controlplane.mapping import find_mapping
+    from controlplane.netlink import AzswapNetlink
+
+    m = find_mapping(pid, image)
+    with AzswapNetlink() as nl:
+        nl.sandbox_map(cgroup_id, m.start, m.pages, m.pgoff)
+    return m.to_dict()
+
+
 def azswap_owner_stats(ids: dict[str, int], tid: int) -> list[dict[str, Any]]:
     from controlplane.netlink import AzswapNetlink
 
@@ -450,6 +462,8 @@ def run_one(rec: Recording, style: str, sysname: str, exe: Path, tmp: Path,
             v = Vmm(exe, lsock, sock_path, vm.name, cgs[vm.name])
             vmms[vm.name] = v
             v.map(rec, image)
+            if az and image is not None:
+                res.setdefault("maps", {})[vm.name] = azswap_map(ids[vm.name], v.proc.pid, image)
             written = v.fill(rec, vm, style)
             t_fill += time.perf_counter() - t0
             anon = cg_stat(cgs[vm.name]).get("anon", 0)

@@ -33,6 +33,7 @@ class Cmd(IntEnum):
     POLICY_GET = 8
     POLICY_SET = 9
     PHASE_SET = 10
+    SANDBOX_MAP = 11
 
 
 class Phase(IntEnum):
@@ -102,6 +103,9 @@ ATTRS: tuple[tuple[int, str, str], ...] = (
     (29, "AZSWAP_A_ST_RAW", "uint64"),
     (30, "AZSWAP_A_ST_PHASE", "uint8"),
     (31, "AZSWAP_A_ST_REGISTERED", "uint8"),
+    (32, "AZSWAP_A_MAP_START", "uint64"),
+    (33, "AZSWAP_A_MAP_PAGES", "uint64"),
+    (34, "AZSWAP_A_COW_INDEX", "uint8"),
 )
 ATTR_IDS: dict[str, int] = {name: i for i, name, _ in ATTRS}
 
@@ -143,10 +147,19 @@ def policy_error(key: str, value: int) -> str | None:
     return None
 
 
+class CowIndex(IntEnum):
+    """AZSWAP_A_COW_INDEX: how the kernel indexes a copied-on-write page of a private file
+    mapping when it reaches swap (VIRTUAL: SANDBOX_MAP is needed for template deltas)."""
+
+    FILE = 0
+    VIRTUAL = 1
+
+
 @dataclass(frozen=True)
 class Info:
     version: int
     nr_devices: int
+    cow_index: CowIndex = CowIndex.FILE
 
 
 @dataclass

@@ -144,6 +144,11 @@ class DaemonClient:
     ) -> dict[str, Any]:
         return self.request("register", name=name, cgroup=cgroup, group=group, template=template)
 
+    def map(self, name: str, pid: int, file: str) -> dict[str, Any]:
+        """Sandbox NAME's process ``pid`` (its VMM) maps snapshot ``file`` privately: the
+        daemon finds the range in /proc/PID/maps and tells the module (SANDBOX_MAP)."""
+        return self.request("map", name=name, pid=pid, file=file)
+
     def unregister(self, name: str) -> dict[str, Any]:
         return self.request("unregister", name=name)
 

@@ -378,6 +378,11 @@ class Daemon:
         self.publish({"event": "register", **sb.to_dict()})
         return sb.to_dict()
 
+    def op_map(self, req: dict[str, Any]) -> dict[str, Any]:
+        sb, m = self.registry.map_sandbox(_str(req, "name"), _int(req, "pid"), _str(req, "file"))
+        cow = self.module.info().cow_index
+        return {**sb.to_dict(), **m.to_dict(), "cow_index": cow.name.lower()}
+
     def op_unregister(self, req: dict[str, Any]) -> dict[str, Any]:
         sb = self.registry.remove_sandbox(_str(req, "name"))
         self.phases.remove(sb.name)
@@ -621,6 +626,7 @@ class Daemon:
         "ping": op_ping,
         "register": op_register,
         "unregister": op_unregister,
+        "map": op_map,
         "phase": op_phase,
         "ending": op_ending,
         "compress": op_compress,

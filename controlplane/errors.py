@@ -145,6 +145,7 @@ _ENOENT_NOUN: dict[str, type[AzswapError]] = {
     "TEMPLATE_LOAD": UnknownTemplate,
     "STATS_GET": UnknownSandbox,
     "PHASE_SET": UnknownSandbox,
+    "SANDBOX_MAP": UnknownSandbox,
 }
 
 

@@ -72,6 +72,7 @@ from controlplane.abi import (  # noqa: E402
     VERSION,
     Cmd,
     Codec,
+    CowIndex,
     Event,
     Info,
     OwnerStats,
@@ -241,7 +242,9 @@ class AzswapNetlink:
         (reply,) = self._request(Cmd.GET_INFO, [])
         a = _attrs_of(reply)
         return Info(
-            version=a.get("AZSWAP_A_VERSION", 0), nr_devices=a.get("AZSWAP_A_NR_DEVICES", 0)
+            version=a.get("AZSWAP_A_VERSION", 0),
+            nr_devices=a.get("AZSWAP_A_NR_DEVICES", 0),
+            cow_index=CowIndex(a.get("AZSWAP_A_COW_INDEX", 0)),
         )
 
     def _owner_add(
@@ -327,6 +330,20 @@ class AzswapNetlink:
         if not attrs:
             raise errors.InvalidValue("policy: nothing to set")
         self._request(Cmd.POLICY_SET, attrs)
+
+    def sandbox_map(self, cgroup_id: int, start: int, pages: int, pgoff: int) -> None:
+        """Owner ``cgroup_id`` maps a snapshot template privately: virtual pages
+        [start, start + pages) hold its pages from ``pgoff`` on (pages 0 clears the map)."""
+        self._request(
+            Cmd.SANDBOX_MAP,
+            [
+                ("AZSWAP_A_CGROUP_ID", cgroup_id),
+                ("AZSWAP_A_MAP_START", start),
+                ("AZSWAP_A_MAP_PAGES", pages),
+                ("AZSWAP_A_INDEX", pgoff),
+            ],
+            what=str(cgroup_id),
+        )
 
     def phase_set(self, cgroup_id: int, phase: Phase) -> None:
         self._request(

@@ -31,6 +31,7 @@ from typing import Any, Protocol
 from controlplane import errors, snapshot
 from controlplane.abi import MAX_LOAD_PAGES, Cmd, Event, Info, OwnerStats, Phase, Policy
 from controlplane.cgroup import CGROUP_ROOT, Cgroup, find_by_id, normalize
+from controlplane.mapping import FileMapping, find_mapping
 
 log = logging.getLogger("azswap.registry")
 
@@ -56,6 +57,7 @@ class ModuleBackend(Protocol):
     def policy_get(self) -> Policy: ...
     def policy_set(self, **fields: int) -> None: ...
     def phase_set(self, cgroup_id: int, phase: Phase) -> None: ...
+    def sandbox_map(self, cgroup_id: int, start: int, pages: int, pgoff: int) -> None: ...
     def close(self) -> None: ...
 
 
@@ -182,6 +184,16 @@ class Registry:
             self.save()
         log.info("sandbox %s: cgroup %s id %d group %d", name, path, cid, group)
         return sb
+
+    def map_sandbox(self, name: str, pid: int, file: str) -> tuple[Sandbox, FileMapping]:
+        """Tell the module where sandbox NAME's process ``pid`` maps snapshot ``file``
+        privately (SANDBOX_MAP), so that its edited pages find their template bases."""
+        sb = self.sandbox(name)
+        m = find_mapping(pid, file)
+        self.module.sandbox_map(sb.cgroup_id, m.start, m.pages, m.pgoff)
+        log.info("sandbox %s: %s mapped at page %#x (%d pages from page %d)", name, file,
+                 m.start, m.pages, m.pgoff)
+        return sb, m
 
     def remove_sandbox(self, name: str) -> Sandbox:
         with self._lock:

@@ -19,6 +19,10 @@
  * - zsmalloc: zs_malloc() takes a NUMA node and objects are accessed by
  *   copy (zs_obj_read_begin/end, zs_obj_write) instead of zs_map_object
  *   (6.18): see az_shim_kernel.c.
+ * - A copied-on-write page of a private file mapping is indexed by its
+ *   virtual page number, no longer by its file offset, once the VMA keeps
+ *   an anonymous page offset (vma_start_anon_pgoff(), 7.x): SANDBOX_MAP
+ *   (netlink.c) then maps those indexes back to the template's.
  */
 #ifndef AZSWAP_COMPAT_H
 #define AZSWAP_COMPAT_H
@@ -125,5 +129,12 @@ static inline struct nlattr **azswap_dump_attrs(struct netlink_callback *cb)
 	return genl_dumpit_info(cb)->attrs;
 #endif
 }
+
+/* enum azswap_cow_index of this kernel (uapi/azswap_nl.h). */
+#ifdef AZSWAP_HAVE_ANON_PGOFF
+#define AZSWAP_COW_INDEX AZSWAP_COW_INDEX_VIRTUAL
+#else
+#define AZSWAP_COW_INDEX AZSWAP_COW_INDEX_FILE
+#endif
 
 #endif /* AZSWAP_COMPAT_H */

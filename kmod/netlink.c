@@ -55,6 +55,8 @@ static const struct nla_policy azswap_nl_policy[AZSWAP_A_MAX + 1] = {
 	[AZSWAP_A_POLICY_SIM_EFFORT] = { .type = NLA_U32 },
 	[AZSWAP_A_POLICY_DELTA_MAX_PCT] = { .type = NLA_U32 },
 	[AZSWAP_A_POLICY_SHUFFLE] = { .type = NLA_U8 },
+	[AZSWAP_A_MAP_START] = { .type = NLA_U64 },
+	[AZSWAP_A_MAP_PAGES] = { .type = NLA_U64 },
 	/* Reply-only attributes stay NLA_UNSPEC: rejected in requests. */
 };
 
@@ -220,7 +222,8 @@ static int azswap_nl_get_info(struct sk_buff *skb, struct genl_info *info)
 				AZSWAP_CMD_GET_INFO);
 	if (!hdr ||
 	    nla_put_u32(msg, AZSWAP_A_VERSION, AZSWAP_GENL_VERSION) ||
-	    nla_put_u32(msg, AZSWAP_A_NR_DEVICES, azswap_nr_devs)) {
+	    nla_put_u32(msg, AZSWAP_A_NR_DEVICES, azswap_nr_devs) ||
+	    nla_put_u8(msg, AZSWAP_A_COW_INDEX, AZSWAP_COW_INDEX)) {
 		nlmsg_free(msg);
 		return -EMSGSIZE;
 	}
@@ -704,6 +707,58 @@ static int azswap_nl_phase_set(struct sk_buff *skb, struct genl_info *info)
 	return 0;
 }
 
+/* ---- SANDBOX_MAP ------------------------------------------------------ */
+
+/*
+ * A registered owner maps a snapshot template privately: virtual pages
+ * [MAP_START, MAP_START + MAP_PAGES) hold the file's pages from INDEX on.
+ * Where this kernel indexes copied-on-write pages by their file offset
+ * (AZSWAP_COW_INDEX_FILE) the hint needs no map: the request is checked
+ * and nothing is recorded.
+ */
+static int azswap_nl_sandbox_map(struct sk_buff *skb, struct genl_info *info)
+{
+	struct az_owner_stats os;
+	struct azswap_dev *dev;
+	struct az_store *s;
+	u64 id, start, pages, pgoff;
+	int ret;
+
+	if (azswap_nl_missing(info, AZSWAP_A_CGROUP_ID) ||
+	    azswap_nl_missing(info, AZSWAP_A_MAP_START) ||
+	    azswap_nl_missing(info, AZSWAP_A_MAP_PAGES) ||
+	    azswap_nl_missing(info, AZSWAP_A_INDEX))
+		return -EINVAL;
+	dev = azswap_nl_dev(info->attrs, info->extack);
+	if (!dev)
+		return -ENODEV;
+	id = nla_get_u64(info->attrs[AZSWAP_A_CGROUP_ID]);
+	start = nla_get_u64(info->attrs[AZSWAP_A_MAP_START]);
+	pages = nla_get_u64(info->attrs[AZSWAP_A_MAP_PAGES]);
+	pgoff = nla_get_u64(info->attrs[AZSWAP_A_INDEX]);
+	if (start + pages < start || pgoff + pages < pgoff) {
+		NL_SET_ERR_MSG(info->extack, "the mapped range wraps");
+		return -EINVAL;
+	}
+	s = azswap_nl_store(dev, info->extack);
+	if (!s)
+		return -ENODEV;
+	if (AZSWAP_COW_INDEX == AZSWAP_COW_INDEX_VIRTUAL) {
+		ret = id ? az_store_set_map(s, id, start, pages, pgoff) :
+			   -ENOENT;
+	} else {
+		ret = id ? az_store_owner_stats(s, id, &os) : -ENOENT;
+		if (!ret && !os.registered)
+			ret = -ENOENT;
+	}
+	up_read(&dev->init_lock);
+	if (ret == -ENOENT)
+		NL_SET_ERR_MSG_ATTR(info->extack,
+				    info->attrs[AZSWAP_A_CGROUP_ID],
+				    "no registered owner with this id");
+	return ret;
+}
+
 /* ---- family ----------------------------------------------------------- */
 
 static const struct genl_ops azswap_nl_ops[] = {
@@ -758,6 +813,11 @@ static const struct genl_ops azswap_nl_ops[] = {
 	{
 		.cmd = AZSWAP_CMD_PHASE_SET,
 		.doit = azswap_nl_phase_set,
+		.flags = GENL_ADMIN_PERM,
+	},
+	{
+		.cmd = AZSWAP_CMD_SANDBOX_MAP,
+		.doit = azswap_nl_sandbox_map,
 		.flags = GENL_ADMIN_PERM,
 	},
 };

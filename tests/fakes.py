@@ -38,6 +38,7 @@ class FakeModule:
         self.admin = admin
         self.owners: dict[int, OwnerStats] = {}
         self.loaded: dict[int, dict[int, bytes]] = {}
+        self.maps: dict[int, tuple[int, int, int]] = {}
         self.policy = Policy()
         self.unregistered: set[int] = set()  # removed, still listed while they own pages
         self.calls: list[tuple[str, tuple[object, ...]]] = []
@@ -162,6 +163,15 @@ class FakeModule:
             if o is None or cgroup_id in self.unregistered:
                 raise _err(Cmd.PHASE_SET, errno.ENOENT)
             o.phase = Phase(phase)
+
+    def sandbox_map(self, cgroup_id: int, start: int, pages: int, pgoff: int) -> None:
+        self._admin(Cmd.SANDBOX_MAP)
+        if start + pages >= 1 << 64 or pgoff + pages >= 1 << 64:
+            raise _err(Cmd.SANDBOX_MAP, errno.EINVAL, "the mapped range wraps")
+        with self._lock:
+            if cgroup_id not in self.owners or cgroup_id in self.unregistered:
+                raise _err(Cmd.SANDBOX_MAP, errno.ENOENT)
+            self.maps[cgroup_id] = (start, pages, pgoff)
 
     def store(
         self, cgroup_id: int, pages: int, kind: str = "plain", bytes_each: int = 1024

@@ -216,6 +216,28 @@ def sandbox_add(
     _done(as_json, sb, f"sandbox {sb['name']}: cgroup {sb['cgroup_path']} id {sb['cgroup_id']}")
 
 
+@sandbox.command(
+    "map",
+    epilog="\b\nExample (a Firecracker VMM of sandbox vm1 maps the snapshot privately):\n"
+    "  azctl sandbox map vm1 --pid 4242 --file /srv/snapshots/base.mem",
+)
+@click.argument("name")
+@click.option("--pid", type=int, required=True, help="The process that maps the snapshot.")
+@click.option("--file", "file", required=True, help="The snapshot memory file it maps.")
+@json_opt
+@click.pass_context
+def sandbox_map(ctx: click.Context, name: str, pid: int, file: str, as_json: bool) -> None:
+    """Tell the module where sandbox NAME maps a snapshot template MAP_PRIVATE.
+
+    The daemon reads the range from /proc/PID/maps. Kernels that index a copied-on-write page by
+    its virtual address (7.x) need it to store the sandbox's edits of the snapshot as template
+    deltas; on 6.1 and 6.12 the module needs no map and only checks the request.
+    """
+    r = _env(ctx).client("sandbox map").map(name, pid, file)
+    _done(as_json, r, f"sandbox {r['name']}: {file} at page {r['start']:#x}, {r['pages']} pages "
+          f"from file page {r['pgoff']} (kernel indexes copies by {r['cow_index']} offset)")
+
+
 @sandbox.command("rm", epilog="\b\nExample:\n  azctl sandbox rm sb1")
 @click.argument("name")
 @json_opt

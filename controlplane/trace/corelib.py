@@ -193,6 +193,7 @@ def load_lib(path: str | os.PathLike[str] | None = None) -> ctypes.CDLL:
         "az_store_add_template": (ctypes.c_int, [vp, u64, u32]),
         "az_store_del_template": (ctypes.c_int, [vp, u64]),
         "az_store_template_load": (ctypes.c_int, [vp, vp, u64, u64, cp]),
+        "az_store_set_map": (ctypes.c_int, [vp, u64, u64, u64, u64]),
         "az_store_owner_stats": (ctypes.c_int, [vp, u64, ctypes.POINTER(OwnerStats)]),
         "az_store_list_owners": (
             ctypes.c_int, [vp, u32, ctypes.POINTER(OwnerStats), u32, ctypes.POINTER(u32)]
@@ -457,6 +458,10 @@ class Store:
 
     def del_template(self, cgroup_id: int) -> None:
         _check(self.lib.az_store_del_template(self._s, cgroup_id), "del_template")
+
+    def set_map(self, cgroup_id: int, start: int, pages: int, pgoff: int) -> None:
+        """Index map of an owner: hints in [start, start + pages) are template pages pgoff on."""
+        _check(self.lib.az_store_set_map(self._s, cgroup_id, start, pages, pgoff), "set_map")
 
     def template_load(self, tid: int, index: int, page: bytes) -> None:
         _check(

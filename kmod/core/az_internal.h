@@ -204,6 +204,10 @@ struct az_owner {
 	az_atomic64_t shared_bytes;
 	az_atomic64_t loaded_pages;
 	az_atomic64_t kind_pages[AZ_NR_KINDS];
+	/* Index map (az_store_set_map): set under reg_lock, read lock-free. */
+	u64 map_start;
+	u64 map_pages;		/* 0 = none; written last, with release */
+	u64 map_pgoff;
 };
 
 /* ---- indexes (index.c) ----------------------------------------------- */
@@ -350,6 +354,8 @@ struct az_pin {
 
 void az_owner_pin(struct az_store *s, u64 cgroup_id, struct az_pin *pin);
 void az_owner_unpin(struct az_store *s, struct az_pin *pin);
+/* @index through the pinned owner's index map (az_store_set_map). */
+u64 az_owner_index(struct az_store *s, const struct az_pin *pin, u64 index);
 void az_owners_init(struct az_store *s);
 
 /* ---- index.c ---------------------------------------------------------- */

@@ -322,6 +322,20 @@ int az_store_del_sandbox(struct az_store *s, u64 cgroup_id);
 int az_store_add_template(struct az_store *s, u64 cgroup_id, u32 group);
 int az_store_del_template(struct az_store *s, u64 cgroup_id);
 /*
+ * Index map of a registered owner: its pages whose index hint falls in
+ * [@start, @start + @pages) are the template's pages from @pgoff on (a
+ * private mapping of a snapshot file, on kernels that index a copied-on-
+ * write page by its virtual page number rather than its file offset).
+ * The map applies to the hint before the template lookup and before a
+ * template owner's page is keyed; @pages 0 clears it.  Re-registering an
+ * owner clears it too.  -ENOENT not a registered owner, -EINVAL cgroup id
+ * 0 or a range that wraps.  A page stored while the map changes may be
+ * looked up with either: the index is a hint, a wrong one costs a delta,
+ * never data.
+ */
+int az_store_set_map(struct az_store *s, u64 cgroup_id, u64 start, u64 pages,
+		     u64 pgoff);
+/*
  * Snapshot-file templates: @tid is a synthetic owner id registered with
  * az_store_add_template(); each page becomes a base keyed by @index (a
  * page already loaded at that index in the group is replaced).  A

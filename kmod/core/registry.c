@@ -111,6 +111,23 @@ void az_owner_unpin(struct az_store *s, struct az_pin *pin)
 		az_wake_up(&s->owner_wq);
 }
 
+u64 az_owner_index(struct az_store *s, const struct az_pin *pin, u64 index)
+{
+	struct az_owner *ow = &s->owners[pin->idx];
+	u64 pages, start;
+
+	if (!pin->idx)
+		return index;
+	pages = az_load_acquire(&ow->map_pages);
+	if (!pages)
+		return index;
+	start = AZ_READ_ONCE(ow->map_start);
+	/* Unsigned: an index below @start wraps above @pages. */
+	if (index - start >= pages)
+		return index;
+	return index - start + AZ_READ_ONCE(ow->map_pgoff);
+}
+
 static int az_owner_add(struct az_store *s, u64 cgroup_id, u32 group,
 			bool tmpl)
 {
@@ -150,6 +167,7 @@ static int az_owner_add(struct az_store *s, u64 cgroup_id, u32 group,
 		az_owner_rehash(s, i, cgroup_id);
 	}
 	AZ_WRITE_ONCE(ow->group, group);
+	AZ_WRITE_ONCE(ow->map_pages, 0);
 	/* Last, with release: a put that sees REG sees the group above. */
 	az_store_release(&ow->flags,
 			 AZ_OWN_USED | AZ_OWN_REG | (tmpl ? AZ_OWN_TEMPLATE : 0));
@@ -212,6 +230,33 @@ int az_store_add_template(struct az_store *s, u64 cgroup_id, u32 group)
 int az_store_del_template(struct az_store *s, u64 cgroup_id)
 {
 	return az_owner_del(s, cgroup_id, true);
+}
+
+int az_store_set_map(struct az_store *s, u64 cgroup_id, u64 start, u64 pages,
+		     u64 pgoff)
+{
+	struct az_owner *ow;
+	int err = 0;
+	u32 i;
+
+	if (!cgroup_id || start + pages < start || pgoff + pages < pgoff)
+		return -EINVAL;
+	az_spin_lock(&s->reg_lock);
+	i = az_owner_find(s, cgroup_id);
+	ow = &s->owners[i];
+	if (!i || !(ow->flags & AZ_OWN_REG)) {
+		err = -ENOENT;
+		goto out;
+	}
+	/* Off while the range changes; on again, with release, once set. */
+	AZ_WRITE_ONCE(ow->map_pages, 0);
+	az_smp_mb();
+	AZ_WRITE_ONCE(ow->map_start, start);
+	AZ_WRITE_ONCE(ow->map_pgoff, pgoff);
+	az_store_release(&ow->map_pages, pages);
+out:
+	az_spin_unlock(&s->reg_lock);
+	return err;
 }
 
 static void az_owner_fill(struct az_store *s, u32 i,

@@ -897,6 +897,7 @@ int az_store_put_nowait(struct az_store *s, struct az_ctx *ctx, u64 slot,
 			struct az_reserve *res)
 {
 	struct az_tnode *t = NULL;
+	struct az_page_info info;
 	struct az_policy pol;
 	struct az_choice c;
 	struct az_pin pin;
@@ -912,6 +913,12 @@ int az_store_put_nowait(struct az_store *s, struct az_ctx *ctx, u64 slot,
 		az_atomic64_inc(&s->stores);
 
 	az_owner_pin(s, pi ? pi->owner : 0, &pin);
+	if (pi && pin.idx) {
+		/* The index hint as the template knows it. */
+		info = *pi;
+		info.index = az_owner_index(s, &pin, pi->index);
+		pi = &info;
+	}
 	if (az_page_same(page, &word)) {
 		az_slot_set(s, slot, AZ_KIND_SAME, pin.idx, word, 0);
 		goto out;

@@ -29,6 +29,7 @@ enum azswap_cmd {
 	AZSWAP_CMD_POLICY_GET,		/* 8 */
 	AZSWAP_CMD_POLICY_SET,		/* 9 */
 	AZSWAP_CMD_PHASE_SET,		/* 10 */
+	AZSWAP_CMD_SANDBOX_MAP,		/* 11 */
 
 	__AZSWAP_CMD_MAX,
 	AZSWAP_CMD_MAX = __AZSWAP_CMD_MAX - 1
@@ -67,6 +68,9 @@ enum azswap_attr {
 	AZSWAP_A_ST_RAW = 29,			/* u64 */
 	AZSWAP_A_ST_PHASE = 30,			/* u8 */
 	AZSWAP_A_ST_REGISTERED = 31,		/* u8, 0 = removed, still owns bytes */
+	AZSWAP_A_MAP_START = 32,		/* u64, virtual page number */
+	AZSWAP_A_MAP_PAGES = 33,		/* u64, 0 = no map */
+	AZSWAP_A_COW_INDEX = 34,		/* u8, enum azswap_cow_index */
 
 	__AZSWAP_A_MAX,
 	AZSWAP_A_MAX = __AZSWAP_A_MAX - 1
@@ -78,6 +82,17 @@ enum azswap_phase {
 	AZSWAP_PHASE_LLM_WAIT = 2,
 	AZSWAP_PHASE_IDLE = 3,
 	AZSWAP_PHASE_MAX = AZSWAP_PHASE_IDLE
+};
+
+/*
+ * How the running kernel indexes a copied-on-write page of a private file
+ * mapping when it reaches swap: by its file page offset (up to 6.x), or by
+ * its virtual page number (7.x).  With the latter, SANDBOX_MAP tells the
+ * module where a sandbox maps a snapshot template.
+ */
+enum azswap_cow_index {
+	AZSWAP_COW_INDEX_FILE = 0,
+	AZSWAP_COW_INDEX_VIRTUAL = 1,
 };
 
 #endif /* _UAPI_AZSWAP_NL_H */

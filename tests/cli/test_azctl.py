@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import shutil
 import subprocess
@@ -368,3 +369,24 @@ def test_non_root_against_a_root_only_socket_is_exit_4(world: World, tmp_path: P
         os.chmod(world.socket.parent, 0o700)
     assert p.returncode == 4 and "permission denied" in p.stderr, p
     assert p.stderr.count("\n") == 1
+
+
+def test_sandbox_map_through_the_daemon(world: World, tmp_path: Path) -> None:
+    """`azctl sandbox map` reads the range from /proc/PID/maps and hands it to the module."""
+    snap = tmp_path / "snap.mem"
+    snap.write_bytes(bytes(8 * 4096))
+    world.run("sandbox", "add", "a", "--cgroup", "/sb/a", "--group", "1")
+    with open(snap, "r+b") as fh:
+        m = mmap.mmap(fh.fileno(), 8 * 4096, flags=mmap.MAP_PRIVATE)
+    try:
+        r = world.run("sandbox", "map", "a", "--pid", str(os.getpid()), "--file", str(snap),
+                      "--json")
+        assert r.exit_code == 0, r.output
+        got = json.loads(r.output)
+        assert got["pages"] == 8 and got["pgoff"] == 0 and got["cow_index"] == "file"
+        assert world.module.maps[got["cgroup_id"]] == (got["start"], 8, 0)
+    finally:
+        m.close()
+    assert "does not map" in one_error_line(
+        world.run("sandbox", "map", "a", "--pid", str(os.getpid()), "--file", str(snap)), 7)
+    one_error_line(world.run("sandbox", "map", "zz", "--pid", "1", "--file", str(snap)), 6)

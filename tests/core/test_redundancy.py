@@ -240,6 +240,55 @@ def test_template_delta_survives_template_removal(make_store, codec):
     empty_everything(s, list(mine))
 
 
+def test_index_map(rs):
+    """A private mapping of a snapshot at virtual page V: with the owner's index map, hints
+    V + i reach the template's page i (tdelta, dup); outside the map, or once it is cleared,
+    the hint is used as is; errors are clean."""
+    rng = random.Random(5)
+    snap = [pages.make("heap", 2000 + i) for i in range(16)]
+    for i, p in enumerate(snap):
+        rs.template_load(T1, 4 + i, p)
+    virt = 0x7F0000000
+    for fn, args, err in [
+        (rs.set_map, (U, virt, 16, 4), errno.ENOENT),
+        (rs.set_map, (0, virt, 16, 4), errno.EINVAL),
+        (rs.set_map, (A, 2**64 - 8, 16, 4), errno.EINVAL),
+        (rs.set_map, (A, virt, 16, 2**64 - 8), errno.EINVAL),
+    ]:
+        with pytest.raises(CoreError) as e:
+            fn(*args)
+        assert e.value.errno == err, (fn, args)
+    rs.set_map(A, virt, 16, 4)
+    want = {}
+    for i, p in enumerate(snap):
+        want[i] = pages.mutate(p, rng, 4)
+        rs.put(i, want[i], owner=A, index=virt + i)
+        want[100 + i] = p
+        rs.put(100 + i, p, owner=A, index=virt + i)
+    assert all(rs.kind(i) == "tdelta" for i in range(16))
+    assert all(rs.kind(100 + i) == "dup" for i in range(16))
+    # B has no map: the same hints find nothing; A's hints outside its map neither
+    want[200] = pages.mutate(snap[0], rng, 4)
+    rs.put(200, want[200], owner=B, index=virt)
+    want[201] = pages.mutate(snap[1], rng, 4)
+    rs.put(201, want[201], owner=A, index=virt - 3)
+    rs.set_map(A, 0, 0, 0)  # cleared
+    want[202] = pages.mutate(snap[2], rng, 4)
+    rs.put(202, want[202], owner=A, index=virt + 2)
+    assert "tdelta" not in [rs.kind(i) for i in (200, 201, 202)]
+    # re-registering an owner clears its map
+    rs.set_map(A, virt, 16, 4)
+    rs.del_sandbox(A)
+    rs.add_sandbox(A, 1)
+    want[203] = pages.mutate(snap[3], rng, 4)
+    rs.put(203, want[203], owner=A, index=virt + 3)
+    assert rs.kind(203) != "tdelta"
+    check_accounting(rs)
+    for slot, p in want.items():
+        assert rs.get(slot) == p, slot
+    empty_everything(rs, list(want))
+
+
 def test_snapshot_template_load(rs):
     rng = random.Random(3)
     snap = [pages.make("heap", 1000 + i) for i in range(64)]

@@ -23,6 +23,7 @@ CMD = {
     "POLICY_GET": 8,
     "POLICY_SET": 9,
     "PHASE_SET": 10,
+    "SANDBOX_MAP": 11,
 }
 ATTRS = (
     (0, "UNSPEC", "none"),
@@ -57,6 +58,9 @@ ATTRS = (
     (29, "ST_RAW", "uint64"),
     (30, "ST_PHASE", "uint8"),
     (31, "ST_REGISTERED", "uint8"),
+    (32, "MAP_START", "uint64"),
+    (33, "MAP_PAGES", "uint64"),
+    (34, "COW_INDEX", "uint8"),
 )
 KINDS = ("same", "dup", "tdelta", "xdelta", "plain", "raw")
 
