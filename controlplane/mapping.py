@@ -27,15 +27,19 @@ class FileMapping:
         return {"start": self.start, "pages": self.pages, "pgoff": self.pgoff}
 
 
-def parse_maps(text: str, dev: tuple[int, int], ino: int) -> list[tuple[int, int, int, str]]:
-    """(start, end, file offset, perms) of every VMA of the file ``dev``/``ino`` in ``text``."""
+def parse_maps(
+    text: str, dev: tuple[int, int], ino: int, path: str = ""
+) -> list[tuple[int, int, int, str]]:
+    """(start, end, file offset, perms) of every VMA of the file ``dev``/``ino`` in ``text``, or
+    named ``path`` (an overlayfs file shows its lower file's device and inode there)."""
     out = []
     for line in text.splitlines():
         f = line.split(maxsplit=5)
         if len(f) < 5:
             continue
         major, minor = (int(x, 16) for x in f[3].split(":"))
-        if (major, minor) != dev or int(f[4]) != ino:
+        same = (major, minor) == dev and int(f[4]) == ino
+        if not same and not (path and len(f) == 6 and f[5] == path):
             continue
         lo, hi = (int(x, 16) for x in f[0].split("-"))
         out.append((lo, hi, int(f[2], 16), f[1]))
@@ -55,7 +59,9 @@ def find_mapping(pid: int, path: str | os.PathLike[str], proc: Path = Path("/pro
         raise errors.InvalidValue(f"no process {pid}") from None
     except PermissionError:
         raise errors.PermissionDenied(f"cannot read /proc/{pid}/maps (needs root)") from None
-    vmas = parse_maps(text, (os.major(st.st_dev), os.minor(st.st_dev)), st.st_ino)
+    vmas = parse_maps(
+        text, (os.major(st.st_dev), os.minor(st.st_dev)), st.st_ino, os.path.realpath(path)
+    )
     if not vmas:
         raise errors.InvalidValue(f"process {pid} does not map {path}")
     shared = [v for v in vmas if v[3][3] != "p"]
