@@ -229,14 +229,16 @@ def test_drops_counted(tracer, swap: str) -> None:
         r = sb.touch(range(n))  # not polled meanwhile
         assert r["bad"] == 0
         # the worker may still fault a page of its own after touch() returns: read the
-        # counters and the per-sandbox stats once they stand still, then drain
+        # counters and the per-sandbox stats, drain, and stop once nothing moved meanwhile
+        # (every event counted up to c1 was drained, and none came after)
+        got = 0
         for _ in range(50):
             c1 = tracer.counters()
             st = tracer.sandbox_stats()["drops"]
+            got += len(tracer.drain())
             if tracer.counters() == c1:
                 break
             time.sleep(0.1)
-        got = len(tracer.drain())
         total = st["major"] + st["minor"] - s0.get("major", 0) - s0.get("minor", 0)
         events = c1["events"] - c0["events"]
         drops = c1["drops"] - c0["drops"]
