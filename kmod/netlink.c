@@ -664,11 +664,20 @@ static int azswap_nl_policy_set(struct sk_buff *skb, struct genl_info *info)
 	return ret;
 }
 
+/* 0 when @id is a registered owner of @s, else -ENOENT. */
+static int azswap_nl_registered(struct az_store *s, u64 id)
+{
+	struct az_owner_stats os;
+
+	if (!id || az_store_owner_stats(s, id, &os) || !os.registered)
+		return -ENOENT;
+	return 0;
+}
+
 /* ---- PHASE_SET -------------------------------------------------------- */
 
 static int azswap_nl_phase_set(struct sk_buff *skb, struct genl_info *info)
 {
-	struct az_owner_stats os;
 	struct azswap_dev *dev;
 	struct az_store *s;
 	u64 id;
@@ -686,9 +695,7 @@ static int azswap_nl_phase_set(struct sk_buff *skb, struct genl_info *info)
 	s = azswap_nl_store(dev, info->extack);
 	if (!s)
 		return -ENODEV;
-	ret = id ? az_store_owner_stats(s, id, &os) : -ENOENT;
-	if (!ret && !os.registered)
-		ret = -ENOENT;
+	ret = azswap_nl_registered(s, id);
 	if (!ret) {
 		if (phase == AZSWAP_PHASE_UNKNOWN)
 			xa_erase(&dev->phases, (unsigned long)id);
@@ -718,7 +725,6 @@ static int azswap_nl_phase_set(struct sk_buff *skb, struct genl_info *info)
  */
 static int azswap_nl_sandbox_map(struct sk_buff *skb, struct genl_info *info)
 {
-	struct az_owner_stats os;
 	struct azswap_dev *dev;
 	struct az_store *s;
 	u64 id, start, pages, pgoff;
@@ -743,14 +749,11 @@ static int azswap_nl_sandbox_map(struct sk_buff *skb, struct genl_info *info)
 	s = azswap_nl_store(dev, info->extack);
 	if (!s)
 		return -ENODEV;
-	if (AZSWAP_COW_INDEX == AZSWAP_COW_INDEX_VIRTUAL) {
+	if (AZSWAP_COW_INDEX == AZSWAP_COW_INDEX_VIRTUAL)
 		ret = id ? az_store_set_map(s, id, start, pages, pgoff) :
 			   -ENOENT;
-	} else {
-		ret = id ? az_store_owner_stats(s, id, &os) : -ENOENT;
-		if (!ret && !os.registered)
-			ret = -ENOENT;
-	}
+	else
+		ret = azswap_nl_registered(s, id);
 	up_read(&dev->init_lock);
 	if (ret == -ENOENT)
 		NL_SET_ERR_MSG_ATTR(info->extack,
