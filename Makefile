@@ -132,7 +132,7 @@ test-debug: debug-kernel kmod-debug
 
 soak: debug-kernel
 	$(TOP)/vm-tests/run --debug-kernel --memory 2G --timeout $$(( $(SOAK_MINUTES) * 60 + 1800 )) \
-		-- $(PY) vm-tests/guest/soak.py --minutes $(SOAK_MINUTES)
+		-- env PYTHONPATH=$(TOP) $(PY) vm-tests/guest/soak.py --minutes $(SOAK_MINUTES)
 
 demo: setup kmod hostlib
 	$(PY) -m bench.demo $(DEMO_ARGS)

@@ -167,18 +167,20 @@ def _stats_churn(inj: fi.Injector, nl: fi.Genl, t: Tally, ids: list[int]) -> Non
 
 def _template_loads(inj: fi.Injector, nl: fi.Genl, t: Tally, d: ag.Dev) -> None:
     """TEMPLATE_LOAD batches with failures injected; template_pages only ever grows by whole
-    pages, by at most the batch."""
+    pages, by at most the batch.  Full 15-page batches (a page takes several allocations, so
+    these almost always fail part way) and single pages (which often go through)."""
     pages = [(f"snapshot page {i} ".encode() * 300)[:4096] for i in range(15)]
-    for rnd in range(16):
+    for rnd in range(24):
+        n = 15 if rnd % 3 == 0 else 1
         before = d.obj()["template_pages"]
-        batch = b"".join(struct.pack("=Q", rnd) + p[8:] for p in pages)
+        batch = b"".join(struct.pack("=Q", rnd) + p[8:] for p in pages[:n])
         attrs = [("CGROUP_ID", SYNTHETIC_TEMPLATE), ("INDEX", rnd * 15), ("PAGES", batch)]
         code, _ = nl.call("TEMPLATE_LOAD", attrs, inj=inj)
         t.add("TEMPLATE_LOAD", code)
         grown = d.obj()["template_pages"] - before
-        assert 0 <= grown <= 15, grown
+        assert 0 <= grown <= n, (grown, n)
         if code == 0:
-            assert grown == 15, grown
+            assert grown == n, (grown, n)
 
 
 def test_allocation_failures_store_delta_template_netlink(
