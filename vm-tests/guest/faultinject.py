@@ -19,12 +19,14 @@ one request) and kmemleak (clear, scan, report).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import os
 import socket
 import struct
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -94,6 +96,17 @@ class Injector:
         os.write(self.mark_fd, b"0")
         os.close(self.mark_fd)
         kmsg(END)
+
+    @contextlib.contextmanager
+    def rate(self, probability: int) -> Iterator[None]:
+        """Another failure probability (percent) for the block."""
+        for k in KNOBS:
+            _set(k, "probability", str(probability))
+        try:
+            yield
+        finally:
+            for k in KNOBS:
+                _set(k, "probability", str(self.probability))
 
     def injected(self) -> dict[str, int]:
         """Failures injected so far, per knob."""
