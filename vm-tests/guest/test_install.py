@@ -168,6 +168,9 @@ def test_make_install_then_modprobe_by_name(installed: None) -> None:
     assert Path("/sys/block/azswap0/disksize").read_text().strip() == "0"
     assert not Path("/dev/azswap1").exists()
 
+    # udev probes a new disk (blkid opens it): until that is done the module is in use
+    if shutil.which("udevadm"):
+        sh("udevadm", "settle", "--timeout=120", check=False)
     sh("modprobe", "-r", "azswap")
     assert not loaded()
     assert not dev.exists()

@@ -82,7 +82,10 @@ def test_restore_styles_verify(recording: microvm.Recording, tmp_path: Path, sty
     assert r["ok"], r
     assert r["bad_pages"] == 0
     owned = sum(len(v.offs) for v in recording.vms)
-    assert r["swapped_out_bytes"] >= owned * PAGE * 9 // 10
+    # memory.swap.current is exact; memory.stat's anon can lag by a flush batch (64 pages a CPU
+    # on 6.1), as much as a small VM owns
+    swapped = sum(v["swap_current"] for v in r["vms"].values())
+    assert swapped >= owned * PAGE * 9 // 10, r["vms"]
     if style in microvm.PRIVATE:
         assert r["restored_pages"] == owned
     if style == "private-reclaim":
