@@ -68,11 +68,30 @@ static inline bool az_enc_is_delta(unsigned int enc)
  * object above AZ_RAW_THRESHOLD is near or in zsmalloc's huge class (6.1:
  * from ~3.2 KiB, a whole page each, or a class holding one object per
  * page and a bit), so it is stored split in two pool allocations: what
- * fills half a page in zsmalloc, then the rest (az_obj.handle2 holds the
- * second one; see AZ_SPLIT_HEAD in store.c).
+ * fills half a page in zsmalloc, then the rest (AZ_SPLIT_HEAD).
  */
 #define AZ_OBJ_MAX		(AZ_PAGE_SIZE * 15 / 16)
 #define AZ_SPLIT_MIN		AZ_RAW_THRESHOLD
+
+/*
+ * A split object's first allocation: AZ_SPLIT_HEAD bytes, which zsmalloc
+ * packs two to a page with nothing lost (zs_malloc adds its 8-byte handle
+ * to every object: 6.1 mm/zsmalloc.c:1412).  It holds the second
+ * allocation's handle (AZ_SPLIT_LINK bytes, little endian) and then the
+ * first AZ_SPLIT_DATA bytes of the object; the second allocation (1/4..7/16
+ * page, an ordinary class) holds the rest.  Equal halves fell in merged
+ * classes: the live microVM run's pool was 7% above the payload; a model
+ * of 6.1's classes puts this split at 2%.
+ */
+#define AZ_SPLIT_HEAD	(AZ_PAGE_SIZE / 2 - 8)
+#define AZ_SPLIT_LINK	8
+#define AZ_SPLIT_DATA	(AZ_SPLIT_HEAD - AZ_SPLIT_LINK)
+
+/* Is an object of @size bytes stored in two pool allocations? */
+static inline bool az_obj_split(u32 size)
+{
+	return size > AZ_SPLIT_MIN && size < AZ_PAGE_SIZE;
+}
 
 /* Largest encoded object a registered owner's page may become. */
 static inline u32 az_obj_max(const struct az_policy *pol)
@@ -94,7 +113,7 @@ static inline u32 az_obj_max(const struct az_policy *pol)
 #define AZ_SIM_BLOCK_SIZE	32	/* bytes per hashed block */
 #endif
 
-/* Bits in az_obj.flags (atomic bitops). */
+/* Bits in az_obj.flags (az_obj_flag_set() and friends). */
 enum {
 	AZ_OBJ_SHARED,		/* counted in its owner's shared_bytes */
 	AZ_OBJ_BASE,		/* referenced by a delta; counted in bases */
@@ -104,27 +123,74 @@ enum {
 };
 
 /*
- * A stored object.  Metadata lives in slab memory; the encoded bytes live
- * in the pool.  @ref counts slots referring to it, deltas using it as base
- * and template index entries.  Everything but @ref and @flags is written
- * once before the object is published and read-only afterwards.
+ * A stored object.  Metadata lives in slab memory (64 bytes on 64-bit
+ * hosts with the default AZ_NR_SF); the encoded bytes live in the pool.
+ * @ref counts slots referring to it, deltas using it as base and template
+ * index entries.  Everything but @ref and @flags is written once before
+ * the object is published and read-only afterwards.
+ *
+ * A delta (az_enc_is_delta(@enc)) has a base and never similarity index
+ * entries; any other object may have index entries and never a base, so
+ * the two share memory: read the base with az_obj_base().
+ *
+ * @hash is the top half of the decoded page's xxh64 (az_hash_tag()): the
+ * dedup index's key and the check of a decoded copy.  A dedup candidate is
+ * always compared byte for byte, so 32 bits only decide how often a
+ * candidate is decoded in vain.
+ *
+ * The second pool allocation of a split object (see AZ_SPLIT_HEAD in
+ * store.c) is not kept here: its handle is the first 8 bytes of the first.
  */
 struct az_obj {
 	az_ref_t ref;
+	az_atomic_t flags;	/* AZ_OBJ_* bits */
+	u16 owner;		/* owner index charged for the bytes */
+	u16 size;		/* bytes in the pool (at most AZ_PAGE_SIZE) */
 	u8 enc;			/* enum az_enc, or 0 for a raw page */
 	u8 nr_sf;		/* similarity index entries in @sim_pos */
-	u16 owner;		/* owner index charged for the bytes */
-	u32 size;		/* bytes in the pool */
 	u32 group;		/* trust group (valid when owner != 0) */
-	u32 sim_pos[AZ_NR_SF];	/* similarity table positions */
-	unsigned long flags;
+	u32 hash;		/* az_hash_tag() of the decoded page */
+	union {
+		struct az_obj *base;	/* a delta's base (referenced) */
+		u32 sim_pos[AZ_NR_SF];	/* similarity table positions */
+	};
 	unsigned long handle;	/* pool handle */
-	unsigned long handle2;	/* second half of a split object, or 0 */
-	u64 hash;		/* xxh64 of the decoded page */
-	struct az_obj *base;	/* delta base (a reference is held) */
 	struct az_obj *dnext;	/* dedup hash chain, under idx_lock */
 	struct az_defer_node dnode;
 };
+
+static inline u32 az_hash_tag(u64 hash)
+{
+	return (u32)(hash >> 32);
+}
+
+/* Pool bytes charged for @o: its size and a split object's link. */
+static inline u32 az_obj_bytes(const struct az_obj *o)
+{
+	return o->size + (az_obj_split(o->size) ? AZ_SPLIT_LINK : 0);
+}
+
+/* The base of a delta, NULL for any other object. */
+static inline struct az_obj *az_obj_base(const struct az_obj *o)
+{
+	return az_enc_is_delta(o->enc) ? o->base : NULL;
+}
+
+static inline void az_obj_flag_set(struct az_obj *o, unsigned int nr)
+{
+	az_atomic_or(1U << nr, &o->flags);
+}
+
+static inline bool az_obj_flag(const struct az_obj *o, unsigned int nr)
+{
+	return az_atomic_read(&o->flags) & (1U << nr);
+}
+
+/* Set @nr; returns whether it was set before (fully ordered). */
+static inline bool az_obj_flag_test_and_set(struct az_obj *o, unsigned int nr)
+{
+	return az_atomic_fetch_or(1U << nr, &o->flags) & (1U << nr);
+}
 
 /* ---- slots ------------------------------------------------------------ */
 
@@ -180,6 +246,9 @@ static inline unsigned long az_slot_check(u64 hash)
 /* Owner 0 collects unregistered cgroups (never shares). */
 #define AZ_MAX_OWNERS	1024
 #define AZ_OWNER_BUCKETS	1024	/* s->owner_hash: cgroup id -> entry */
+/* Entries are allocated AZ_OWNER_CHUNK at a time, as owners are added. */
+#define AZ_OWNER_CHUNK		64
+#define AZ_OWNER_CHUNKS		(AZ_MAX_OWNERS / AZ_OWNER_CHUNK)
 
 enum {
 	AZ_OWN_USED = 1,	/* entry holds (or held) an owner */
@@ -249,8 +318,14 @@ struct az_store {
 	u64 mem_limit;
 	struct az_policy pol;
 
-	az_spinlock_t reg_lock;		/* owners[].flags/cgroup_id/group */
-	struct az_owner *owners;
+	az_spinlock_t reg_lock;		/* owners' flags/cgroup_id/group */
+	/*
+	 * Owner entries (az_owner_at()): chunk i holds entries i *
+	 * AZ_OWNER_CHUNK on.  A chunk is installed (under reg_lock, with
+	 * release) before any of its entries is in use, and stays until the
+	 * store is destroyed.
+	 */
+	struct az_owner *owner_chunk[AZ_OWNER_CHUNKS];
 	u32 nr_owners;			/* entries in use (high water) */
 	u32 nr_reg;			/* registered owners */
 	u32 owners_gen;			/* changes on every add and del */
@@ -286,6 +361,16 @@ struct az_store {
 	az_atomic64_t bc_misses;
 	az_atomic64_t compacted_bytes;
 };
+
+/*
+ * Entry @i, for an @i below s->nr_owners (an entry in use: its chunk is
+ * installed).
+ */
+static inline struct az_owner *az_owner_at(struct az_store *s, u32 i)
+{
+	return &AZ_READ_ONCE(s->owner_chunk[i / AZ_OWNER_CHUNK])
+		[i % AZ_OWNER_CHUNK];
+}
 
 struct az_ctx {
 	struct az_codec_ws *ws;
@@ -341,6 +426,8 @@ int az_base_read(struct az_store *s, struct az_ctx *ctx, struct az_obj *b,
 /* @o is being destroyed: drop its cached copy.  Atomic context safe. */
 void az_bcache_forget(struct az_store *s, struct az_obj *o);
 void az_bcache_destroy(struct az_store *s);
+/* Bytes of kernel memory the cache holds now. */
+u64 az_bcache_bytes(struct az_store *s);
 
 /* ---- registry.c ------------------------------------------------------- */
 
@@ -357,6 +444,7 @@ void az_owner_unpin(struct az_store *s, struct az_pin *pin);
 /* @index through the pinned owner's index map (az_store_set_map). */
 u64 az_owner_index(struct az_store *s, const struct az_pin *pin, u64 index);
 void az_owners_init(struct az_store *s);
+u64 az_owner_bytes(struct az_store *s);
 
 /* ---- index.c ---------------------------------------------------------- */
 

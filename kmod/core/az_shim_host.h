@@ -106,6 +106,9 @@ struct az_atomic64 { int64_t v; };
 #define az_atomic_inc(a)	((void)__atomic_add_fetch(&(a)->v, 1, AZ_SC))
 #define az_atomic_dec(a)	((void)__atomic_sub_fetch(&(a)->v, 1, AZ_SC))
 #define az_atomic_dec_and_test(a) (__atomic_sub_fetch(&(a)->v, 1, AZ_SC) == 0)
+#define az_atomic_or(x, a)	((void)__atomic_fetch_or(&(a)->v, (int)(x), AZ_SC))
+#define az_atomic_fetch_or(x, a) \
+	((u32)__atomic_fetch_or(&(a)->v, (int)(x), AZ_SC))
 static inline bool az_atomic_inc_not_zero(az_atomic_t *a)
 {
 	int c = __atomic_load_n(&a->v, AZ_SC);

@@ -12,6 +12,13 @@
  * object's address), CLOCK replacement inside a set.  Size in pages is a
  * store setting (az_store_set_base_cache, sysfs `base_cache`), 0 = off.
  *
+ * Memory: an entry gets its page when it is first filled (a no-wait
+ * allocation; none, no caching), and the entries with a page never
+ * outnumber one per AZ_BC_STORED_PER_PAGE pages stored (at least
+ * AZ_BC_MIN_FILL): a small store spends a few pages on the cache, not its
+ * configured size.  Pages stay with their entry until the cache is
+ * resized or destroyed.
+ *
  * Lifetime: entries hold no reference.  An object is marked AZ_OBJ_CACHED
  * when it is inserted and az_obj_destroy() calls az_bcache_forget() for it
  * before its memory is freed, so a dead object's address never matches.
@@ -28,10 +35,22 @@
 
 struct az_bcache_mem {
 	u32 nr_sets;
+	u32 filled;		/* entries with a page */
 	struct az_obj **tags;	/* nr_sets * AZ_BC_WAYS */
 	u8 *used;		/* CLOCK "recently used" bit per entry */
-	u8 *pages;		/* nr_sets * AZ_BC_WAYS pages */
+	u8 **pages;		/* per entry: its page, or NULL */
 };
+
+#define AZ_BC_MIN_FILL		16
+#define AZ_BC_STORED_PER_PAGE	1024
+
+/* How many entries may have a page now. */
+static u32 az_bc_fill_limit(struct az_store *s)
+{
+	u64 n = az_atomic64_read(&s->pages_stored) / AZ_BC_STORED_PER_PAGE;
+
+	return (u32)az_min(az_max(n, (u64)AZ_BC_MIN_FILL), (u64)AZ_BC_MAX_PAGES);
+}
 
 static u32 az_bc_set(const struct az_bcache_mem *m, const struct az_obj *o)
 {
@@ -53,7 +72,7 @@ static struct az_bcache_mem *az_bc_alloc(u32 nr_sets)
 	m->nr_sets = nr_sets;
 	m->tags = az_valloc(n * sizeof(*m->tags));
 	m->used = az_valloc(n);
-	m->pages = az_valloc(n * AZ_PAGE_SIZE);
+	m->pages = az_valloc(n * sizeof(*m->pages));
 	if (!m->tags || !m->used || !m->pages) {
 		az_vfree(m->pages);
 		az_vfree(m->used);
@@ -66,8 +85,12 @@ static struct az_bcache_mem *az_bc_alloc(u32 nr_sets)
 
 static void az_bc_free(struct az_bcache_mem *m)
 {
+	u64 i;
+
 	if (!m)
 		return;
+	for (i = 0; i < (u64)m->nr_sets * AZ_BC_WAYS; i++)
+		az_free(m->pages[i]);
 	az_vfree(m->pages);
 	az_vfree(m->used);
 	az_vfree(m->tags);
@@ -113,6 +136,20 @@ u32 az_store_get_base_cache(struct az_store *s)
 	return n;
 }
 
+/* Memory the cache holds: every entry's tag, bit and pointer, filled pages. */
+u64 az_bcache_bytes(struct az_store *s)
+{
+	u64 n = 0;
+
+	az_spin_lock(&s->bc_lock);
+	if (s->bc)
+		n = (u64)s->bc->nr_sets * AZ_BC_WAYS *
+		    (sizeof(*s->bc->tags) + sizeof(*s->bc->pages) + 1) +
+		    (u64)s->bc->filled * AZ_PAGE_SIZE;
+	az_spin_unlock(&s->bc_lock);
+	return n;
+}
+
 void az_bcache_destroy(struct az_store *s)
 {
 	az_bc_free(s->bc);
@@ -126,7 +163,7 @@ static bool az_bcache_lookup(struct az_store *s, struct az_obj *o, void *dst)
 	bool hit = false;
 	u32 i, e;
 
-	if (!az_test_bit(AZ_OBJ_CACHED, &o->flags))
+	if (!az_obj_flag(o, AZ_OBJ_CACHED))
 		return false;
 	az_spin_lock(&s->bc_lock);
 	m = s->bc;
@@ -135,8 +172,7 @@ static bool az_bcache_lookup(struct az_store *s, struct az_obj *o, void *dst)
 		for (i = e; i < e + AZ_BC_WAYS; i++) {
 			if (m->tags[i] != o)
 				continue;
-			memcpy(dst, m->pages + (u64)i * AZ_PAGE_SIZE,
-			       AZ_PAGE_SIZE);
+			memcpy(dst, m->pages[i], AZ_PAGE_SIZE);
 			m->used[i] = 1;
 			hit = true;
 			break;
@@ -144,6 +180,44 @@ static bool az_bcache_lookup(struct az_store *s, struct az_obj *o, void *dst)
 	}
 	az_spin_unlock(&s->bc_lock);
 	return hit;
+}
+
+/*
+ * An entry of set @e for a new copy: a free one with a page, else a free
+ * one given a page (a no-wait allocation, while the fill limit allows),
+ * else by CLOCK among those with a page.  AZ_BC_WAYS: none.
+ */
+static u32 az_bc_victim(struct az_store *s, struct az_bcache_mem *m, u32 e)
+{
+	u32 i, none = e + AZ_BC_WAYS, spin;
+
+	for (i = e; i < e + AZ_BC_WAYS; i++)
+		if (!m->tags[i] && m->pages[i])
+			return i;
+	if (m->filled < az_bc_fill_limit(s)) {
+		for (i = e; i < e + AZ_BC_WAYS; i++) {
+			if (m->pages[i])
+				continue;
+			m->pages[i] = az_alloc(AZ_PAGE_SIZE, AZ_GFP_NOWAIT);
+			if (!m->pages[i])
+				break;
+			m->filled++;
+			return i;
+		}
+	}
+	/* CLOCK: the first entry not used since the hand last passed it. */
+	for (spin = 0; spin < 2 * AZ_BC_WAYS; spin++) {
+		i = e + spin % AZ_BC_WAYS;
+		if (!m->pages[i])
+			continue;
+		if (!m->used[i])
+			return i;
+		m->used[i] = 0;
+	}
+	for (i = e; i < e + AZ_BC_WAYS; i++)
+		if (m->pages[i])
+			return i;
+	return none;
 }
 
 static void az_bcache_insert(struct az_store *s, struct az_obj *o,
@@ -157,24 +231,16 @@ static void az_bcache_insert(struct az_store *s, struct az_obj *o,
 	if (!m)
 		goto out;
 	e = az_bc_set(m, o) * AZ_BC_WAYS;
-	victim = e + AZ_BC_WAYS;
-	for (i = e; i < e + AZ_BC_WAYS; i++) {
+	for (i = e; i < e + AZ_BC_WAYS; i++)
 		if (m->tags[i] == o)
 			goto out;	/* a racing reader inserted it */
-		if (!m->tags[i] && victim == e + AZ_BC_WAYS)
-			victim = i;
-	}
-	/* CLOCK: the first entry not used since the hand last passed it. */
-	for (i = 0; victim == e + AZ_BC_WAYS; i = (i + 1) % AZ_BC_WAYS) {
-		if (!m->used[e + i])
-			victim = e + i;
-		else
-			m->used[e + i] = 0;
-	}
+	victim = az_bc_victim(s, m, e);
+	if (victim == e + AZ_BC_WAYS)
+		goto out;	/* no page for this set */
 	m->tags[victim] = o;
 	m->used[victim] = 1;
-	memcpy(m->pages + (u64)victim * AZ_PAGE_SIZE, page, AZ_PAGE_SIZE);
-	az_set_bit(AZ_OBJ_CACHED, &o->flags);
+	memcpy(m->pages[victim], page, AZ_PAGE_SIZE);
+	az_obj_flag_set(o, AZ_OBJ_CACHED);
 out:
 	az_spin_unlock(&s->bc_lock);
 }
@@ -185,7 +251,7 @@ void az_bcache_forget(struct az_store *s, struct az_obj *o)
 	struct az_bcache_mem *m;
 	u32 i, e;
 
-	if (!az_test_bit(AZ_OBJ_CACHED, &o->flags))
+	if (!az_obj_flag(o, AZ_OBJ_CACHED))
 		return;
 	az_spin_lock(&s->bc_lock);
 	m = s->bc;
@@ -213,7 +279,7 @@ int az_base_read(struct az_store *s, struct az_ctx *ctx, struct az_obj *b,
 	bool ok;
 	int err;
 
-	if (AZ_WARN_ON(b->base))
+	if (AZ_WARN_ON(az_obj_base(b)))
 		return -EIO;
 	if (az_bcache_lookup(s, b, dst)) {
 		az_atomic64_inc(&s->bc_hits);
@@ -226,7 +292,7 @@ int az_base_read(struct az_store *s, struct az_ctx *ctx, struct az_obj *b,
 	cache = AZ_READ_ONCE(s->bc);
 	if (!verify && !cache)
 		return 0;	/* nothing needs the hash */
-	ok = az_xxh64(dst, AZ_PAGE_SIZE, 0) == b->hash;
+	ok = az_hash_tag(az_xxh64(dst, AZ_PAGE_SIZE, 0)) == b->hash;
 	if (!ok)
 		return verify ? -EIO : 0;
 	if (cache)

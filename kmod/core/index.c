@@ -145,7 +145,7 @@ u64 az_index_bytes(struct az_store *s, u64 *table_bytes, u64 *tnode_bytes)
 	*table_bytes = AZ_READ_ONCE(x->table_bytes);
 	*tnode_bytes = AZ_READ_ONCE(x->tnodes) * sizeof(struct az_tnode);
 	return *table_bytes + *tnode_bytes +
-	       AZ_READ_ONCE(x->indexed) * (sizeof(u64) + sizeof(void *) +
+	       AZ_READ_ONCE(x->indexed) * (sizeof(u32) + sizeof(void *) +
 					    AZ_NR_SF * sizeof(u32));
 }
 
@@ -161,9 +161,9 @@ static inline u64 az_mix(u64 v)
 
 /* ---- dedup ------------------------------------------------------------ */
 
-static inline u32 az_dbucket(struct az_index *x, u64 hash)
+static inline u32 az_dbucket(struct az_index *x, u32 tag)
 {
-	return (u32)(hash >> 20) & x->dmask;
+	return tag & x->dmask;
 }
 
 #define AZ_DEDUP_CANDS	4
@@ -174,14 +174,15 @@ struct az_obj *az_dedup_find(struct az_store *s, struct az_ctx *ctx,
 {
 	struct az_index *x = &s->idx;
 	struct az_obj *cand[AZ_DEDUP_CANDS], *o, *found = NULL;
+	u32 tag = az_hash_tag(hash);
 	int n = 0, i;
 
 	az_spin_lock(&s->idx_lock);
-	for (o = x->dbuckets[az_dbucket(x, hash)]; o && n < AZ_DEDUP_CANDS;
+	for (o = x->dbuckets[az_dbucket(x, tag)]; o && n < AZ_DEDUP_CANDS;
 	     o = o->dnext) {
-		if (o->hash != hash || o->group != group)
+		if (o->hash != tag || o->group != group)
 			continue;
-		if (need_base && o->base)
+		if (need_base && az_obj_base(o))
 			continue;
 		if (az_ref_inc_not_zero(&o->ref))
 			cand[n++] = o;
@@ -275,7 +276,7 @@ int az_sim_find(struct az_store *s, u32 group, const u64 *sf,
 			struct az_obj *o = e[w].obj;
 
 			if (!o || e[w].key != key || o->group != group ||
-			    !o->owner || o->base)
+			    !o->owner || az_obj_base(o))
 				continue;
 			for (k = 0; k < n; k++)
 				if (out[k] == o)
@@ -304,7 +305,7 @@ void az_index_insert(struct az_store *s, struct az_obj *o, const u64 *sf)
 	o->dnext = x->dbuckets[b];
 	x->dbuckets[b] = o;
 	o->nr_sf = 0;
-	if (sf && !o->base) {
+	if (sf && !az_obj_base(o)) {
 		for (i = 0; i < AZ_NR_SF; i++) {
 			key = az_sim_key(o->group, i, sf[i]);
 			o->sim_pos[i] = (u32)(az_mix(key) & x->smask);
@@ -317,7 +318,7 @@ void az_index_insert(struct az_store *s, struct az_obj *o, const u64 *sf)
 		o->nr_sf = AZ_NR_SF;
 	}
 	AZ_WRITE_ONCE(x->indexed, x->indexed + 1);
-	az_set_bit(AZ_OBJ_INDEXED, &o->flags);
+	az_obj_flag_set(o, AZ_OBJ_INDEXED);
 	az_spin_unlock(&s->idx_lock);
 }
 
@@ -368,7 +369,7 @@ struct az_obj *az_template_find(struct az_store *s, u32 group, u64 index)
 		}
 	}
 	az_spin_unlock(&s->idx_lock);
-	if (o && AZ_WARN_ON(o->group != group || o->base)) {
+	if (o && AZ_WARN_ON(o->group != group || az_obj_base(o))) {
 		az_atomic64_inc(&s->cross_group);
 		az_obj_put(s, o);
 		o = NULL;
@@ -390,7 +391,7 @@ int az_template_set(struct az_store *s, u32 group, u64 index, u16 owner,
 	struct az_obj *old = NULL;
 	u16 old_owner = 0;
 
-	if (o->base) {
+	if (az_obj_base(o)) {
 		az_free(nt);
 		return -EINVAL;
 	}
@@ -421,9 +422,9 @@ int az_template_set(struct az_store *s, u32 group, u64 index, u16 owner,
 	az_spin_unlock(&s->idx_lock);
 
 	az_free(nt);
-	az_atomic64_inc(&s->owners[owner].loaded_pages);
+	az_atomic64_inc(&az_owner_at(s, owner)->loaded_pages);
 	if (old) {
-		az_atomic64_dec(&s->owners[old_owner].loaded_pages);
+		az_atomic64_dec(&az_owner_at(s, old_owner)->loaded_pages);
 		az_obj_put(s, old);
 	} else {
 		az_atomic64_inc(&s->template_pages);
@@ -463,7 +464,7 @@ void az_template_drop_owner(struct az_store *s, u16 owner)
 
 	while ((t = dead)) {
 		dead = t->next;
-		az_atomic64_dec(&s->owners[owner].loaded_pages);
+		az_atomic64_dec(&az_owner_at(s, owner)->loaded_pages);
 		az_atomic64_dec(&s->template_pages);
 		az_obj_put(s, t->obj);
 		az_free(t);

@@ -21,7 +21,7 @@
 
 void az_owners_init(struct az_store *s)
 {
-	s->owners[0].flags = AZ_OWN_USED;
+	az_owner_at(s, 0)->flags = AZ_OWN_USED;
 	s->nr_owners = 1;
 }
 
@@ -50,9 +50,9 @@ static u32 az_owner_find(struct az_store *s, u64 cgroup_id)
 	unsigned int steps = 0;
 
 	while (i && steps++ < AZ_MAX_OWNERS) {
-		if (AZ_READ_ONCE(s->owners[i].cgroup_id) == cgroup_id)
+		if (AZ_READ_ONCE(az_owner_at(s, i)->cgroup_id) == cgroup_id)
 			return i;
-		i = AZ_READ_ONCE(s->owners[i].hnext);
+		i = AZ_READ_ONCE(az_owner_at(s, i)->hnext);
 	}
 	return 0;
 }
@@ -60,13 +60,13 @@ static u32 az_owner_find(struct az_store *s, u64 cgroup_id)
 /* Under reg_lock: give entry @i the cgroup id @cgroup_id. */
 static void az_owner_rehash(struct az_store *s, u32 i, u64 cgroup_id)
 {
-	struct az_owner *ow = &s->owners[i];
+	struct az_owner *ow = az_owner_at(s, i);
 	u16 *pp, *head = &s->owner_hash[az_owner_bucket(cgroup_id)];
 
 	if (ow->flags & AZ_OWN_USED) {
 		pp = &s->owner_hash[az_owner_bucket(ow->cgroup_id)];
 		while (*pp && *pp != i)
-			pp = &s->owners[*pp].hnext;
+			pp = &az_owner_at(s, *pp)->hnext;
 		if (*pp)
 			AZ_WRITE_ONCE(*pp, ow->hnext);
 	}
@@ -90,7 +90,7 @@ void az_owner_pin(struct az_store *s, u64 cgroup_id, struct az_pin *pin)
 	i = az_owner_find(s, cgroup_id);
 	if (!i)
 		return;
-	ow = &s->owners[i];
+	ow = az_owner_at(s, i);
 	az_atomic_inc(&ow->busy);
 	az_smp_mb();	/* busy before flags; pairs with az_owner_del */
 	flags = az_load_acquire(&ow->flags);
@@ -107,13 +107,13 @@ void az_owner_pin(struct az_store *s, u64 cgroup_id, struct az_pin *pin)
 
 void az_owner_unpin(struct az_store *s, struct az_pin *pin)
 {
-	if (pin->idx && az_atomic_dec_and_test(&s->owners[pin->idx].busy))
+	if (pin->idx && az_atomic_dec_and_test(&az_owner_at(s, pin->idx)->busy))
 		az_wake_up(&s->owner_wq);
 }
 
 u64 az_owner_index(struct az_store *s, const struct az_pin *pin, u64 index)
 {
-	struct az_owner *ow = &s->owners[pin->idx];
+	struct az_owner *ow = az_owner_at(s, pin->idx);
 	u64 pages, start;
 
 	if (!pin->idx)
@@ -128,10 +128,22 @@ u64 az_owner_index(struct az_store *s, const struct az_pin *pin, u64 index)
 	return index - start + AZ_READ_ONCE(ow->map_pgoff);
 }
 
+/* Owner entry memory: the chunks installed. */
+u64 az_owner_bytes(struct az_store *s)
+{
+	u64 n = 0;
+	u32 c;
+
+	for (c = 0; c < AZ_OWNER_CHUNKS; c++)
+		if (AZ_READ_ONCE(s->owner_chunk[c]))
+			n += AZ_OWNER_CHUNK * sizeof(struct az_owner);
+	return n;
+}
+
 static int az_owner_add(struct az_store *s, u64 cgroup_id, u32 group,
 			bool tmpl)
 {
-	struct az_owner *ow;
+	struct az_owner *ow, *chunk = NULL;
 	u32 i;
 	int err = 0;
 
@@ -140,10 +152,11 @@ static int az_owner_add(struct az_store *s, u64 cgroup_id, u32 group,
 	err = az_index_ensure(s);
 	if (err)
 		return err;
+again:
 	az_spin_lock(&s->reg_lock);
 	i = az_owner_find(s, cgroup_id);
 	if (i) {
-		ow = &s->owners[i];
+		ow = az_owner_at(s, i);
 		if (ow->flags & AZ_OWN_REG) {
 			err = -EEXIST;
 			goto out;
@@ -151,7 +164,7 @@ static int az_owner_add(struct az_store *s, u64 cgroup_id, u32 group,
 		/* A removed owner coming back: reuse its entry. */
 	} else {
 		for (i = 1; i < s->nr_owners; i++) {
-			ow = &s->owners[i];
+			ow = az_owner_at(s, i);
 			if (!(ow->flags & AZ_OWN_USED) ||
 			    (!(ow->flags & AZ_OWN_REG) && az_owner_idle(ow)))
 				break;
@@ -161,9 +174,23 @@ static int az_owner_add(struct az_store *s, u64 cgroup_id, u32 group,
 				err = -ENOSPC;
 				goto out;
 			}
+			if (!s->owner_chunk[i / AZ_OWNER_CHUNK]) {
+				if (!chunk) {
+					/* Allocate outside the spinlock. */
+					az_spin_unlock(&s->reg_lock);
+					chunk = az_valloc(AZ_OWNER_CHUNK *
+							  sizeof(*chunk));
+					if (!chunk)
+						return -ENOMEM;
+					goto again;
+				}
+				az_store_release(&s->owner_chunk[i /
+						 AZ_OWNER_CHUNK], chunk);
+				chunk = NULL;
+			}
 			s->nr_owners++;
 		}
-		ow = &s->owners[i];
+		ow = az_owner_at(s, i);
 		az_owner_rehash(s, i, cgroup_id);
 	}
 	AZ_WRITE_ONCE(ow->group, group);
@@ -175,6 +202,7 @@ static int az_owner_add(struct az_store *s, u64 cgroup_id, u32 group,
 	s->owners_gen++;
 out:
 	az_spin_unlock(&s->reg_lock);
+	az_vfree(chunk);	/* another add installed that chunk first */
 	return err;
 }
 
@@ -186,7 +214,7 @@ static int az_owner_del(struct az_store *s, u64 cgroup_id, bool tmpl)
 
 	az_spin_lock(&s->reg_lock);
 	i = az_owner_find(s, cgroup_id);
-	ow = &s->owners[i];
+	ow = az_owner_at(s, i);
 	if (!i || !(ow->flags & AZ_OWN_REG) ||
 	    !!(ow->flags & AZ_OWN_TEMPLATE) != tmpl) {
 		err = -ENOENT;
@@ -243,7 +271,7 @@ int az_store_set_map(struct az_store *s, u64 cgroup_id, u64 start, u64 pages,
 		return -EINVAL;
 	az_spin_lock(&s->reg_lock);
 	i = az_owner_find(s, cgroup_id);
-	ow = &s->owners[i];
+	ow = az_owner_at(s, i);
 	if (!i || !(ow->flags & AZ_OWN_REG)) {
 		err = -ENOENT;
 		goto out;
@@ -262,7 +290,7 @@ out:
 static void az_owner_fill(struct az_store *s, u32 i,
 			  struct az_owner_stats *out)
 {
-	struct az_owner *ow = &s->owners[i];
+	struct az_owner *ow = az_owner_at(s, i);
 	unsigned int k;
 
 	memset(out, 0, sizeof(*out));
@@ -310,7 +338,7 @@ int az_store_list_owners(struct az_store *s, u32 start,
 	if (gen)
 		*gen = s->owners_gen;
 	for (i = start; i < s->nr_owners && n < max; i++) {
-		struct az_owner *ow = &s->owners[i];
+		struct az_owner *ow = az_owner_at(s, i);
 
 		if (!(ow->flags & AZ_OWN_USED))
 			continue;

@@ -94,28 +94,12 @@ static void az_fill_page(void *page, u64 v)
 
 /* ---- objects ---------------------------------------------------------- */
 
-/*
- * Bytes of @o in its first pool allocation.  A split object's first part
- * takes half a page in zsmalloc, which packs those two to a page with
- * nothing lost (zs_malloc adds its 8-byte handle to every object: 6.1
- * mm/zsmalloc.c:1412); the rest (1/4..7/16 page) goes to an ordinary
- * class.  Equal halves fell in merged classes: the live microVM run's
- * pool was 7% above the payload; a model of 6.1's classes puts this
- * split at 2%.
- */
-#define AZ_SPLIT_HEAD	(AZ_PAGE_SIZE / 2 - sizeof(unsigned long))
-
-static inline u32 az_obj_head(const struct az_obj *o)
-{
-	return o->handle2 ? AZ_SPLIT_HEAD : o->size;
-}
-
 /* The pool allocations an object of @size bytes takes (@tail 0: one). */
 static void az_obj_parts(u32 size, u32 *head, u32 *tail)
 {
-	if (size > AZ_SPLIT_MIN && size < AZ_PAGE_SIZE) {
+	if (az_obj_split(size)) {
 		*head = AZ_SPLIT_HEAD;
-		*tail = size - AZ_SPLIT_HEAD;
+		*tail = size - AZ_SPLIT_DATA;
 	} else {
 		*head = size;
 		*tail = 0;
@@ -167,13 +151,18 @@ static unsigned long az_pool_get(struct az_store *s, struct az_reserve *res,
 	return h;
 }
 
-/* An object of @size bytes with its pool memory, not yet written. */
+/*
+ * An object of @size bytes with its pool memory, not yet written; *@h2 is
+ * the second allocation of a split object (0 if none), for az_obj_write()
+ * or az_obj_unget().
+ */
 static struct az_obj *az_obj_get(struct az_store *s, struct az_reserve *res,
-				 u32 size, int *err)
+				 u32 size, unsigned long *h2, int *err)
 {
 	struct az_obj *o = res->o;
 	u32 head, tail;
 
+	*h2 = 0;
 	res->o = NULL;
 	if (!o)
 		o = az_zalloc(sizeof(*o), AZ_GFP_NOWAIT);
@@ -183,8 +172,8 @@ static struct az_obj *az_obj_get(struct az_store *s, struct az_reserve *res,
 	}
 	az_obj_parts(size, &head, &tail);
 	if (tail) {
-		o->handle2 = az_pool_get(s, res, tail, err);
-		if (!o->handle2)
+		*h2 = az_pool_get(s, res, tail, err);
+		if (!*h2)
 			goto fail;
 	}
 	o->handle = az_pool_get(s, res, head, err);
@@ -194,18 +183,20 @@ static struct az_obj *az_obj_get(struct az_store *s, struct az_reserve *res,
 	az_ref_set(&o->ref, 1);
 	return o;
 fail:
-	if (o->handle2)
-		az_pool_free(s->pool, o->handle2);
+	if (*h2)
+		az_pool_free(s->pool, *h2);
+	*h2 = 0;
 	az_free(o);
 	return NULL;
 }
 
 /* Undo az_obj_get() of an object nothing saw yet. */
-static void az_obj_unget(struct az_store *s, struct az_obj *o)
+static void az_obj_unget(struct az_store *s, struct az_obj *o,
+			 unsigned long h2)
 {
 	az_pool_free(s->pool, o->handle);
-	if (o->handle2)
-		az_pool_free(s->pool, o->handle2);
+	if (h2)
+		az_pool_free(s->pool, h2);
 	az_free(o);
 }
 
@@ -295,49 +286,69 @@ static void az_copy_words(u8 *dst, const u8 *src, u32 n)
 		dst[i] = src[i];
 }
 
-/* Copy @src (@o->size bytes) into @o's pool memory. */
-static void az_obj_write(struct az_store *s, struct az_obj *o, const void *src)
+/*
+ * Copy @src (@o->size bytes) into @o's pool memory (@h2: az_obj_get()).
+ * A split object's first part is assembled in ctx->gbuf.
+ */
+static void az_obj_write(struct az_store *s, struct az_ctx *ctx,
+			 struct az_obj *o, unsigned long h2, const void *src)
 {
-	u32 head = az_obj_head(o);
+	if (!h2) {
+		az_pool_write(s->pool, o->handle, src, o->size);
+		return;
+	}
+	az_put_le64(h2, ctx->gbuf);
+	az_copy_words(ctx->gbuf + AZ_SPLIT_LINK, src, AZ_SPLIT_DATA);
+	az_pool_write(s->pool, o->handle, ctx->gbuf, AZ_SPLIT_HEAD);
+	az_pool_write(s->pool, h2, (const u8 *)src + AZ_SPLIT_DATA,
+		      o->size - AZ_SPLIT_DATA);
+}
 
-	az_pool_write(s->pool, o->handle, src, head);
-	if (o->handle2)
-		az_pool_write(s->pool, o->handle2, (const u8 *)src + head,
-			      o->size - head);
+/* The second allocation of a split object (read from its first). */
+static unsigned long az_obj_tail(struct az_store *s, const struct az_obj *o)
+{
+	u8 local[AZ_SPLIT_LINK];
+	const u8 *src;
+	unsigned long h;
+
+	src = az_pool_read_begin(s->pool, o->handle, AZ_SPLIT_LINK, local);
+	h = (unsigned long)az_get_le64(src);
+	az_pool_read_end(s->pool, o->handle, AZ_SPLIT_LINK, src);
+	return h;
 }
 
 /* Bytes are charged to the creating owner: see azcore.h. */
 static void az_obj_account(struct az_store *s, struct az_obj *o, bool tmpl)
 {
-	az_atomic64_add(o->size, &s->stored_bytes);
+	az_atomic64_add(az_obj_bytes(o), &s->stored_bytes);
 	az_atomic64_inc(&s->objects);
-	az_atomic64_add(o->size, &s->owners[o->owner].excl_bytes);
+	az_atomic64_add(az_obj_bytes(o), &az_owner_at(s, o->owner)->excl_bytes);
 	if (tmpl) {
-		az_set_bit(AZ_OBJ_TEMPLATE, &o->flags);
-		az_atomic64_add(o->size, &s->template_bytes);
+		az_obj_flag_set(o, AZ_OBJ_TEMPLATE);
+		az_atomic64_add(az_obj_bytes(o), &s->template_bytes);
 	}
 }
 
 /* Last reference gone and unreachable: release everything. */
 static void az_obj_destroy(struct az_store *s, struct az_obj *o)
 {
-	struct az_owner *ow = &s->owners[o->owner];
+	struct az_owner *ow = az_owner_at(s, o->owner);
 
-	if (az_test_bit(AZ_OBJ_SHARED, &o->flags))
-		az_atomic64_sub(o->size, &ow->shared_bytes);
+	if (az_obj_flag(o, AZ_OBJ_SHARED))
+		az_atomic64_sub(az_obj_bytes(o), &ow->shared_bytes);
 	else
-		az_atomic64_sub(o->size, &ow->excl_bytes);
-	if (az_test_bit(AZ_OBJ_TEMPLATE, &o->flags))
-		az_atomic64_sub(o->size, &s->template_bytes);
-	if (az_test_bit(AZ_OBJ_BASE, &o->flags))
+		az_atomic64_sub(az_obj_bytes(o), &ow->excl_bytes);
+	if (az_obj_flag(o, AZ_OBJ_TEMPLATE))
+		az_atomic64_sub(az_obj_bytes(o), &s->template_bytes);
+	if (az_obj_flag(o, AZ_OBJ_BASE))
 		az_atomic64_dec(&s->bases);
 	az_bcache_forget(s, o);
-	az_atomic64_sub(o->size, &s->stored_bytes);
+	az_atomic64_sub(az_obj_bytes(o), &s->stored_bytes);
 	az_atomic64_dec(&s->objects);
+	if (az_obj_split(o->size))
+		az_pool_free(s->pool, az_obj_tail(s, o));
 	az_pool_free(s->pool, o->handle);
-	if (o->handle2)
-		az_pool_free(s->pool, o->handle2);
-	if (o->base)
+	if (az_obj_base(o))
 		az_obj_put(s, o->base);
 	az_free(o);
 }
@@ -351,7 +362,7 @@ void az_obj_put(struct az_store *s, struct az_obj *o)
 {
 	if (!az_ref_dec_and_test(&o->ref))
 		return;
-	if (az_test_bit(AZ_OBJ_INDEXED, &o->flags) || o->base) {
+	if (az_obj_flag(o, AZ_OBJ_INDEXED) || az_obj_base(o)) {
 		az_atomic64_inc(&s->deferred);
 		az_defer_add(&s->defer, &o->dnode);
 		return;
@@ -371,7 +382,7 @@ static void az_store_run_deferred(void *arg)
 		for (; n; n = next) {
 			next = az_defer_next(n);
 			o = container_of(n, struct az_obj, dnode);
-			if (az_test_bit(AZ_OBJ_INDEXED, &o->flags))
+			if (az_obj_flag(o, AZ_OBJ_INDEXED))
 				az_index_remove(s, o);
 			az_obj_destroy(s, o);
 			/* after: "deferred" 0 means every figure is final */
@@ -391,18 +402,18 @@ void az_store_drain(struct az_store *s)
 
 void az_obj_mark_shared(struct az_store *s, struct az_obj *o)
 {
-	struct az_owner *ow = &s->owners[o->owner];
+	struct az_owner *ow = az_owner_at(s, o->owner);
 
-	if (az_test_and_set_bit(AZ_OBJ_SHARED, &o->flags))
+	if (az_obj_flag_test_and_set(o, AZ_OBJ_SHARED))
 		return;
-	az_atomic64_sub(o->size, &ow->excl_bytes);
-	az_atomic64_add(o->size, &ow->shared_bytes);
+	az_atomic64_sub(az_obj_bytes(o), &ow->excl_bytes);
+	az_atomic64_add(az_obj_bytes(o), &ow->shared_bytes);
 }
 
 void az_obj_mark_base(struct az_store *s, struct az_obj *o)
 {
 	az_obj_mark_shared(s, o);
-	if (!az_test_and_set_bit(AZ_OBJ_BASE, &o->flags))
+	if (!az_obj_flag_test_and_set(o, AZ_OBJ_BASE))
 		az_atomic64_inc(&s->bases);
 }
 
@@ -413,25 +424,26 @@ void az_obj_mark_base(struct az_store *s, struct az_obj *o)
 static int az_obj_decode(struct az_store *s, struct az_ctx *ctx,
 			 struct az_obj *o, const void *base, void *page)
 {
-	const void *src;
-	u32 tail = o->size - AZ_SPLIT_HEAD;
+	const u8 *src;
+	u32 tail = o->size - AZ_SPLIT_DATA;
+	unsigned long h2;
 	int err;
 
-	if (!o->handle2) {
+	if (!az_obj_split(o->size)) {
 		src = az_pool_read_begin(s->pool, o->handle, o->size, ctx->gbuf);
 		err = az_decode(ctx, src, o->size, base, page);
 		az_pool_read_end(s->pool, o->handle, o->size, src);
 		return err;
 	}
 	src = az_pool_read_begin(s->pool, o->handle, AZ_SPLIT_HEAD, ctx->gbuf);
-	if (src != ctx->gbuf)
-		az_copy_words(ctx->gbuf, src, AZ_SPLIT_HEAD);
+	h2 = (unsigned long)az_get_le64(src);
+	/* Moves down over itself when @src is ctx->gbuf: word by word is safe. */
+	az_copy_words(ctx->gbuf, src + AZ_SPLIT_LINK, AZ_SPLIT_DATA);
 	az_pool_read_end(s->pool, o->handle, AZ_SPLIT_HEAD, src);
-	src = az_pool_read_begin(s->pool, o->handle2, tail,
-				 ctx->gbuf + AZ_SPLIT_HEAD);
-	if (src != ctx->gbuf + AZ_SPLIT_HEAD)
-		az_copy_words(ctx->gbuf + AZ_SPLIT_HEAD, src, tail);
-	az_pool_read_end(s->pool, o->handle2, tail, src);
+	src = az_pool_read_begin(s->pool, h2, tail, ctx->gbuf + AZ_SPLIT_DATA);
+	if (src != ctx->gbuf + AZ_SPLIT_DATA)
+		az_copy_words(ctx->gbuf + AZ_SPLIT_DATA, src, tail);
+	az_pool_read_end(s->pool, h2, tail, src);
 	return az_decode(ctx, ctx->gbuf, o->size, base, page);
 }
 
@@ -445,7 +457,7 @@ int az_obj_read(struct az_store *s, struct az_ctx *ctx, struct az_obj *o,
 {
 	int err;
 
-	if (o->base) {
+	if (az_obj_base(o)) {
 		/* Depth 1: a base never has a base of its own. */
 		err = az_base_read(s, ctx, o->base, ctx->xbuf,
 				   AZ_READ_ONCE(s->pol.verify));
@@ -471,7 +483,7 @@ static inline void az_slot_unlock(struct az_store *s, u64 slot)
 static void az_account_slot(struct az_store *s, unsigned int kind, u16 own,
 			    int sign)
 {
-	struct az_owner *ow = &s->owners[own];
+	struct az_owner *ow = az_owner_at(s, own);
 
 	if (sign > 0) {
 		az_atomic64_inc(&s->pages_stored);
@@ -501,7 +513,7 @@ static void az_slot_release(struct az_store *s, unsigned long flags, u64 val)
 		az_atomic64_sub(size, &s->stored_bytes);
 		az_atomic64_dec(&s->objects);
 		az_atomic64_dec(&s->direct);
-		az_atomic64_sub(size, &s->owners[0].excl_bytes);
+		az_atomic64_sub(size, &az_owner_at(s, 0)->excl_bytes);
 		return;
 	}
 	az_obj_put(s, (struct az_obj *)(unsigned long)val);
@@ -578,8 +590,8 @@ struct az_store *az_store_create(u64 nr_slots, const char *name)
 	s->slots = az_valloc_big(nr_slots * sizeof(struct az_slot));
 	if (!s->slots)
 		goto fail_slots;
-	s->owners = az_valloc(AZ_MAX_OWNERS * sizeof(struct az_owner));
-	if (!s->owners)
+	s->owner_chunk[0] = az_valloc(AZ_OWNER_CHUNK * sizeof(struct az_owner));
+	if (!s->owner_chunk[0])
 		goto fail_owners;
 	s->pool = az_pool_create(name);
 	if (!s->pool)
@@ -606,7 +618,7 @@ struct az_store *az_store_create(u64 nr_slots, const char *name)
 	return s;
 
 fail_pool:
-	az_vfree(s->owners);
+	az_vfree(s->owner_chunk[0]);
 fail_owners:
 	az_vfree(s->slots);
 fail_slots:
@@ -627,8 +639,8 @@ void az_store_destroy(struct az_store *s)
 		if (!(i & 4095))
 			az_cond_resched();
 	}
-	for (o = 1; o < AZ_MAX_OWNERS; o++)
-		if (s->owners[o].flags & AZ_OWN_TEMPLATE)
+	for (o = 1; o < s->nr_owners; o++)
+		if (az_owner_at(s, o)->flags & AZ_OWN_TEMPLATE)
 			az_template_drop_owner(s, o);
 	/* Freeing a delta may queue its base: drain until nothing is left. */
 	do {
@@ -642,7 +654,8 @@ void az_store_destroy(struct az_store *s)
 	az_spin_destroy(&s->bc_lock);
 	az_spin_destroy(&s->idx_lock);
 	az_spin_destroy(&s->reg_lock);
-	az_vfree(s->owners);
+	for (o = 0; o < AZ_OWNER_CHUNKS; o++)
+		az_vfree(s->owner_chunk[o]);
 	az_vfree(s->slots);
 	az_vfree(s);
 }
@@ -884,7 +897,7 @@ static int az_put_direct(struct az_store *s, struct az_ctx *ctx,
 	az_atomic64_add(size, &s->stored_bytes);
 	az_atomic64_inc(&s->objects);
 	az_atomic64_inc(&s->direct);
-	az_atomic64_add(size, &s->owners[0].excl_bytes);
+	az_atomic64_add(size, &az_owner_at(s, 0)->excl_bytes);
 	az_slot_set(s, slot, size == AZ_PAGE_SIZE ? AZ_KIND_RAW : AZ_KIND_PLAIN,
 		    0, h, AZ_SLOT_DIRECT |
 		    ((unsigned long)size << AZ_SLOT_SIZE_SHIFT) |
@@ -902,6 +915,7 @@ int az_store_put_nowait(struct az_store *s, struct az_ctx *ctx, u64 slot,
 	struct az_choice c;
 	struct az_pin pin;
 	struct az_obj *o;
+	unsigned long h2;
 	u64 word, hash = 0, sf[AZ_NR_SF];
 	bool tnode;
 	int err = 0;
@@ -951,11 +965,11 @@ int az_store_put_nowait(struct az_store *s, struct az_ctx *ctx, u64 slot,
 		goto out;
 	}
 	/* Everything the new object needs, before anything changes. */
-	o = az_obj_get(s, res, c.size, &err);
+	o = az_obj_get(s, res, c.size, &h2, &err);
 	if (o && tnode) {
 		t = az_tnode_get(res, &err);
 		if (!t) {
-			az_obj_unget(s, o);
+			az_obj_unget(s, o, h2);
 			o = NULL;
 		}
 	}
@@ -969,9 +983,10 @@ int az_store_put_nowait(struct az_store *s, struct az_ctx *ctx, u64 slot,
 	o->enc = c.enc;
 	o->owner = pin.idx;
 	o->group = pin.group;
-	o->hash = hash;
-	o->base = c.base;
-	az_obj_write(s, o, c.size == AZ_PAGE_SIZE ? page : c.buf);
+	o->hash = az_hash_tag(hash);
+	if (c.base)
+		o->base = c.base;
+	az_obj_write(s, ctx, o, h2, c.size == AZ_PAGE_SIZE ? page : c.buf);
 	az_obj_account(s, o, pin.tmpl);
 	if (c.base)
 		az_obj_mark_base(s, c.base);
@@ -1046,7 +1061,7 @@ int az_store_get(struct az_store *s, struct az_ctx *ctx, u64 slot, void *page)
 	o = (struct az_obj *)(unsigned long)sl->val;
 	err = az_obj_read(s, ctx, o, page);
 	if (!err && AZ_READ_ONCE(s->pol.verify) &&
-	    az_xxh64(page, AZ_PAGE_SIZE, 0) != o->hash)
+	    az_hash_tag(az_xxh64(page, AZ_PAGE_SIZE, 0)) != o->hash)
 		err = -EIO;
 	az_slot_unlock(s, slot);
 done:
@@ -1119,6 +1134,7 @@ int az_store_template_load_nowait(struct az_store *s, struct az_ctx *ctx,
 	struct az_choice c;
 	struct az_pin pin;
 	struct az_obj *o;
+	unsigned long h2;
 	u64 word, hash, sf[AZ_NR_SF];
 	int err = 0;
 
@@ -1144,11 +1160,11 @@ int az_store_template_load_nowait(struct az_store *s, struct az_ctx *ctx,
 		az_obj_put(s, o);
 		goto out;
 	}
-	o = az_obj_get(s, res, c.size, &err);
+	o = az_obj_get(s, res, c.size, &h2, &err);
 	t = o ? az_tnode_get(res, &err) : NULL;
 	if (!t) {
 		if (o)
-			az_obj_unget(s, o);
+			az_obj_unget(s, o, h2);
 		if (err == -EAGAIN)
 			az_reserve_want(res, c.size, true, true);
 		goto out;
@@ -1156,8 +1172,8 @@ int az_store_template_load_nowait(struct az_store *s, struct az_ctx *ctx,
 	o->enc = c.enc;
 	o->owner = pin.idx;
 	o->group = pin.group;
-	o->hash = hash;
-	az_obj_write(s, o, c.size == AZ_PAGE_SIZE ? page : c.buf);
+	o->hash = az_hash_tag(hash);
+	az_obj_write(s, ctx, o, h2, c.size == AZ_PAGE_SIZE ? page : c.buf);
 	az_obj_account(s, o, true);
 	az_index_insert(s, o, pol.xdelta ? sf : NULL);
 	err = az_template_set(s, pin.group, index, pin.idx, o, t);
@@ -1209,12 +1225,11 @@ void az_store_get_stats(struct az_store *s, struct az_stats *st)
 	st->compacted_bytes = az_atomic64_read(&s->compacted_bytes);
 	st->slot_bytes = s->nr_slots * sizeof(struct az_slot);
 	st->slot_used_bytes = st->pages_stored * sizeof(struct az_slot);
-	st->owner_bytes = AZ_MAX_OWNERS * sizeof(struct az_owner);
+	st->owner_bytes = az_owner_bytes(s);
 	/* The objects' index fields are in sizeof(struct az_obj): once. */
 	st->obj_meta_bytes = (st->objects - az_atomic64_read(&s->direct)) *
 			     sizeof(struct az_obj);
-	st->base_cache_bytes = st->base_cache_pages *
-			       (AZ_PAGE_SIZE + sizeof(void *) + 1);
+	st->base_cache_bytes = az_bcache_bytes(s);
 	st->meta_bytes = st->slot_bytes + st->owner_bytes +
 			 st->obj_meta_bytes + st->index_table_bytes +
 			 st->tnode_bytes + st->base_cache_bytes;

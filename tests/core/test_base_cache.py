@@ -137,3 +137,35 @@ def test_random_interleavings_with_a_two_set_cache(make_store, ops) -> None:
         assert s.get(k) == p
     check_accounting(s)
     empty_everything(s, list(have))
+
+
+def test_cache_pages_are_bounded_by_what_is_stored(make_store) -> None:
+    """Entries get a page only when filled, and at most max(16, pages stored / 1024) of them.
+
+    64 template bases, each read once through a delta: a 256-entry cache fills only 16 pages
+    (the store holds far fewer than 16 Ki pages), and its bytes say so. The pages still all
+    come back right, from the cache or decoded.
+    """
+    s = make_store(1024)
+    setup_groups(s)
+    assert s.base_cache() == 256
+    empty = s.stats()["base_cache_bytes"]
+    assert empty == 256 * 17  # tag + CLOCK bit + page pointer per entry
+    rng = random.Random(7)
+    want: dict[int, bytes] = {}
+    for i in range(64):
+        b = pages.make("heap", 900 + i)
+        s.template_load(T1, i, b)
+        p = pages.mutate(b, rng, 3)
+        s.put(200 + i, p, owner=A, index=i)
+        want[200 + i] = p
+    assert {s.kind(i) for i in want} == {"tdelta"}
+    for slot, p in want.items():
+        assert s.get(slot) == p
+    st = s.stats()
+    filled = (st["base_cache_bytes"] - empty) // 4096
+    assert (st["base_cache_bytes"] - empty) % 4096 == 0
+    assert filled == 16
+    assert st["base_cache_misses"] >= 64 - 16
+    check_accounting(s)
+    empty_everything(s, want)

@@ -410,9 +410,16 @@ def test_removed_owner_keeps_reporting_until_empty(rs):
 
 
 def test_many_owners_and_reuse(make_store):
+    """1023 owners fit; entries come in chunks of 64 as owners are added (owner_bytes says so)."""
     s = make_store(64)
+    chunk = s.stats()["owner_bytes"]  # entry 0's chunk only
     for i in range(1, 1024):
         s.add_sandbox(i, i % 7)
+        assert s.stats()["owner_bytes"] == chunk * ((i + 1 + 63) // 64)
+    for i in range(1, 1024, 97):  # every chunk's entries are usable
+        s.put(7, pages.make("heap", i), owner=i)
+        assert s.owner_stats(i)["pages"] == 1
+        s.free(7)
     with pytest.raises(CoreError) as e:
         s.add_sandbox(5000, 1)
     assert e.value.errno == errno.ENOSPC

@@ -8,9 +8,12 @@
 
 #include "az_debug_host.h"
 
-/* XOR @xor into byte @off % @len of the object at @h (@len bytes). */
+/*
+ * XOR @xor into byte @lo + @off % (@len - @lo) of the object at @h (@len
+ * bytes).
+ */
 static void az_debug_xor(struct az_pool *pool, unsigned long h, u32 len,
-			 u32 off, u8 xor)
+			 u32 lo, u32 off, u8 xor)
 {
 	u8 buf[AZ_PAGE_SIZE];
 	const u8 *p = az_pool_read_begin(pool, h, len, buf);
@@ -18,7 +21,7 @@ static void az_debug_xor(struct az_pool *pool, unsigned long h, u32 len,
 	if (p != buf)
 		memcpy(buf, p, len);
 	az_pool_read_end(pool, h, len, p);
-	buf[off % len] ^= xor;
+	buf[lo + off % (len - lo)] ^= xor;
 	az_pool_write(pool, h, buf, len);
 }
 
@@ -42,12 +45,16 @@ int az_store_debug_corrupt(struct az_store *s, u64 slot, u32 off, u8 xor)
 	if (sl->flags & AZ_SLOT_DIRECT) {
 		unsigned long h = (unsigned long)sl->val;
 
-		az_debug_xor(s->pool, h, az_slot_size(sl->flags), off, xor);
+		az_debug_xor(s->pool, h, az_slot_size(sl->flags), 0, off, xor);
 		goto out;
 	}
 	o = (struct az_obj *)(unsigned long)sl->val;
-	/* The first part of a split object: enough to corrupt it. */
-	az_debug_xor(s->pool, o->handle, o->handle2 ? 1024 : o->size, off, xor);
+	/* The data of a split object's first part (not the link to its second). */
+	if (az_obj_split(o->size))
+		az_debug_xor(s->pool, o->handle, AZ_SPLIT_HEAD, AZ_SPLIT_LINK,
+			     off, xor);
+	else
+		az_debug_xor(s->pool, o->handle, o->size, 0, off, xor);
 out:
 	az_bit_unlock(AZ_SLOT_LOCK_BIT, &sl->flags);
 	return err;
@@ -166,10 +173,10 @@ int az_store_debug_check(struct az_store *s)
 		o = (struct az_obj *)(unsigned long)sl->val;
 		if (az_chk_add(&refs, o) || az_chk_add(&objs, o))
 			goto nomem;
-		AZ_CHK(!!o->base == (kind == AZ_KIND_TDELTA ||
+		AZ_CHK(!!az_obj_base(o) == (kind == AZ_KIND_TDELTA ||
 				     kind == AZ_KIND_XDELTA) || kind ==
 		       AZ_KIND_DUP, "slot %llu kind %u base %p",
-		       (unsigned long long)slot, kind, (void *)o->base);
+		       (unsigned long long)slot, kind, (void *)az_obj_base(o));
 		if (!own) {
 			AZ_CHK(kind == AZ_KIND_PLAIN || kind == AZ_KIND_RAW,
 			       "unregistered slot %llu shares (kind %u)",
@@ -177,10 +184,10 @@ int az_store_debug_check(struct az_store *s)
 			AZ_CHK(!o->owner, "unregistered slot %llu -> owned obj",
 			       (unsigned long long)slot);
 		} else if (o->owner) {
-			AZ_CHK(s->owners[own].group == o->group,
+			AZ_CHK(az_owner_at(s, own)->group == o->group,
 			       "slot %llu group %u obj group %u",
 			       (unsigned long long)slot,
-			       s->owners[own].group, o->group);
+			       az_owner_at(s, own)->group, o->group);
 		} else {
 			AZ_CHK(kind == AZ_KIND_PLAIN || kind == AZ_KIND_RAW,
 			       "slot %llu registered but shares an unowned obj",
@@ -192,7 +199,7 @@ int az_store_debug_check(struct az_store *s)
 			if (az_chk_add(&refs, t->obj) ||
 			    az_chk_add(&objs, t->obj))
 				goto nomem;
-			AZ_CHK(!t->obj->base, "template entry is a delta");
+			AZ_CHK(!az_obj_base(t->obj), "template entry is a delta");
 			AZ_CHK(t->obj->group == t->group,
 			       "template entry group %u obj group %u",
 			       t->group, t->obj->group);
@@ -203,7 +210,7 @@ int az_store_debug_check(struct az_store *s)
 		struct az_obj *o = container_of(dn, struct az_obj, dnode);
 
 		AZ_CHK(!az_ref_read(&o->ref), "deferred obj has refs");
-		if (o->base && (az_chk_add(&refs, o->base) ||
+		if (az_obj_base(o) && (az_chk_add(&refs, o->base) ||
 				az_chk_add(&objs, o->base)))
 			goto nomem;
 	}
@@ -214,15 +221,15 @@ int az_store_debug_check(struct az_store *s)
 	for (i = 0; i < n0; i++) {
 		struct az_obj *o = objs.v[i];
 
-		if ((i && o == objs.v[i - 1]) || !o->base)
+		if ((i && o == objs.v[i - 1]) || !az_obj_base(o))
 			continue;
 		if (az_chk_add(&refs, o->base) || az_chk_add(&objs, o->base))
 			goto nomem;
-		AZ_CHK(!o->base->base, "delta chain deeper than 1");
+		AZ_CHK(!az_obj_base(o->base), "delta chain deeper than 1");
 		AZ_CHK(o->base->group == o->group && o->owner &&
 		       o->base->owner, "delta across groups %u -> %u",
 		       o->group, o->base->group);
-		AZ_CHK(o->base->flags & (1UL << AZ_OBJ_BASE),
+		AZ_CHK(az_obj_flag(o->base, AZ_OBJ_BASE),
 		       "base not flagged");
 	}
 	if (objs.n)
