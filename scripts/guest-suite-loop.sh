@@ -22,7 +22,10 @@ for i in $(seq 1 "$n"); do
 	(cd "$top" && nice -n 10 .venv/bin/pytest -q -p no:cacheprovider vm-tests/guest) \
 		>"$d/pytest.txt" 2>&1
 	rc=$?
-	cp "$top/vm-tests/out/guest-console.log" "$d/" 2>/dev/null
+	# the console log as vm-tests/conftest.py names it: -debug, -SERIES or no suffix
+	console=guest-console${AZSWAP_KERNEL:+-$AZSWAP_KERNEL}.log
+	case " $AZSWAP_VM_ARGS " in *" --debug-kernel "*) console=guest-console-debug.log ;; esac
+	cp "$top/vm-tests/out/$console" "$d/guest-console.log" 2>/dev/null
 	hang=no
 	if grep -q 'vm-tests/run: timed out' "$d/guest-console.log" 2>/dev/null; then
 		hang=yes

@@ -10,7 +10,7 @@ top=$(cd "$(dirname "$0")/.." && pwd)
 APT_PKGS="linux-image-amd64 linux-headers-amd64 qemu-system-x86 python3-bpfcc bpfcc-tools
   kmod python3-venv python3-dev busybox-static cpio liblz4-dev libzstd-dev libxxhash-dev
   linux-source-6.1 xz-utils udev gcc make util-linux procps clang libclang-rt-14-dev
-  dkms shellcheck zstd debootstrap flex bison libelf-dev bc libssl-dev"
+  dkms shellcheck zstd debootstrap flex bison libelf-dev bc libssl-dev pahole"
 
 need_apt() {
 	for p in $APT_PKGS; do
