@@ -201,6 +201,7 @@ def load_lib(path: str | os.PathLike[str] | None = None) -> ctypes.CDLL:
         "az_store_drain": (None, [vp]),
         "az_kind_name": (cp, [ctypes.c_int]),
         "az_store_debug_corrupt": (ctypes.c_int, [vp, u64, u32, ctypes.c_uint8]),
+        "az_store_debug_corrupt_link": (ctypes.c_int, [vp, u64, ctypes.c_uint8]),
         "az_host_fail_pool_allocs": (None, [ctypes.c_int]),
         "az_host_sleeping_allocs": (u64, []),
         "az_store_put_nowait": (
@@ -473,6 +474,10 @@ class Store:
     def corrupt(self, slot: int, offset: int, xor: int) -> None:
         """Flip bits of the stored object behind ``slot`` (test only)."""
         _check(self.lib.az_store_debug_corrupt(self._s, slot, offset, xor), "corrupt")
+
+    def corrupt_link(self, slot: int, xor: int) -> None:
+        """Flip bits of the link to the second half of ``slot``'s split object (test only)."""
+        _check(self.lib.az_store_debug_corrupt_link(self._s, slot, xor), "corrupt link")
 
     def check(self) -> None:
         """Verify refcounts, depth-1 bases and trust-group scoping (test only)."""

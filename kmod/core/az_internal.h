@@ -138,8 +138,10 @@ enum {
  * always compared byte for byte, so 32 bits only decide how often a
  * candidate is decoded in vain.
  *
- * The second pool allocation of a split object (see AZ_SPLIT_HEAD in
- * store.c) is not kept here: its handle is the first 8 bytes of the first.
+ * The second pool allocation of a split object (see AZ_SPLIT_HEAD) is not
+ * kept here: its handle is the first 8 bytes of the first, checked against
+ * @link_check before it is used, so a corrupted link is -EIO (and a leaked
+ * allocation at free), never a wild handle.
  */
 struct az_obj {
 	az_ref_t ref;
@@ -148,6 +150,7 @@ struct az_obj {
 	u16 size;		/* bytes in the pool (at most AZ_PAGE_SIZE) */
 	u8 enc;			/* enum az_enc, or 0 for a raw page */
 	u8 nr_sf;		/* similarity index entries in @sim_pos */
+	u16 link_check;		/* split object: az_link_check() of the link */
 	u32 group;		/* trust group (valid when owner != 0) */
 	u32 hash;		/* az_hash_tag() of the decoded page */
 	union {
@@ -158,6 +161,11 @@ struct az_obj {
 	struct az_obj *dnext;	/* dedup hash chain, under idx_lock */
 	struct az_defer_node dnode;
 };
+
+static inline u16 az_link_check(u64 handle)
+{
+	return (u16)((handle * 0x9e3779b97f4a7c15ULL) >> 48);
+}
 
 static inline u32 az_hash_tag(u64 hash)
 {
@@ -368,8 +376,10 @@ struct az_store {
  */
 static inline struct az_owner *az_owner_at(struct az_store *s, u32 i)
 {
-	return &AZ_READ_ONCE(s->owner_chunk[i / AZ_OWNER_CHUNK])
-		[i % AZ_OWNER_CHUNK];
+	struct az_owner *chunk;
+
+	chunk = az_load_acquire(&s->owner_chunk[i / AZ_OWNER_CHUNK]);
+	return &chunk[i % AZ_OWNER_CHUNK];
 }
 
 struct az_ctx {

@@ -24,6 +24,7 @@
 
 #define AZ_GFP_NOWAIT	0
 #define AZ_GFP_MAYSLEEP	1
+#define AZ_GFP_OPTIONAL	2	/* the kernel's no-wait, no-reserves */
 
 void *az_alloc(size_t size, int gfp);
 void *az_zalloc(size_t size, int gfp);

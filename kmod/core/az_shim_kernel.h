@@ -35,11 +35,16 @@
 
 #define AZ_GFP_NOWAIT	0
 #define AZ_GFP_MAYSLEEP	1
+/* No wait, and never from the reserves reclaim needs: a cache's memory. */
+#define AZ_GFP_OPTIONAL	2
 
 static inline gfp_t az_gfp(int gfp)
 {
-	return gfp == AZ_GFP_NOWAIT ? (GFP_NOWAIT | __GFP_NOWARN) :
-				      (GFP_NOIO | __GFP_NOWARN);
+	if (gfp == AZ_GFP_MAYSLEEP)
+		return GFP_NOIO | __GFP_NOWARN;
+	if (gfp == AZ_GFP_OPTIONAL)
+		return GFP_NOWAIT | __GFP_NOWARN | __GFP_NOMEMALLOC;
+	return GFP_NOWAIT | __GFP_NOWARN;
 }
 
 static inline void *az_alloc(size_t size, int gfp)

@@ -108,7 +108,7 @@ struct az_policy {
 struct az_stats {
 	u64 pages_stored;	/* slots in use now */
 	u64 orig_bytes;		/* pages_stored * PAGE_SIZE */
-	u64 stored_bytes;	/* payload bytes of live objects */
+	u64 stored_bytes;	/* pool bytes of live objects (split links too) */
 	u64 pool_bytes;		/* bytes the allocator holds */
 	u64 meta_bytes;		/* slots + owners + objects + indexes + cache */
 	u64 index_bytes;	/* dedup + similarity index part of meta_bytes */

@@ -17,14 +17,16 @@
  * outnumber one per AZ_BC_STORED_PER_PAGE pages stored (at least
  * AZ_BC_MIN_FILL): a small store spends a few pages on the cache, not its
  * configured size.  Pages stay with their entry until the cache is
- * resized or destroyed.
+ * resized or destroyed; a set that got none while others filled the limit
+ * does not cache (the limit grows with the store).
  *
  * Lifetime: entries hold no reference.  An object is marked AZ_OBJ_CACHED
  * when it is inserted and az_obj_destroy() calls az_bcache_forget() for it
  * before its memory is freed, so a dead object's address never matches.
  * Inserting needs a live object: callers hold a reference (or the lock of
  * a slot whose object holds one).  Only copies whose xxh64 matched the
- * object's recorded hash are inserted, so a hit needs no verification.
+ * object's recorded hash tag (az_hash_tag) are inserted, so a hit needs no
+ * verification.
  *
  * Locking: s->bc_lock covers the tags, the CLOCK bits and the pages.  It
  * is the innermost lock of the core (taken under a slot lock, never while
@@ -198,7 +200,8 @@ static u32 az_bc_victim(struct az_store *s, struct az_bcache_mem *m, u32 e)
 		for (i = e; i < e + AZ_BC_WAYS; i++) {
 			if (m->pages[i])
 				continue;
-			m->pages[i] = az_alloc(AZ_PAGE_SIZE, AZ_GFP_NOWAIT);
+			/* Stores run in reclaim: never from its reserves. */
+			m->pages[i] = az_alloc(AZ_PAGE_SIZE, AZ_GFP_OPTIONAL);
 			if (!m->pages[i])
 				break;
 			m->filled++;

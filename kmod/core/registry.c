@@ -46,13 +46,14 @@ static inline u32 az_owner_bucket(u64 cgroup_id)
  */
 static u32 az_owner_find(struct az_store *s, u64 cgroup_id)
 {
-	u32 i = AZ_READ_ONCE(s->owner_hash[az_owner_bucket(cgroup_id)]);
+	/* Acquire: pairs with az_owner_rehash (the entry, its chunk). */
+	u32 i = az_load_acquire(&s->owner_hash[az_owner_bucket(cgroup_id)]);
 	unsigned int steps = 0;
 
 	while (i && steps++ < AZ_MAX_OWNERS) {
 		if (AZ_READ_ONCE(az_owner_at(s, i)->cgroup_id) == cgroup_id)
 			return i;
-		i = AZ_READ_ONCE(az_owner_at(s, i)->hnext);
+		i = az_load_acquire(&az_owner_at(s, i)->hnext);
 	}
 	return 0;
 }

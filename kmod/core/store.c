@@ -297,6 +297,7 @@ static void az_obj_write(struct az_store *s, struct az_ctx *ctx,
 		az_pool_write(s->pool, o->handle, src, o->size);
 		return;
 	}
+	o->link_check = az_link_check(h2);
 	az_put_le64(h2, ctx->gbuf);
 	az_copy_words(ctx->gbuf + AZ_SPLIT_LINK, src, AZ_SPLIT_DATA);
 	az_pool_write(s->pool, o->handle, ctx->gbuf, AZ_SPLIT_HEAD);
@@ -304,7 +305,10 @@ static void az_obj_write(struct az_store *s, struct az_ctx *ctx,
 		      o->size - AZ_SPLIT_DATA);
 }
 
-/* The second allocation of a split object (read from its first). */
+/*
+ * The second allocation of a split object (read from its first), or 0 when
+ * the link does not match its check (the allocation is then leaked).
+ */
 static unsigned long az_obj_tail(struct az_store *s, const struct az_obj *o)
 {
 	u8 local[AZ_SPLIT_LINK];
@@ -314,6 +318,8 @@ static unsigned long az_obj_tail(struct az_store *s, const struct az_obj *o)
 	src = az_pool_read_begin(s->pool, o->handle, AZ_SPLIT_LINK, local);
 	h = (unsigned long)az_get_le64(src);
 	az_pool_read_end(s->pool, o->handle, AZ_SPLIT_LINK, src);
+	if (AZ_WARN_ON(az_link_check(h) != o->link_check))
+		return 0;
 	return h;
 }
 
@@ -329,7 +335,15 @@ static void az_obj_account(struct az_store *s, struct az_obj *o, bool tmpl)
 	}
 }
 
-/* Last reference gone and unreachable: release everything. */
+/* With the default AZ_NR_SF an object header is one kmalloc-64 object. */
+_Static_assert(AZ_NR_SF != 3 || sizeof(struct az_obj) == 64,
+	       "struct az_obj outgrew 64 bytes");
+
+/*
+ * Last reference gone and unreachable: release everything.  A split object's
+ * link is read from the pool here, so never in IRQ context (every az_obj is
+ * indexed: in practice this runs from the deferred free).
+ */
 static void az_obj_destroy(struct az_store *s, struct az_obj *o)
 {
 	struct az_owner *ow = az_owner_at(s, o->owner);
@@ -345,8 +359,12 @@ static void az_obj_destroy(struct az_store *s, struct az_obj *o)
 	az_bcache_forget(s, o);
 	az_atomic64_sub(az_obj_bytes(o), &s->stored_bytes);
 	az_atomic64_dec(&s->objects);
-	if (az_obj_split(o->size))
-		az_pool_free(s->pool, az_obj_tail(s, o));
+	if (az_obj_split(o->size)) {
+		unsigned long h2 = az_obj_tail(s, o);
+
+		if (h2)
+			az_pool_free(s->pool, h2);
+	}
 	az_pool_free(s->pool, o->handle);
 	if (az_obj_base(o))
 		az_obj_put(s, o->base);
@@ -437,6 +455,10 @@ static int az_obj_decode(struct az_store *s, struct az_ctx *ctx,
 	}
 	src = az_pool_read_begin(s->pool, o->handle, AZ_SPLIT_HEAD, ctx->gbuf);
 	h2 = (unsigned long)az_get_le64(src);
+	if (az_link_check(h2) != o->link_check) {
+		az_pool_read_end(s->pool, o->handle, AZ_SPLIT_HEAD, src);
+		return -EIO;
+	}
 	/* Moves down over itself when @src is ctx->gbuf: word by word is safe. */
 	az_copy_words(ctx->gbuf, src + AZ_SPLIT_LINK, AZ_SPLIT_DATA);
 	az_pool_read_end(s->pool, o->handle, AZ_SPLIT_HEAD, src);
@@ -1110,7 +1132,8 @@ int az_store_slot_info(struct az_store *s, u64 slot, u32 *bytes)
 		if (flags & AZ_SLOT_DIRECT)
 			size = az_slot_size(flags);
 		else
-			size = ((struct az_obj *)(unsigned long)s->slots[slot].val)->size;
+			size = az_obj_bytes((struct az_obj *)
+					    (unsigned long)s->slots[slot].val);
 	}
 	az_slot_unlock(s, slot);
 	if (!(flags & AZ_SLOT_USED))

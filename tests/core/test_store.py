@@ -404,6 +404,17 @@ def test_split_objects_for_registered_owners(make_store, pol):
         assert e.value.errno == errno.EIO
         s.put(trial % 16, ps[trial % 16], owner=11, index=trial % 16)
     assert [s.get(i) for i in range(16)] == ps
+    # A flipped link to the second half is -EIO, never a wild handle; flipped back, all is well.
+    for bit in range(8):
+        s.corrupt_link(3, 1 << bit)
+        with pytest.raises(CoreError) as e:
+            s.get(3)
+        assert e.value.errno == errno.EIO
+        s.corrupt_link(3, 1 << bit)
+        assert s.get(3) == ps[3]
+    with pytest.raises(CoreError) as e:
+        s.corrupt_link(32, 1)  # unregistered: raw, not split
+    assert e.value.errno == errno.ENOENT
     # Allocation failure of either half leaves the slot empty, never half-stored.
     for n in (1, 2, 3, 4):
         s.fail_pool_allocs(n)

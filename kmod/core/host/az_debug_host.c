@@ -60,6 +60,29 @@ out:
 	return err;
 }
 
+int az_store_debug_corrupt_link(struct az_store *s, u64 slot, u8 xor)
+{
+	struct az_slot *sl;
+	struct az_obj *o;
+	int err = -ENOENT;
+
+	if (slot >= s->nr_slots)
+		return -EINVAL;
+	sl = &s->slots[slot];
+	az_bit_lock(AZ_SLOT_LOCK_BIT, &sl->flags);
+	if ((sl->flags & AZ_SLOT_USED) && !(sl->flags & AZ_SLOT_DIRECT) &&
+	    az_slot_kind(sl->flags) != AZ_KIND_SAME) {
+		o = (struct az_obj *)(unsigned long)sl->val;
+		if (az_obj_split(o->size)) {
+			az_debug_xor(s->pool, o->handle, AZ_SPLIT_HEAD, 0, 0,
+				     xor);
+			err = 0;
+		}
+	}
+	az_bit_unlock(AZ_SLOT_LOCK_BIT, &sl->flags);
+	return err;
+}
+
 /*
  * Decode @size bytes at @obj (copied to an exact-size heap block so that
  * ASan sees any overread) into @page.
@@ -174,8 +197,8 @@ int az_store_debug_check(struct az_store *s)
 		if (az_chk_add(&refs, o) || az_chk_add(&objs, o))
 			goto nomem;
 		AZ_CHK(!!az_obj_base(o) == (kind == AZ_KIND_TDELTA ||
-				     kind == AZ_KIND_XDELTA) || kind ==
-		       AZ_KIND_DUP, "slot %llu kind %u base %p",
+					    kind == AZ_KIND_XDELTA) ||
+		       kind == AZ_KIND_DUP, "slot %llu kind %u base %p",
 		       (unsigned long long)slot, kind, (void *)az_obj_base(o));
 		if (!own) {
 			AZ_CHK(kind == AZ_KIND_PLAIN || kind == AZ_KIND_RAW,
@@ -211,7 +234,7 @@ int az_store_debug_check(struct az_store *s)
 
 		AZ_CHK(!az_ref_read(&o->ref), "deferred obj has refs");
 		if (az_obj_base(o) && (az_chk_add(&refs, o->base) ||
-				az_chk_add(&objs, o->base)))
+				       az_chk_add(&objs, o->base)))
 			goto nomem;
 	}
 	/* Unique objects; each delta holds one reference to its base. */

@@ -6,6 +6,8 @@
 #include "../az_internal.h"
 
 int az_store_debug_corrupt(struct az_store *s, u64 slot, u32 off, u8 xor);
+/* XOR @xor into byte 0 of the link of @slot's split object (-ENOENT: none). */
+int az_store_debug_corrupt_link(struct az_store *s, u64 slot, u8 xor);
 int az_debug_decode(struct az_ctx *ctx, const u8 *obj, u32 size,
 		    const void *base, void *page);
 int az_debug_encode(struct az_ctx *ctx, const struct az_policy *pol,
