@@ -174,6 +174,7 @@ def test_controlplane_end_to_end(dev0: ag.Dev, azpages: Any, workers: list) -> N
             "sb2 compression started",
             interval=0.005,
         )
+        pre = c.stats("sb2")["compress"]  # the run may have ended on its own already
         c.phase("sb2", "tool")
         # a chunk already in flight may still finish: measure from the end of the run
         wait_for(lambda: not c.stats("sb2")["compress"]["active"], 120, "sb2 run ended")
@@ -188,9 +189,21 @@ def test_controlplane_end_to_end(dev0: ag.Dev, azpages: Any, workers: list) -> N
         )
         assert not st2["active"] and not st2["done"]
         # The hint lands either inside a run ("stopped:phase=tool") or between two runs of one
-        # wait (the last one ended at its per-tick budget, "budget", and none started since);
-        # either way nothing may be reclaimed after it, which the next two lines check.
-        assert st2["last_result"] in ("stopped:phase=tool", "budget"), st2
+        # wait (the last one ended at its per-tick budget, "budget", and none started since).
+        # On a slow kernel (the debug tier) the wait's compression may also have ended on its
+        # own before the hint was sent: two reclaim passes in a row came up short ("done"),
+        # which the snapshot taken just before the hint shows.  Either way nothing may be
+        # reclaimed after the hint, which the next two lines check.
+        ended = pre["done"] or (not pre["active"] and pre["last_result"] in ("done", "floor"))
+        if ended:
+            log(f"sb2: compression ended on its own before the tool hint: {pre['last_result']!r}")
+            # (a recheck may have started one more run, which the hint then stopped)
+            assert st2["last_result"] in ("done", "floor", "stopped:phase=tool", "budget"), (
+                pre,
+                st2,
+            )
+        else:
+            assert st2["last_result"] in ("stopped:phase=tool", "budget"), (pre, st2)
         assert later >= after_stop - 2 * MiB, "compression went on after the tool hint"
         assert later > 32 * MiB, "sb2 was compressed completely despite the tool hint"
         assert module_owner(cg2.id).phase.label == "tool"

@@ -35,8 +35,10 @@ def setup(request: pytest.FixtureRequest) -> tuple[object, str]:
     assert kind == "azswap", f"this test needs azswap, the swap device that came up is {kind}"
     ag.assert_azswap_swap()
     tr = session_tracer()
-    # events are fed by p.sync() after each phase: no polling thread, the tracer stays shared
-    cfg = PrefetchConfig(history=3, window_s=60.0, method=request.param)
+    # events are fed by p.sync() after each phase: no polling thread, the tracer stays shared;
+    # no time budget that a slow kernel (the debug tier) would run out of: this test judges what
+    # is prefetched, not how fast
+    cfg = PrefetchConfig(history=3, window_s=60.0, method=request.param, max_seconds=600.0)
     return Prefetcher(cfg, tracer=tr), kind
 
 
