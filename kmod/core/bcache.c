@@ -217,9 +217,7 @@ static u32 az_bc_victim(struct az_store *s, struct az_bcache_mem *m, u32 e)
 			return i;
 		m->used[i] = 0;
 	}
-	for (i = e; i < e + AZ_BC_WAYS; i++)
-		if (m->pages[i])
-			return i;
+	/* Two turns found no page without a use bit: the set has no page. */
 	return none;
 }
 

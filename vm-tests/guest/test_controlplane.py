@@ -166,46 +166,55 @@ def test_controlplane_end_to_end(dev0: ag.Dev, azpages: Any, workers: list) -> N
         }
 
         # -- a tool hint stops compression (sb2) --------------------------------------------
-        mem2 = cg2.current()
-        c.phase("sb2", "llm-wait")
-        wait_for(
-            lambda: (c.stats("sb2").get("compress") or {}).get("chunks", 0) >= 2,
-            60,
-            "sb2 compression started",
-            interval=0.005,
-        )
-        pre = c.stats("sb2")["compress"]  # the run may have ended on its own already
-        c.phase("sb2", "tool")
-        # a chunk already in flight may still finish: measure from the end of the run
-        wait_for(lambda: not c.stats("sb2")["compress"]["active"], 120, "sb2 run ended")
-        after_stop = cg2.current()
-        time.sleep(1.5)
-        later = cg2.current()
-        st2 = c.stats("sb2")["compress"]
-        log(
-            f"sb2: tool hint after {st2['chunks']} chunks: memory.current {mem2 / MiB:.0f} -> "
-            f"{after_stop / MiB:.0f} MiB, {later / MiB:.0f} MiB 1.5 s later, "
-            f"last run: {st2['last_result']!r}"
-        )
-        assert not st2["active"] and not st2["done"]
-        # The hint lands either inside a run ("stopped:phase=tool") or between two runs of one
-        # wait (the last one ended at its per-tick budget, "budget", and none started since).
-        # On a slow kernel (the debug tier) the wait's compression may also have ended on its
-        # own before the hint was sent: two reclaim passes in a row came up short ("done"),
-        # which the snapshot taken just before the hint shows.  Either way nothing may be
-        # reclaimed after the hint, which the next two lines check.
-        ended = pre["done"] or (not pre["active"] and pre["last_result"] in ("done", "floor"))
-        if ended:
-            log(f"sb2: compression ended on its own before the tool hint: {pre['last_result']!r}")
-            # (a recheck may have started one more run, which the hint then stopped)
-            assert st2["last_result"] in ("done", "floor", "stopped:phase=tool", "budget"), (
-                pre,
-                st2,
+        # The hint is sent once the wait's run has reclaimed two chunks.  On a slow kernel (the
+        # debug tier) the run may finish all of sb2 before the hint gets through; that attempt
+        # proves nothing about the hint, so sb2 is faulted back in (every page verified) and
+        # the wait is repeated, up to three times.  Whatever the attempt, nothing may be
+        # reclaimed after the hint.
+        stopped = None
+        for attempt in range(1, 4):
+            if attempt > 1:
+                ag.verify_all([w2])
+            mem2 = cg2.current()
+            c.phase("sb2", "llm-wait")
+            wait_for(
+                lambda: (c.stats("sb2").get("compress") or {}).get("chunks", 0) >= 2,
+                60,
+                "sb2 compression started",
+                interval=0.005,
             )
-        else:
+            pre = c.stats("sb2")["compress"]  # the run may have ended on its own already
+            c.phase("sb2", "tool")
+            # a chunk already in flight may still finish: measure from the end of the run
+            wait_for(lambda: not c.stats("sb2")["compress"]["active"], 120, "sb2 run ended")
+            after_stop = cg2.current()
+            time.sleep(1.5)
+            later = cg2.current()
+            st2 = c.stats("sb2")["compress"]
+            log(
+                f"sb2 attempt {attempt}: tool hint after {st2['chunks']} chunks: memory.current "
+                f"{mem2 / MiB:.0f} -> {after_stop / MiB:.0f} MiB, {later / MiB:.0f} MiB 1.5 s "
+                f"later, last run: {st2['last_result']!r}"
+            )
+            assert not st2["active"] and not st2["done"]
+            assert later >= after_stop - 2 * MiB, "compression went on after the tool hint"
+            # The hint lands either inside a run ("stopped:phase=tool") or between two runs of
+            # one wait (the last one ended at its per-tick budget, "budget", and none started
+            # since); or the wait's compression had ended on its own before the hint: two
+            # reclaim passes in a row came up short ("done"), as the snapshot shows.
+            if pre["done"] or (not pre["active"] and pre["last_result"] in ("done", "floor")):
+                log(f"sb2: compression ended on its own before the hint: {pre['last_result']!r}")
+                # (a recheck may have started one more run, which the hint then stopped)
+                assert st2["last_result"] in ("done", "floor", "stopped:phase=tool", "budget"), (
+                    pre,
+                    st2,
+                )
+                continue
             assert st2["last_result"] in ("stopped:phase=tool", "budget"), (pre, st2)
-        assert later >= after_stop - 2 * MiB, "compression went on after the tool hint"
-        assert later > 32 * MiB, "sb2 was compressed completely despite the tool hint"
+            stopped = (mem2, later)
+            break
+        assert stopped is not None, "every attempt's compression ended before the tool hint"
+        assert stopped[1] > 32 * MiB, "sb2 was compressed completely despite the tool hint"
         assert module_owner(cg2.id).phase.label == "tool"
 
         # -- azctl status --json agrees with the module's own stats ---------------------------
