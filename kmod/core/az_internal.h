@@ -298,19 +298,26 @@ struct az_tnode {
 	struct az_obj *obj;	/* a reference is held */
 };
 
-struct az_sim_entry {
-	u64 key;		/* super-feature mixed with the trust group */
-	struct az_obj *obj;
-};
-
 #define AZ_SIM_WAYS	4
+
+/*
+ * One set of the similarity table: 10 bytes per way.  A way's tag is the
+ * top 16 bits of the mixed key (the set index is its low bits), so a
+ * lookup meets a foreign key in a set about once per 2^16 ways looked at;
+ * such a candidate still has to pass the group check and is then merely
+ * a poor base (the delta is computed against its real content).
+ */
+struct az_sim_set {
+	u16 tag[AZ_SIM_WAYS];
+	struct az_obj *obj[AZ_SIM_WAYS];
+};
 
 struct az_index {
 	struct az_obj **dbuckets;	/* dedup: hash -> chain */
 	u32 dmask;
 	struct az_tnode **tbuckets;	/* template: (group, index) -> base */
 	u32 tmask;
-	struct az_sim_entry *sim;	/* similarity: set-associative */
+	struct az_sim_set *sim;		/* similarity: set-associative */
 	u32 smask;			/* number of sets - 1 */
 	u64 tnodes;			/* template nodes allocated */
 	u64 indexed;			/* objects linked in the indexes */

@@ -27,7 +27,7 @@
 /*
  * Sizing, fixed when the first owner registers, from the number of slots:
  * one dedup bucket per 4 slots (8 bytes each) and one similarity entry
- * per s->sim_slots slots (16 bytes each; every non-delta object takes
+ * per s->sim_slots slots (10 bytes each; every non-delta object takes
  * AZ_NR_SF entries, the oldest drop out).  Measured with
  * tests/core/bench_core.py: halving the similarity table halves the
  * similar pages found on a full device of distinct pages.  A fleet of
@@ -77,7 +77,7 @@ again:
 	ns = az_pow2_below(s->nr_slots / slots / AZ_SIM_WAYS, 64, 1U << 22);
 	x.dbuckets = az_valloc(nd * sizeof(*x.dbuckets));
 	x.tbuckets = az_valloc(nt * sizeof(*x.tbuckets));
-	x.sim = az_valloc((size_t)ns * AZ_SIM_WAYS * sizeof(*x.sim));
+	x.sim = az_valloc((size_t)ns * sizeof(*x.sim));
 	if (!x.dbuckets || !x.tbuckets || !x.sim) {
 		az_index_free(&x);
 		return -ENOMEM;
@@ -86,7 +86,7 @@ again:
 	x.tmask = nt - 1;
 	x.smask = ns - 1;
 	x.table_bytes = nd * sizeof(*x.dbuckets) + nt * sizeof(*x.tbuckets) +
-			(u64)ns * AZ_SIM_WAYS * sizeof(*x.sim);
+			(u64)ns * sizeof(*x.sim);
 
 	az_spin_lock(&s->reg_lock);
 	if (!s->idx.dbuckets && slots != s->sim_slots) {
@@ -256,14 +256,24 @@ void az_sim_features(const void *page, u64 *sf)
 static inline u64 az_sim_key(u32 group, unsigned int i, u64 sf)
 {
 	/* The key binds the feature to its trust group and position. */
-	return sf ^ az_mix(((u64)group << 8) | i);
+	return az_mix(sf ^ az_mix(((u64)group << 8) | i));
+}
+
+static inline u32 az_sim_pos(struct az_index *x, u64 key)
+{
+	return (u32)key & x->smask;
+}
+
+static inline u16 az_sim_tag(u64 key)
+{
+	return (u16)(key >> 48);
 }
 
 int az_sim_find(struct az_store *s, u32 group, const u64 *sf,
 		struct az_obj **out, int max)
 {
 	struct az_index *x = &s->idx;
-	struct az_sim_entry *e;
+	struct az_sim_set *e;
 	unsigned int i, w;
 	int n = 0, k;
 	u64 key;
@@ -271,12 +281,12 @@ int az_sim_find(struct az_store *s, u32 group, const u64 *sf,
 	az_spin_lock(&s->idx_lock);
 	for (i = 0; i < AZ_NR_SF && n < max; i++) {
 		key = az_sim_key(group, i, sf[i]);
-		e = &x->sim[(size_t)(az_mix(key) & x->smask) * AZ_SIM_WAYS];
+		e = &x->sim[az_sim_pos(x, key)];
 		for (w = 0; w < AZ_SIM_WAYS && n < max; w++) {
-			struct az_obj *o = e[w].obj;
+			struct az_obj *o = e->obj[w];
 
-			if (!o || e[w].key != key || o->group != group ||
-			    !o->owner || az_obj_base(o))
+			if (!o || e->tag[w] != az_sim_tag(key) ||
+			    o->group != group || !o->owner || az_obj_base(o))
 				continue;
 			for (k = 0; k < n; k++)
 				if (out[k] == o)
@@ -296,7 +306,7 @@ int az_sim_find(struct az_store *s, u32 group, const u64 *sf,
 void az_index_insert(struct az_store *s, struct az_obj *o, const u64 *sf)
 {
 	struct az_index *x = &s->idx;
-	struct az_sim_entry *e;
+	struct az_sim_set *e;
 	unsigned int i;
 	u32 b = az_dbucket(x, o->hash);
 	u64 key;
@@ -308,12 +318,15 @@ void az_index_insert(struct az_store *s, struct az_obj *o, const u64 *sf)
 	if (sf && !az_obj_base(o)) {
 		for (i = 0; i < AZ_NR_SF; i++) {
 			key = az_sim_key(o->group, i, sf[i]);
-			o->sim_pos[i] = (u32)(az_mix(key) & x->smask);
-			e = &x->sim[(size_t)o->sim_pos[i] * AZ_SIM_WAYS];
+			o->sim_pos[i] = az_sim_pos(x, key);
+			e = &x->sim[o->sim_pos[i]];
 			/* Drop the oldest way, newest first. */
-			memmove(&e[1], &e[0], (AZ_SIM_WAYS - 1) * sizeof(*e));
-			e[0].key = key;
-			e[0].obj = o;
+			memmove(&e->tag[1], &e->tag[0],
+				(AZ_SIM_WAYS - 1) * sizeof(e->tag[0]));
+			memmove(&e->obj[1], &e->obj[0],
+				(AZ_SIM_WAYS - 1) * sizeof(e->obj[0]));
+			e->tag[0] = az_sim_tag(key);
+			e->obj[0] = o;
 		}
 		o->nr_sf = AZ_NR_SF;
 	}
@@ -326,7 +339,7 @@ void az_index_remove(struct az_store *s, struct az_obj *o)
 {
 	struct az_index *x = &s->idx;
 	struct az_obj **pp;
-	struct az_sim_entry *e;
+	struct az_sim_set *e;
 	unsigned int i, w;
 
 	az_spin_lock(&s->idx_lock);
@@ -338,10 +351,10 @@ void az_index_remove(struct az_store *s, struct az_obj *o)
 		}
 	}
 	for (i = 0; i < o->nr_sf; i++) {
-		e = &x->sim[(size_t)o->sim_pos[i] * AZ_SIM_WAYS];
+		e = &x->sim[o->sim_pos[i]];
 		for (w = 0; w < AZ_SIM_WAYS; w++)
-			if (e[w].obj == o)
-				e[w].obj = NULL;
+			if (e->obj[w] == o)
+				e->obj[w] = NULL;
 	}
 	AZ_WRITE_ONCE(x->indexed, x->indexed - 1);
 	az_spin_unlock(&s->idx_lock);

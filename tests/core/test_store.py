@@ -490,8 +490,8 @@ def test_sim_slots_sizes_the_similarity_index(make_store):
             s.put(k, p, owner=11, index=k)
         assert s.kind(1) == "xdelta"  # the index still finds near-duplicates
         assert all(s.get(k) == p for k, p in want.items())
-    # 4096 slots: 4096 -> 1024 similarity entries (a 64-bit key and an object pointer)
-    assert sizes[1] - sizes[4] == (4096 - 1024) * (8 + ctypes.sizeof(ctypes.c_void_p))
+    # 4096 slots: 4096 -> 1024 similarity entries (a 16-bit tag and an object pointer)
+    assert sizes[1] - sizes[4] == (4096 - 1024) * (2 + ctypes.sizeof(ctypes.c_void_p))
 
 
 def test_meta_bytes_count_index_fields_once(make_store):
