@@ -132,6 +132,10 @@ def _run_guest(session: pytest.Session) -> GuestRun:
     with capman.global_and_fixture_disabled():
         tw.line(f"vm-tests: guest run finished in {run.seconds:.0f}s, exit {run.rc}, "
                 f"{len(run.results)} results", bold=True)
+        slow = sorted(run.results.values(), key=lambda r: -float(r.get("seconds", 0)))[:8]
+        if slow:
+            tw.line("vm-tests: slowest guest tests: " + ", ".join(
+                f"{r['nodeid'].split('/')[-1]} {float(r.get('seconds', 0)):.0f}s" for r in slow))
     return run
 
 
