@@ -311,6 +311,9 @@ struct az_sim_set {
 	u16 tag[AZ_SIM_WAYS];
 	struct az_obj *obj[AZ_SIM_WAYS];
 };
+_Static_assert(sizeof(struct az_sim_set) ==
+	       AZ_SIM_WAYS * (sizeof(u16) + sizeof(void *)),
+	       "a similarity-table way is a tag and a pointer, unpadded");
 
 struct az_index {
 	struct az_obj **dbuckets;	/* dedup: hash -> chain */

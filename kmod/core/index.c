@@ -259,7 +259,7 @@ static inline u64 az_sim_key(u32 group, unsigned int i, u64 sf)
 	return az_mix(sf ^ az_mix(((u64)group << 8) | i));
 }
 
-static inline u32 az_sim_pos(struct az_index *x, u64 key)
+static inline u32 az_sim_pos(const struct az_index *x, u64 key)
 {
 	return (u32)key & x->smask;
 }
