@@ -85,7 +85,7 @@ class DaemonConfig:
     # prefetch racing the tool made it slower than faulting alone (CPU, pages it never used)
     hint_prefetch: bool = False
     hint_prefetch_nice: int = 5
-
+    run_end_wait_s: float = 10.0  # a prefetch waits this long at most for a reclaim write
 
 
 class PerThread:
@@ -459,6 +459,10 @@ class Daemon:
             lower_thread_priority(self.config.hint_prefetch_nice)
         t0 = self.clock()
         try:
+            # the scheduler is held (planned) or the phase changed (hint): its run stops
+            # before the next chunk; the write in flight would reclaim what is faulted in now
+            if not self.scheduler.wait_run_ended(sb.name, self.config.run_end_wait_s):
+                log.info("prefetch %s: a reclaim write still runs; prefetching anyway", sb.name)
             res = self.prefetcher.restore(sb)
             self.publish(
                 {"event": "prefetch", "name": sb.name, "planned": planned, "result": res}

@@ -241,6 +241,7 @@ class Scheduler:
         self._stop = threading.Event()
         self._sleep = sleep if sleep is not None else self._wake.wait
         self._lock = threading.Lock()
+        self._run_ended = threading.Condition(self._lock)  # a run's st.active went False
         self.state: dict[str, CompressState] = {}
         self._force_pending: set[str] = set()
         self._holds: dict[str, int] = {}  # sandbox -> phase generation the hold applies to
@@ -286,6 +287,19 @@ class Scheduler:
             st = self.state.get(name)
             if st is not None and not st.forced:
                 st.done = False
+
+    def wait_run_ended(self, name: str, timeout: float) -> bool:
+        """Block until no compression run of ``name`` is in flight, at most ``timeout``
+        seconds (real time); False if one still is.  A held sandbox's run stops before its next
+        chunk, but a reclaim write already in flight goes on and would take back what a
+        prefetch faults in meanwhile."""
+
+        def ended() -> bool:
+            st = self.state.get(name)
+            return st is None or not st.active
+
+        with self._run_ended:
+            return self._run_ended.wait_for(ended, timeout)
 
     def held(self, name: str, generation: int) -> bool:
         with self._lock:
@@ -479,6 +493,7 @@ class Scheduler:
             result = f"error:{e}"
         with self._lock:
             st.active = False
+            self._run_ended.notify_all()
             st.mem_now = mem
             st.last_result = result
             if result in ("done", "floor"):

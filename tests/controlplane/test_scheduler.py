@@ -416,3 +416,34 @@ def test_a_tick_lasts_one_interval_when_writes_are_starved(
     rep = r.sched.tick()
     assert rep.actions and rep.actions[0].cpu < 0.5
     assert clock() - t0 <= 1.0 + 4 / 256 + 1e-9  # one interval, plus the write in flight
+
+
+def test_wait_run_ended_blocks_while_a_reclaim_write_is_in_flight(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    """A prefetch waits for the write in flight: it would take back what is faulted in."""
+    import threading
+
+    r = Rig(tmp_path, clock, grace=0.0)
+    in_write, go_on = threading.Event(), threading.Event()
+
+    def block() -> None:
+        in_write.set()
+        assert go_on.wait(10)
+
+    r.cgs["sb0"].on_write.append(block)
+    assert r.sched.wait_run_ended("sb0", 0)  # never compressed: nothing in flight
+    r.hint("sb0", Phase.LLM_WAIT)
+    t = threading.Thread(target=r.sched.tick)
+    t.start()
+    try:
+        assert in_write.wait(10)
+        assert not r.sched.wait_run_ended("sb0", 0.05)
+        r.sched.hold("sb0")  # the run stops before its next chunk
+    finally:
+        go_on.set()
+    assert r.sched.wait_run_ended("sb0", 10)
+    t.join(10)
+    assert not t.is_alive()
+    assert len(r.cgs["sb0"].writes) == 1
+    assert r.sched.snapshot()["sb0"]["last_result"] == "stopped:held"
