@@ -289,14 +289,28 @@ struct az_owner {
 
 /* ---- indexes (index.c) ----------------------------------------------- */
 
-/* Template index node: (group, index) -> base. */
-struct az_tnode {
-	struct az_tnode *next;
-	u64 index;
+/*
+ * Template index chunk: AZ_TCHUNK consecutive indexes of one trust group
+ * -> their bases.  A template's pages come in dense runs (a process's
+ * VMAs, a snapshot's memory file), so a chunk costs about 11 bytes per
+ * template page (a node per page cost 32).  Entry i is set when @obj[i]
+ * is: it holds a reference, and @owner[i] is the template owner that set
+ * it.  Chunks are found, changed, linked and unlinked under idx_lock; a
+ * chunk goes when its last entry does (az_template_drop_owner()).
+ */
+#define AZ_TCHUNK	48
+#define AZ_TCHUNK_BYTES	512	/* allocated as: the kmalloc-512 class */
+
+struct az_tchunk {
+	struct az_tchunk *next;
+	u64 first;		/* index of entry 0, a multiple of AZ_TCHUNK */
 	u32 group;
-	u16 owner;
-	struct az_obj *obj;	/* a reference is held */
+	u16 used;		/* entries set */
+	u16 owner[AZ_TCHUNK];
+	struct az_obj *obj[AZ_TCHUNK];
 };
+_Static_assert(sizeof(struct az_tchunk) <= AZ_TCHUNK_BYTES,
+	       "a template chunk fits its allocation class");
 
 #define AZ_SIM_WAYS	4
 
@@ -318,11 +332,11 @@ _Static_assert(sizeof(struct az_sim_set) ==
 struct az_index {
 	struct az_obj **dbuckets;	/* dedup: hash -> chain */
 	u32 dmask;
-	struct az_tnode **tbuckets;	/* template: (group, index) -> base */
+	struct az_tchunk **tbuckets;	/* template: (group, index) -> base */
 	u32 tmask;
 	struct az_sim_set *sim;		/* similarity: set-associative */
 	u32 smask;			/* number of sets - 1 */
-	u64 tnodes;			/* template nodes allocated */
+	u64 tchunks;			/* template chunks allocated */
 	u64 indexed;			/* objects linked in the indexes */
 	u64 table_bytes;
 };
@@ -477,12 +491,17 @@ struct az_obj *az_dedup_find(struct az_store *s, struct az_ctx *ctx,
 			     bool need_base);
 /* Template base for (@group, @index): referenced object or NULL. */
 struct az_obj *az_template_find(struct az_store *s, u32 group, u64 index);
+/* Whether (@group, @index) has a template chunk (an entry may be set). */
+bool az_template_covered(struct az_store *s, u32 group, u64 index);
 /*
- * Set (@group, @index) -> @o (takes its own reference) with the node @nt
- * the caller allocated (used or freed here).  Atomic context safe.
+ * Set (@group, @index) -> @o (takes its own reference).  @nt is a chunk
+ * the caller allocated for an index az_template_covered() found without
+ * one (NULL otherwise): linked in, or freed.  Atomic context safe: should
+ * the index have lost its chunk since, one is allocated without waiting,
+ * and -ENOMEM is what a failure there returns.
  */
 int az_template_set(struct az_store *s, u32 group, u64 index, u16 owner,
-		    struct az_obj *o, struct az_tnode *nt);
+		    struct az_obj *o, struct az_tchunk *nt);
 /* Drop every template entry of @owner. */
 void az_template_drop_owner(struct az_store *s, u16 owner);
 /* Up to @max similar base candidates (referenced) in @group. */

@@ -134,7 +134,7 @@ struct az_stats {
 	u64 owner_bytes;	/* owner table */
 	u64 obj_meta_bytes;	/* struct az_obj of live objects */
 	u64 index_table_bytes;	/* dedup, template, similarity tables */
-	u64 tnode_bytes;	/* template index nodes */
+	u64 tnode_bytes;	/* template index chunks */
 	u64 base_cache_bytes;	/* decoded-base cache */
 };
 
@@ -171,7 +171,7 @@ struct az_owner_stats {
 struct az_store;
 struct az_ctx;
 struct az_obj;
-struct az_tnode;
+struct az_tchunk;
 
 /*
  * Allocations a no-wait put could not make (see the concurrency contract):
@@ -181,10 +181,10 @@ struct az_tnode;
 struct az_reserve {
 	u32 size;		/* pool bytes of the object wanted, 0 = none */
 	bool obj;		/* its struct az_obj too (not a DIRECT slot) */
-	bool tnode;		/* a template index node */
+	bool tnode;		/* a template index chunk */
 	bool filled;		/* filled once: a second shortfall is -ENOMEM */
 	struct az_obj *o;
-	struct az_tnode *t;
+	struct az_tchunk *t;
 	unsigned long h[2];	/* pool handles ... */
 	u32 hsize[2];		/* ... and their sizes */
 };

@@ -72,7 +72,7 @@ again:
 		return 0;
 	memset(&x, 0, sizeof(x));
 	nd = az_pow2_below(s->nr_slots / AZ_DEDUP_LOAD, 256, 1U << 22);
-	nt = az_pow2_below(s->nr_slots / 8, 256, 1U << 20);
+	nt = az_pow2_below(s->nr_slots / 64, 64, 1U << 18);
 	slots = AZ_READ_ONCE(s->sim_slots);
 	ns = az_pow2_below(s->nr_slots / slots / AZ_SIM_WAYS, 64, 1U << 22);
 	x.dbuckets = az_valloc(nd * sizeof(*x.dbuckets));
@@ -128,12 +128,12 @@ u32 az_store_get_sim_slots(struct az_store *s)
 
 void az_index_destroy(struct az_store *s)
 {
-	AZ_WARN_ON(s->idx.tnodes);
+	AZ_WARN_ON(s->idx.tchunks);
 	az_index_free(&s->idx);
 }
 
 /*
- * Index memory: the tables (@table_bytes) and the template nodes
+ * Index memory: the tables (@table_bytes) and the template chunks
  * (@tnode_bytes), the memory of the index itself, plus the per-object
  * index fields (hash, chain link, similarity positions) of indexed
  * objects, which live in struct az_obj.
@@ -143,7 +143,7 @@ u64 az_index_bytes(struct az_store *s, u64 *table_bytes, u64 *tnode_bytes)
 	struct az_index *x = &s->idx;
 
 	*table_bytes = AZ_READ_ONCE(x->table_bytes);
-	*tnode_bytes = AZ_READ_ONCE(x->tnodes) * sizeof(struct az_tnode);
+	*tnode_bytes = AZ_READ_ONCE(x->tchunks) * AZ_TCHUNK_BYTES;
 	return *table_bytes + *tnode_bytes +
 	       AZ_READ_ONCE(x->indexed) * (sizeof(u32) + sizeof(void *) +
 					    AZ_NR_SF * sizeof(u32));
@@ -362,25 +362,40 @@ void az_index_remove(struct az_store *s, struct az_obj *o)
 
 /* ---- template index --------------------------------------------------- */
 
-static inline u32 az_tbucket(struct az_index *x, u32 group, u64 index)
+static inline u64 az_tfirst(u64 index)
 {
-	return (u32)az_mix(index ^ ((u64)group << 40)) & x->tmask;
+	return index - index % AZ_TCHUNK;
+}
+
+static inline u32 az_tbucket(struct az_index *x, u32 group, u64 first)
+{
+	return (u32)az_mix(first / AZ_TCHUNK ^ ((u64)group << 40)) & x->tmask;
+}
+
+/* The chunk holding (@group, @first) in bucket @b, under idx_lock. */
+static struct az_tchunk *az_tchunk_find(struct az_index *x, u32 b,
+					u32 group, u64 first)
+{
+	struct az_tchunk *c;
+
+	for (c = x->tbuckets[b]; c; c = c->next)
+		if (c->first == first && c->group == group)
+			return c;
+	return NULL;
 }
 
 struct az_obj *az_template_find(struct az_store *s, u32 group, u64 index)
 {
 	struct az_index *x = &s->idx;
-	struct az_tnode *t;
+	u64 first = az_tfirst(index);
+	struct az_tchunk *c;
 	struct az_obj *o = NULL;
 
 	az_spin_lock(&s->idx_lock);
-	for (t = x->tbuckets[az_tbucket(x, group, index)]; t; t = t->next) {
-		if (t->index == index && t->group == group) {
-			if (az_ref_inc_not_zero(&t->obj->ref))
-				o = t->obj;
-			break;
-		}
-	}
+	c = az_tchunk_find(x, az_tbucket(x, group, first), group, first);
+	if (c && c->obj[index - first] &&
+	    az_ref_inc_not_zero(&c->obj[index - first]->ref))
+		o = c->obj[index - first];
 	az_spin_unlock(&s->idx_lock);
 	if (o && AZ_WARN_ON(o->group != group || az_obj_base(o))) {
 		az_atomic64_inc(&s->cross_group);
@@ -390,48 +405,59 @@ struct az_obj *az_template_find(struct az_store *s, u32 group, u64 index)
 	return o;
 }
 
-/*
- * Point (@group, @index) at @o, replacing what was there.  The node takes
- * its own reference to @o.  @nt is a node the caller allocated (outside
- * any lock that a sleeping allocation must not be held under): linked in,
- * or freed when the entry exists already.
- */
-int az_template_set(struct az_store *s, u32 group, u64 index, u16 owner,
-		    struct az_obj *o, struct az_tnode *nt)
+bool az_template_covered(struct az_store *s, u32 group, u64 index)
 {
 	struct az_index *x = &s->idx;
-	struct az_tnode *t;
-	struct az_obj *old = NULL;
-	u16 old_owner = 0;
+	u64 first = az_tfirst(index);
+	bool ret;
+
+	az_spin_lock(&s->idx_lock);
+	ret = az_tchunk_find(x, az_tbucket(x, group, first), group, first);
+	az_spin_unlock(&s->idx_lock);
+	return ret;
+}
+
+int az_template_set(struct az_store *s, u32 group, u64 index, u16 owner,
+		    struct az_obj *o, struct az_tchunk *nt)
+{
+	struct az_index *x = &s->idx;
+	u64 first = az_tfirst(index);
+	u32 b, i = index - first;
+	struct az_tchunk *c;
+	struct az_obj *old;
+	u16 old_owner;
 
 	if (az_obj_base(o)) {
 		az_free(nt);
 		return -EINVAL;
 	}
-	az_ref_inc(&o->ref);
 	az_obj_mark_shared(s, o);
 
 	az_spin_lock(&s->idx_lock);
-	for (t = x->tbuckets[az_tbucket(x, group, index)]; t; t = t->next)
-		if (t->index == index && t->group == group)
-			break;
-	if (t) {
-		old = t->obj;
-		old_owner = t->owner;
-		t->obj = o;
-		t->owner = owner;
-	} else {
-		u32 b = az_tbucket(x, group, index);
-
-		nt->index = index;
-		nt->group = group;
-		nt->owner = owner;
-		nt->obj = o;
-		nt->next = x->tbuckets[b];
-		x->tbuckets[b] = nt;
-		AZ_WRITE_ONCE(x->tnodes, x->tnodes + 1);
+	b = az_tbucket(x, group, first);
+	c = az_tchunk_find(x, b, group, first);
+	if (!c) {
+		/* Never waits: idx_lock is a spinlock. */
+		c = nt ? nt : az_alloc(AZ_TCHUNK_BYTES, AZ_GFP_NOWAIT);
+		if (!c) {
+			az_spin_unlock(&s->idx_lock);
+			return -ENOMEM;
+		}
 		nt = NULL;
+		memset(c, 0, sizeof(*c));
+		c->first = first;
+		c->group = group;
+		c->next = x->tbuckets[b];
+		x->tbuckets[b] = c;
+		AZ_WRITE_ONCE(x->tchunks, x->tchunks + 1);
 	}
+	old = c->obj[i];
+	old_owner = c->owner[i];
+	az_ref_inc(&o->ref);
+	c->obj[i] = o;
+	c->owner[i] = owner;
+	if (!old)
+		c->used++;
 	az_spin_unlock(&s->idx_lock);
 
 	az_free(nt);
@@ -445,12 +471,41 @@ int az_template_set(struct az_store *s, u32 group, u64 index, u16 owner,
 	return 0;
 }
 
-/* Walks the whole table, dropping idx_lock every 1024 buckets. */
+/*
+ * Takes @owner's entries out of @c (under idx_lock) into @dead; unlinks
+ * @c from *@pp when nothing is left in it.  Returns the entries taken.
+ */
+static u32 az_tchunk_take(struct az_index *x, struct az_tchunk **pp,
+			  struct az_tchunk *c, u16 owner, struct az_obj **dead)
+{
+	u32 i, n = 0;
+
+	for (i = 0; i < AZ_TCHUNK; i++) {
+		if (!c->obj[i] || c->owner[i] != owner)
+			continue;
+		dead[n++] = c->obj[i];
+		c->obj[i] = NULL;
+		c->owner[i] = 0;
+	}
+	c->used -= n;
+	if (!c->used) {
+		*pp = c->next;
+		AZ_WRITE_ONCE(x->tchunks, x->tchunks - 1);
+	}
+	return n;
+}
+
+/*
+ * Walks the whole table, dropping idx_lock every 1024 buckets and after
+ * each chunk that held entries of @owner: their references are put (which
+ * may free an object, and that takes idx_lock) outside it.
+ */
 void az_template_drop_owner(struct az_store *s, u16 owner)
 {
 	struct az_index *x = &s->idx;
-	struct az_tnode **pp, *t, *dead = NULL;
-	u32 b;
+	struct az_obj *dead[AZ_TCHUNK];
+	struct az_tchunk **pp, *c, *gone;
+	u32 b, i, n;
 
 	if (!x->tbuckets)
 		return;
@@ -461,25 +516,21 @@ void az_template_drop_owner(struct az_store *s, u16 owner)
 			az_cond_resched();
 			az_spin_lock(&s->idx_lock);
 		}
-		pp = &x->tbuckets[b];
-		while ((t = *pp)) {
-			if (t->owner != owner) {
-				pp = &t->next;
+again:
+		for (pp = &x->tbuckets[b]; (c = *pp); pp = &c->next) {
+			n = az_tchunk_take(x, pp, c, owner, dead);
+			if (!n)
 				continue;
-			}
-			*pp = t->next;
-			t->next = dead;
-			dead = t;
-			AZ_WRITE_ONCE(x->tnodes, x->tnodes - 1);
+			gone = c->used ? NULL : c;
+			az_spin_unlock(&s->idx_lock);
+			az_free(gone);
+			for (i = 0; i < n; i++)
+				az_obj_put(s, dead[i]);
+			az_atomic64_sub(n, &az_owner_at(s, owner)->loaded_pages);
+			az_atomic64_sub(n, &s->template_pages);
+			az_spin_lock(&s->idx_lock);
+			goto again;	/* the chain may have changed */
 		}
 	}
 	az_spin_unlock(&s->idx_lock);
-
-	while ((t = dead)) {
-		dead = t->next;
-		az_atomic64_dec(&az_owner_at(s, owner)->loaded_pages);
-		az_atomic64_dec(&s->template_pages);
-		az_obj_put(s, t->obj);
-		az_free(t);
-	}
 }

@@ -200,16 +200,24 @@ static void az_obj_unget(struct az_store *s, struct az_obj *o,
 	az_free(o);
 }
 
-static struct az_tnode *az_tnode_get(struct az_reserve *res, int *err)
+/*
+ * The template chunk (@group, @index) needs, in *@t, when it has none yet:
+ * the reserved one, or a no-wait allocation.  False (with *@err) when one
+ * is needed and none could be had.
+ */
+static bool az_tchunk_get(struct az_store *s, struct az_reserve *res,
+			  u32 group, u64 index, struct az_tchunk **t, int *err)
 {
-	struct az_tnode *t = res->t;
-
+	*t = NULL;
+	if (az_template_covered(s, group, index))
+		return true;
+	*t = res->t;
 	res->t = NULL;
-	if (!t)
-		t = az_alloc(sizeof(*t), AZ_GFP_NOWAIT);
-	if (!t)
+	if (!*t)
+		*t = az_alloc(AZ_TCHUNK_BYTES, AZ_GFP_NOWAIT);
+	if (!*t)
 		*err = az_short(res);
-	return t;
+	return *t;
 }
 
 int az_reserve_fill(struct az_store *s, struct az_reserve *res)
@@ -224,7 +232,7 @@ int az_reserve_fill(struct az_store *s, struct az_reserve *res)
 			goto fail;
 	}
 	if (res->tnode && !res->t) {
-		res->t = az_alloc(sizeof(*res->t), AZ_GFP_MAYSLEEP);
+		res->t = az_alloc(AZ_TCHUNK_BYTES, AZ_GFP_MAYSLEEP);
 		if (!res->t)
 			goto fail;
 	}
@@ -931,7 +939,7 @@ int az_store_put_nowait(struct az_store *s, struct az_ctx *ctx, u64 slot,
 			const void *page, const struct az_page_info *pi,
 			struct az_reserve *res)
 {
-	struct az_tnode *t = NULL;
+	struct az_tchunk *t = NULL;
 	struct az_page_info info;
 	struct az_policy pol;
 	struct az_choice c;
@@ -970,17 +978,16 @@ int az_store_put_nowait(struct az_store *s, struct az_ctx *ctx, u64 slot,
 	tnode = pin.tmpl && pi;
 	az_choose(s, ctx, &pol, page, pi, &pin, hash, sf, &c, &o);
 	if (o) {
-		if (tnode) {
-			t = az_tnode_get(res, &err);
-			if (!t) {
-				az_obj_put(s, o);
-				if (err == -EAGAIN)
-					az_reserve_want(res, 0, false, true);
-				goto out;
-			}
+		if (tnode && !az_tchunk_get(s, res, pin.group, pi->index, &t,
+					    &err)) {
+			az_obj_put(s, o);
+			if (err == -EAGAIN)
+				az_reserve_want(res, 0, false, true);
+			goto out;
 		}
 		az_obj_mark_shared(s, o);
-		if (t)
+		/* A failure there costs this entry, not the page. */
+		if (tnode)
 			az_template_set(s, pin.group, pi->index, pin.idx, o, t);
 		az_slot_set(s, slot, AZ_KIND_DUP, pin.idx,
 			    (u64)(unsigned long)o, 0);
@@ -988,12 +995,10 @@ int az_store_put_nowait(struct az_store *s, struct az_ctx *ctx, u64 slot,
 	}
 	/* Everything the new object needs, before anything changes. */
 	o = az_obj_get(s, res, c.size, &h2, &err);
-	if (o && tnode) {
-		t = az_tnode_get(res, &err);
-		if (!t) {
-			az_obj_unget(s, o, h2);
-			o = NULL;
-		}
+	if (o && tnode &&
+	    !az_tchunk_get(s, res, pin.group, pi->index, &t, &err)) {
+		az_obj_unget(s, o, h2);
+		o = NULL;
 	}
 	if (!o) {
 		if (c.base)
@@ -1013,7 +1018,7 @@ int az_store_put_nowait(struct az_store *s, struct az_ctx *ctx, u64 slot,
 	if (c.base)
 		az_obj_mark_base(s, c.base);
 	az_index_insert(s, o, pol.xdelta && !c.base ? sf : NULL);
-	if (t)
+	if (tnode)	/* -EINVAL for a delta, as -ENOMEM: no entry */
 		az_template_set(s, pin.group, pi->index, pin.idx, o, t);
 	az_slot_set(s, slot, c.kind, pin.idx, (u64)(unsigned long)o, 0);
 out:
@@ -1153,7 +1158,7 @@ int az_store_template_load_nowait(struct az_store *s, struct az_ctx *ctx,
 {
 	struct az_policy pol;
 	struct az_page_info pi = { .owner = tid, .index = index };
-	struct az_tnode *t;
+	struct az_tchunk *t;
 	struct az_choice c;
 	struct az_pin pin;
 	struct az_obj *o;
@@ -1173,8 +1178,7 @@ int az_store_template_load_nowait(struct az_store *s, struct az_ctx *ctx,
 	az_sim_features(page, sf);
 	az_choose(s, ctx, &pol, page, &pi, &pin, hash, sf, &c, &o);
 	if (o) {
-		t = az_tnode_get(res, &err);
-		if (t) {
+		if (az_tchunk_get(s, res, pin.group, index, &t, &err)) {
 			az_obj_mark_shared(s, o);
 			err = az_template_set(s, pin.group, index, pin.idx, o, t);
 		} else if (err == -EAGAIN) {
@@ -1184,10 +1188,11 @@ int az_store_template_load_nowait(struct az_store *s, struct az_ctx *ctx,
 		goto out;
 	}
 	o = az_obj_get(s, res, c.size, &h2, &err);
-	t = o ? az_tnode_get(res, &err) : NULL;
-	if (!t) {
-		if (o)
-			az_obj_unget(s, o, h2);
+	if (o && !az_tchunk_get(s, res, pin.group, index, &t, &err)) {
+		az_obj_unget(s, o, h2);
+		o = NULL;
+	}
+	if (!o) {
 		if (err == -EAGAIN)
 			az_reserve_want(res, c.size, true, true);
 		goto out;

@@ -314,6 +314,40 @@ def test_snapshot_template_load(rs):
     empty_everything(rs, [*range(64), *range(100, 164)])
 
 
+def test_template_chunks_shared_by_two_templates_of_a_group(rs):
+    """The template index keeps 48 consecutive indexes of a group per 512-byte chunk: two
+    templates of one group interleave in a chunk, dropping one leaves the other's entries (and
+    their chunks), and a chunk goes with its last entry."""
+    T3 = 101
+    rs.add_template(T3, 1)
+    rng = random.Random(7)
+    idx = [*range(96), 10_000, 1 << 40]  # chunks: [0, 48), [48, 96), 2 lone ones
+    snap = {i: pages.make("heap", 3000 + n) for n, i in enumerate(idx)}
+    for i in idx:
+        rs.template_load(T1 if i % 2 else T3, i, snap[i])
+    st = rs.stats()
+    assert st["template_pages"] == len(idx)
+    assert st["tnode_bytes"] == 4 * 512
+    assert rs.owner_stats(T3)["template_pages"] == 50  # even indexes, 10_000 and 1 << 40
+    rs.del_template(T3)
+    rs.drain()
+    st = rs.stats()
+    assert st["template_pages"] == 48  # T1's odd indexes
+    assert st["tnode_bytes"] == 2 * 512  # the lone chunks held only T3's entries
+    check_accounting(rs)
+    for n, i in enumerate(idx):
+        rs.put(n, pages.mutate(snap[i], rng, 4), owner=A, index=i)
+        want = "tdelta" if i % 2 else "plain"
+        assert rs.kind(n) == want, (i, rs.kind(n))
+    rs.del_template(T1)
+    rs.drain()
+    assert rs.stats()["tnode_bytes"] == 0
+    rng = random.Random(7)
+    for n, i in enumerate(idx):
+        assert rs.get(n) == pages.mutate(snap[i], rng, 4)
+    empty_everything(rs, range(len(idx)))
+
+
 def test_template_reload_replaces_entry(rs):
     a, b = pages.make("heap", 1), pages.make("heap", 2)
     rs.template_load(T1, 5, a)

@@ -170,9 +170,9 @@ u64 az_debug_obj_size(void)
 int az_store_debug_check(struct az_store *s)
 {
 	struct az_chk refs = { 0 }, objs = { 0 };
-	struct az_tnode *t;
+	struct az_tchunk *t;
 	struct az_defer_node *dn;
-	size_t i, j, n0, uniq = 0, direct = 0;
+	size_t i, j, n0, uniq = 0, direct = 0, chunks = 0;
 	u64 slot;
 	int err = 0;
 
@@ -219,15 +219,34 @@ int az_store_debug_check(struct az_store *s)
 	}
 	for (i = 0; s->idx.tbuckets && i <= s->idx.tmask; i++) {
 		for (t = s->idx.tbuckets[i]; t; t = t->next) {
-			if (az_chk_add(&refs, t->obj) ||
-			    az_chk_add(&objs, t->obj))
-				goto nomem;
-			AZ_CHK(!az_obj_base(t->obj), "template entry is a delta");
-			AZ_CHK(t->obj->group == t->group,
-			       "template entry group %u obj group %u",
-			       t->group, t->obj->group);
+			u32 used = 0;
+
+			chunks++;
+			AZ_CHK(t->first % AZ_TCHUNK == 0,
+			       "template chunk at %llu",
+			       (unsigned long long)t->first);
+			for (j = 0; j < AZ_TCHUNK; j++) {
+				struct az_obj *o = t->obj[j];
+
+				if (!o)
+					continue;
+				used++;
+				if (az_chk_add(&refs, o) ||
+				    az_chk_add(&objs, o))
+					goto nomem;
+				AZ_CHK(!az_obj_base(o),
+				       "template entry is a delta");
+				AZ_CHK(o->group == t->group,
+				       "template entry group %u obj group %u",
+				       t->group, o->group);
+			}
+			AZ_CHK(used && used == t->used,
+			       "template chunk holds %u entries, counts %u",
+			       used, t->used);
 		}
 	}
+	AZ_CHK(chunks == s->idx.tchunks, "%zu template chunks, %llu counted",
+	       chunks, (unsigned long long)s->idx.tchunks);
 	/* Objects waiting for the deferred free still hold their base. */
 	for (dn = s->defer.head; dn; dn = dn->next) {
 		struct az_obj *o = container_of(dn, struct az_obj, dnode);
