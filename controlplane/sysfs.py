@@ -64,6 +64,7 @@ STAT_FILES: dict[str, tuple[str, ...]] = {
         "base_cache_pages",
         "base_cache_hits",
         "base_cache_misses",
+        "template_lost",
     ),
     # meta_bytes by component (all but slot_used_bytes sum to it)
     "meta_stat": (

@@ -516,11 +516,11 @@ static ssize_t obj_stat_show(struct device *d, struct device_attribute *attr,
 
 	azswap_read_stats(d, &st);
 	return sysfs_emit(buf,
-			  "%8llu %8llu %8llu %8llu %8llu %8llu %8llu %8llu %8llu\n",
+			  "%8llu %8llu %8llu %8llu %8llu %8llu %8llu %8llu %8llu %8llu\n",
 			  st.pages_stored, st.objects, st.bases,
 			  st.template_pages, st.deferred, st.cross_group,
 			  st.base_cache_pages, st.base_cache_hits,
-			  st.base_cache_misses);
+			  st.base_cache_misses, st.template_lost);
 }
 static DEVICE_ATTR_RO(obj_stat);
 

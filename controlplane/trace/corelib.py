@@ -112,6 +112,7 @@ class Stats(ctypes.Structure):
         ("index_table_bytes", u64),
         ("tnode_bytes", u64),
         ("base_cache_bytes", u64),
+        ("template_lost", u64),
     ]
 
 

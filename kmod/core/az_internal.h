@@ -385,6 +385,7 @@ struct az_store {
 	az_atomic64_t loads;
 	az_atomic64_t frees;
 	az_atomic64_t cross_group;
+	az_atomic64_t template_lost;	/* see az_put_template_entry() */
 	az_atomic64_t deferred;	/* must stay 0: sharing across groups */
 
 	az_spinlock_t bc_lock;		/* @bc and its contents (bcache.c) */

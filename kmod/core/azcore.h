@@ -136,6 +136,8 @@ struct az_stats {
 	u64 index_table_bytes;	/* dedup, template, similarity tables */
 	u64 tnode_bytes;	/* template index chunks */
 	u64 base_cache_bytes;	/* decoded-base cache */
+	/* monotonic: template entries a put could not make (page stored) */
+	u64 template_lost;
 };
 
 /*

@@ -431,7 +431,6 @@ int az_template_set(struct az_store *s, u32 group, u64 index, u16 owner,
 		az_free(nt);
 		return -EINVAL;
 	}
-	az_obj_mark_shared(s, o);
 
 	az_spin_lock(&s->idx_lock);
 	b = az_tbucket(x, group, first);
@@ -461,6 +460,7 @@ int az_template_set(struct az_store *s, u32 group, u64 index, u16 owner,
 	az_spin_unlock(&s->idx_lock);
 
 	az_free(nt);
+	az_obj_mark_shared(s, o);
 	az_atomic64_inc(&az_owner_at(s, owner)->loaded_pages);
 	if (old) {
 		az_atomic64_dec(&az_owner_at(s, old_owner)->loaded_pages);
@@ -488,7 +488,7 @@ static u32 az_tchunk_take(struct az_index *x, struct az_tchunk **pp,
 		c->owner[i] = 0;
 	}
 	c->used -= n;
-	if (!c->used) {
+	if (n && !c->used) {
 		*pp = c->next;
 		AZ_WRITE_ONCE(x->tchunks, x->tchunks - 1);
 	}
@@ -498,7 +498,9 @@ static u32 az_tchunk_take(struct az_index *x, struct az_tchunk **pp,
 /*
  * Walks the whole table, dropping idx_lock every 1024 buckets and after
  * each chunk that held entries of @owner: their references are put (which
- * may free an object, and that takes idx_lock) outside it.
+ * may free an object, and that takes idx_lock) outside it.  The owner's
+ * loaded_pages falls only once the walk is over (until then the owner is
+ * not idle, so its index cannot be given to a new owner meanwhile).
  */
 void az_template_drop_owner(struct az_store *s, u16 owner)
 {
@@ -506,6 +508,7 @@ void az_template_drop_owner(struct az_store *s, u16 owner)
 	struct az_obj *dead[AZ_TCHUNK];
 	struct az_tchunk **pp, *c, *gone;
 	u32 b, i, n;
+	u64 dropped = 0;
 
 	if (!x->tbuckets)
 		return;
@@ -526,11 +529,12 @@ again:
 			az_free(gone);
 			for (i = 0; i < n; i++)
 				az_obj_put(s, dead[i]);
-			az_atomic64_sub(n, &az_owner_at(s, owner)->loaded_pages);
-			az_atomic64_sub(n, &s->template_pages);
+			dropped += n;
 			az_spin_lock(&s->idx_lock);
 			goto again;	/* the chain may have changed */
 		}
 	}
 	az_spin_unlock(&s->idx_lock);
+	az_atomic64_sub(dropped, &s->template_pages);
+	az_atomic64_sub(dropped, &az_owner_at(s, owner)->loaded_pages);
 }

@@ -201,23 +201,36 @@ static void az_obj_unget(struct az_store *s, struct az_obj *o,
 }
 
 /*
- * The template chunk (@group, @index) needs, in *@t, when it has none yet:
- * the reserved one, or a no-wait allocation.  False (with *@err) when one
- * is needed and none could be had.
+ * A template chunk for (@group, @index), in *@t: the reserved one when
+ * there is one (az_template_set() frees it if the index has a chunk by
+ * then), else a no-wait allocation when the index has no chunk yet (NULL
+ * when it has one).  False (with *@err) when one is needed and none could
+ * be had.
  */
 static bool az_tchunk_get(struct az_store *s, struct az_reserve *res,
 			  u32 group, u64 index, struct az_tchunk **t, int *err)
 {
-	*t = NULL;
-	if (az_template_covered(s, group, index))
-		return true;
 	*t = res->t;
 	res->t = NULL;
-	if (!*t)
-		*t = az_alloc(AZ_TCHUNK_BYTES, AZ_GFP_NOWAIT);
+	if (*t || az_template_covered(s, group, index))
+		return true;
+	*t = az_alloc(AZ_TCHUNK_BYTES, AZ_GFP_NOWAIT);
 	if (!*t)
 		*err = az_short(res);
 	return *t;
+}
+
+/*
+ * A put's template entry.  Its chunk was had before anything changed;
+ * only a template of the group removed meanwhile can have taken it, and
+ * then a failed no-wait allocation costs the entry (not the page): counted.
+ */
+static void az_put_template_entry(struct az_store *s, u32 group, u64 index,
+				  u16 owner, struct az_obj *o,
+				  struct az_tchunk *t)
+{
+	if (az_template_set(s, group, index, owner, o, t) == -ENOMEM)
+		az_atomic64_inc(&s->template_lost);
 }
 
 int az_reserve_fill(struct az_store *s, struct az_reserve *res)
@@ -986,15 +999,16 @@ int az_store_put_nowait(struct az_store *s, struct az_ctx *ctx, u64 slot,
 			goto out;
 		}
 		az_obj_mark_shared(s, o);
-		/* A failure there costs this entry, not the page. */
 		if (tnode)
-			az_template_set(s, pin.group, pi->index, pin.idx, o, t);
+			az_put_template_entry(s, pin.group, pi->index, pin.idx,
+					      o, t);
 		az_slot_set(s, slot, AZ_KIND_DUP, pin.idx,
 			    (u64)(unsigned long)o, 0);
 		goto out;
 	}
 	/* Everything the new object needs, before anything changes. */
 	o = az_obj_get(s, res, c.size, &h2, &err);
+	tnode = tnode && !c.base;	/* a delta is never a template entry */
 	if (o && tnode &&
 	    !az_tchunk_get(s, res, pin.group, pi->index, &t, &err)) {
 		az_obj_unget(s, o, h2);
@@ -1018,8 +1032,8 @@ int az_store_put_nowait(struct az_store *s, struct az_ctx *ctx, u64 slot,
 	if (c.base)
 		az_obj_mark_base(s, c.base);
 	az_index_insert(s, o, pol.xdelta && !c.base ? sf : NULL);
-	if (tnode)	/* -EINVAL for a delta, as -ENOMEM: no entry */
-		az_template_set(s, pin.group, pi->index, pin.idx, o, t);
+	if (tnode)
+		az_put_template_entry(s, pin.group, pi->index, pin.idx, o, t);
 	az_slot_set(s, slot, c.kind, pin.idx, (u64)(unsigned long)o, 0);
 out:
 	if (err == -ENOMEM)
@@ -1178,12 +1192,12 @@ int az_store_template_load_nowait(struct az_store *s, struct az_ctx *ctx,
 	az_sim_features(page, sf);
 	az_choose(s, ctx, &pol, page, &pi, &pin, hash, sf, &c, &o);
 	if (o) {
-		if (az_tchunk_get(s, res, pin.group, index, &t, &err)) {
-			az_obj_mark_shared(s, o);
+		if (az_tchunk_get(s, res, pin.group, index, &t, &err))
 			err = az_template_set(s, pin.group, index, pin.idx, o, t);
-		} else if (err == -EAGAIN) {
+		if (err == -ENOMEM && !res->filled)
+			err = -EAGAIN;	/* again, with a chunk reserved */
+		if (err == -EAGAIN)
 			az_reserve_want(res, 0, false, true);
-		}
 		az_obj_put(s, o);
 		goto out;
 	}
@@ -1205,7 +1219,11 @@ int az_store_template_load_nowait(struct az_store *s, struct az_ctx *ctx,
 	az_obj_account(s, o, true);
 	az_index_insert(s, o, pol.xdelta ? sf : NULL);
 	err = az_template_set(s, pin.group, index, pin.idx, o, t);
-	az_obj_put(s, o);
+	az_obj_put(s, o);	/* the entry's reference, or none: freed */
+	if (err == -ENOMEM && !res->filled) {
+		err = -EAGAIN;	/* again, with a chunk reserved */
+		az_reserve_want(res, c.size, true, true);
+	}
 out:
 	if (err == -ENOMEM)
 		az_atomic64_inc(&s->failed_stores);
@@ -1272,5 +1290,6 @@ void az_store_get_stats(struct az_store *s, struct az_stats *st)
 	st->frees = az_atomic64_read(&s->frees);
 	st->template_pages = az_atomic64_read(&s->template_pages);
 	st->cross_group = az_atomic64_read(&s->cross_group);
+	st->template_lost = az_atomic64_read(&s->template_lost);
 	st->deferred = az_atomic64_read(&s->deferred);
 }
