@@ -204,6 +204,7 @@ def load_lib(path: str | os.PathLike[str] | None = None) -> ctypes.CDLL:
         "az_store_debug_corrupt": (ctypes.c_int, [vp, u64, u32, ctypes.c_uint8]),
         "az_store_debug_corrupt_link": (ctypes.c_int, [vp, u64, ctypes.c_uint8]),
         "az_host_fail_pool_allocs": (None, [ctypes.c_int]),
+        "az_host_fail_allocs_of": (None, [ctypes.c_size_t, ctypes.c_int]),
         "az_host_sleeping_allocs": (u64, []),
         "az_store_put_nowait": (
             ctypes.c_int, [vp, vp, u64, cp, ctypes.POINTER(PageInfo), ctypes.POINTER(Reserve)]
@@ -487,6 +488,10 @@ class Store:
     def fail_pool_allocs(self, n: int) -> None:
         """Make the next ``n`` pool allocations fail (test only)."""
         self.lib.az_host_fail_pool_allocs(n)
+
+    def fail_allocs_of(self, size: int, n: int) -> None:
+        """Make the next ``n`` slab allocations of ``size`` bytes fail (test only)."""
+        self.lib.az_host_fail_allocs_of(size, n)
 
     def encode(self, page: bytes, base: bytes | None = None) -> bytes:
         """Encode ``page`` as a standalone object, or a delta against ``base``."""

@@ -176,6 +176,8 @@ bool az_warn_on(bool c, const char *file, int line);
 
 /* Test hook: make the next @n pool allocations fail. */
 void az_host_fail_pool_allocs(int n);
+/* Test hook: make the next @n az_alloc/az_zalloc calls of @size bytes fail. */
+void az_host_fail_allocs_of(size_t size, int n);
 /* Test hook: allocations made with AZ_GFP_MAYSLEEP so far (pool and slab). */
 u64 az_host_sleeping_allocs(void);
 

@@ -70,6 +70,78 @@ def test_template_paths_never_sleep(store):
     assert store.stats()["template_pages"] == 1
 
 
+TCHUNK_BYTES = 512  # a template index chunk (48 page indexes of a group)
+
+
+def _load_nowait(s: Store, tid: int, index: int, page: bytes, res: Reserve) -> int:
+    return s.lib.az_store_template_load_nowait(s._s, s._ctx.ptr, tid, index, page,
+                                               ctypes.byref(res))
+
+
+def test_template_chunk_that_cannot_be_had_without_waiting_is_reserved(store):
+    """A template page whose index has no chunk yet: the no-wait allocation of the chunk fails,
+    the load asks for a reserve (-EAGAIN) and changes nothing; with the chunk reserved it
+    succeeds. A filled reserve that still falls short is -ENOMEM, counted."""
+    lib = store.lib
+    store.add_template(900, 4)
+    page = pages.make("heap", 9)
+    sleeping = lib.az_host_sleeping_allocs()
+    store.fail_allocs_of(TCHUNK_BYTES, 1)
+    res = Reserve()
+    assert _load_nowait(store, 900, 5, page, res) == -errno.EAGAIN
+    assert lib.az_host_sleeping_allocs() == sleeping, "slept while holding the context"
+    st = store.stats()
+    assert st["template_pages"] == 0 and st["tnode_bytes"] == 0
+    assert lib.az_reserve_fill(store._s, ctypes.byref(res)) == 0
+    assert _load_nowait(store, 900, 5, page, res) == 0
+    lib.az_reserve_release(store._s, ctypes.byref(res))
+    st = store.stats()
+    assert st["template_pages"] == 1 and st["tnode_bytes"] == TCHUNK_BYTES
+    assert st["failed_stores"] == 0
+    # the next index of the same chunk needs no allocation at all
+    store.fail_allocs_of(TCHUNK_BYTES, 1)
+    res = Reserve()
+    assert _load_nowait(store, 900, 6, pages.make("heap", 10), res) == 0
+    lib.az_reserve_release(store._s, ctypes.byref(res))
+    store.fail_allocs_of(TCHUNK_BYTES, 0)
+    assert store.stats()["tnode_bytes"] == TCHUNK_BYTES
+    # another chunk, and the sleeping allocation fails too
+    store.fail_allocs_of(TCHUNK_BYTES, 2)
+    res = Reserve()
+    assert _load_nowait(store, 900, 500, page, res) == -errno.EAGAIN
+    assert lib.az_reserve_fill(store._s, ctypes.byref(res)) == -errno.ENOMEM
+    lib.az_reserve_release(store._s, ctypes.byref(res))
+    st = store.stats()
+    assert st["template_pages"] == 2 and st["failed_stores"] == 1
+    store.check()
+
+
+def test_template_owner_put_whose_chunk_must_be_reserved(store):
+    """A template cgroup's swap write: the chunk for its page's index is reserved like the
+    object; the slot keeps its old page until the put succeeds, and the entry is then made."""
+    lib = store.lib
+    store.add_template(900, 4)
+    store.add_sandbox(901, 4)
+    old, page = pages.make("text", 1), pages.make("heap", 9)
+    store.put(7, old, owner=900, index=200)
+    store.fail_allocs_of(TCHUNK_BYTES, 1)
+    res = Reserve()
+    sleeping = lib.az_host_sleeping_allocs()
+    assert _put_nowait(store, 7, page, res, 900) == -errno.EAGAIN  # index 7: a new chunk
+    assert lib.az_host_sleeping_allocs() == sleeping, "slept while holding the context"
+    assert store.get(7) == old
+    assert lib.az_reserve_fill(store._s, ctypes.byref(res)) == 0
+    assert _put_nowait(store, 7, page, res, 900) == 0
+    lib.az_reserve_release(store._s, ctypes.byref(res))
+    assert store.get(7) == page
+    st = store.stats()
+    assert st["template_pages"] == 2 and st["template_lost"] == 0
+    assert st["tnode_bytes"] == 2 * TCHUNK_BYTES  # indexes 200 and 7
+    store.put(8, page, owner=901, index=7)  # the template's page at its index: a duplicate
+    assert store.kind(8) == "dup"
+    store.check()
+
+
 def test_filled_reserve_that_still_falls_short_is_enomem(store):
     res = Reserve()
     store.put(1, pages.make("text", 1))

@@ -29,16 +29,32 @@ static void az_host_count_gfp(int gfp)
 		__atomic_add_fetch(&az_host_sleeping, 1, AZ_SC);
 }
 
+static size_t az_host_fail_size;
+static int az_host_fail_sized;
+
+void az_host_fail_allocs_of(size_t size, int n)
+{
+	__atomic_store_n(&az_host_fail_size, size, AZ_SC);
+	__atomic_store_n(&az_host_fail_sized, n, AZ_SC);
+}
+
+static bool az_host_fail_this(size_t size)
+{
+	return size == __atomic_load_n(&az_host_fail_size, AZ_SC) &&
+	       __atomic_load_n(&az_host_fail_sized, AZ_SC) > 0 &&
+	       __atomic_sub_fetch(&az_host_fail_sized, 1, AZ_SC) >= 0;
+}
+
 void *az_alloc(size_t size, int gfp)
 {
 	az_host_count_gfp(gfp);
-	return malloc(size);
+	return az_host_fail_this(size) ? NULL : malloc(size);
 }
 
 void *az_zalloc(size_t size, int gfp)
 {
 	az_host_count_gfp(gfp);
-	return calloc(1, size);
+	return az_host_fail_this(size) ? NULL : calloc(1, size);
 }
 
 void az_free(const void *p)
