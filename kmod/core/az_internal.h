@@ -36,7 +36,9 @@ enum az_enc {
 	AZ_ENC_XSHUF_ZSTD = 7,	/* zstd frame of bit-shuffled page ^ base */
 	AZ_ENC_SHUF_LZ4 = 8,	/* lz4 block of the bit-shuffled page */
 	AZ_ENC_SHUF_ZSTD = 9,	/* zstd frame of the bit-shuffled page */
-	AZ_ENC_MAX = AZ_ENC_SHUF_ZSTD,
+	AZ_ENC_SUB_LZ4 = 10,	/* lz4 block of page - base (u64 words) */
+	AZ_ENC_SUB_ZSTD = 11,	/* zstd frame of page - base (u64 words) */
+	AZ_ENC_MAX = AZ_ENC_SUB_ZSTD,
 };
 
 #define AZ_OBJ_VERSION	1
@@ -46,7 +48,8 @@ enum az_enc {
 
 static inline bool az_enc_is_delta(unsigned int enc)
 {
-	return enc >= AZ_ENC_XOR_LZ4 && enc <= AZ_ENC_XSHUF_ZSTD;
+	return (enc >= AZ_ENC_XOR_LZ4 && enc <= AZ_ENC_XSHUF_ZSTD) ||
+	       enc == AZ_ENC_SUB_LZ4 || enc == AZ_ENC_SUB_ZSTD;
 }
 
 /*
@@ -61,6 +64,8 @@ static inline bool az_enc_is_delta(unsigned int enc)
  */
 #define AZ_SHUF_MIN_DELTA	(AZ_PAGE_SIZE / 4)
 #define AZ_SHUF_MIN_PLAIN	(AZ_PAGE_SIZE / 2)
+/* A delta is tried as a word-wise difference when larger than this. */
+#define AZ_SUB_MIN_DELTA	128
 
 /*
  * Objects of registered owners (struct az_obj) are kept encoded up to

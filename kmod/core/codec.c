@@ -44,6 +44,22 @@ static void az_xor_page(u8 *dst, const u8 *a, const u8 *b)
 }
 
 /*
+ * Word-wise difference (@sub) or sum: a page of a process whose mappings
+ * are placed elsewhere (ASLR) holds the base's pointers moved by one
+ * distance per mapping.  XOR scatters those into carry patterns; their
+ * difference is that distance, repeated, which the codecs match.
+ */
+static void az_sub_page(u8 *dst, const u8 *a, const u8 *b, bool sub)
+{
+	const u64 *x = (const u64 *)a, *y = (const u64 *)b;
+	u64 *d = (u64 *)dst;
+	unsigned int i;
+
+	for (i = 0; i < AZ_PAGE_SIZE / sizeof(u64); i++)
+		d[i] = sub ? x[i] - y[i] : x[i] + y[i];
+}
+
+/*
  * Swap the off-diagonal @j x @j blocks of rows @x and @y (= row x + j) of a
  * 32x32 bit-matrix transpose (Hacker's Delight 7-3).  Rows are u64 holding
  * two matrices, one per 32-bit half; @m keeps each swap inside its half.
@@ -205,12 +221,21 @@ u32 az_encode_plain(struct az_ctx *ctx, const struct az_policy *pol,
 	return n;
 }
 
+/* Keep the candidate in ctx->xbuf (@m bytes, encoding @e) if it was made. */
+static u32 az_take(struct az_ctx *ctx, u8 *out, u32 m, u8 e, u8 *enc)
+{
+	memcpy(out, ctx->xbuf, m);
+	*enc = e;
+	return m;
+}
+
 /*
  * Delta against @base: XOR then the policy codec (good for in-place
  * edits); when that is still large, the XOR bit-shuffled (good for
- * numeric arrays with small changes); then lz4 with @base as dictionary
- * (good for shifted content; cheap, so tried whatever the policy codec).
- * The smallest wins.  Returns 0 unless the result is < @limit.
+ * numeric arrays with small changes) and the word-wise difference (good
+ * for pointers moved by ASLR); then lz4 with @base as dictionary (good for
+ * shifted content; cheap, so tried whatever the policy codec).  The
+ * smallest wins.  Returns 0 unless the result is < @limit.
  */
 u32 az_encode_delta(struct az_ctx *ctx, const struct az_policy *pol,
 		    const void *page, const void *base, u8 *out, u32 limit,
@@ -235,9 +260,16 @@ u32 az_encode_delta(struct az_ctx *ctx, const struct az_policy *pol,
 		m = az_compress(ctx, pol, ctx->sbuf, ctx->xbuf, cap,
 				AZ_ENC_XSHUF_LZ4, AZ_ENC_XSHUF_ZSTD, &e);
 		if (m) {
-			memcpy(out, ctx->xbuf, m);
-			*enc = e;
-			n = m;
+			n = az_take(ctx, out, m, e, enc);
+			cap = n - 1;
+		}
+	}
+	if ((!n || n > AZ_SUB_MIN_DELTA) && cap > AZ_HDR_SIZE) {
+		az_sub_page(ctx->sbuf, page, base, true);
+		m = az_compress(ctx, pol, ctx->sbuf, ctx->xbuf, cap,
+				AZ_ENC_SUB_LZ4, AZ_ENC_SUB_ZSTD, &e);
+		if (m) {
+			n = az_take(ctx, out, m, e, enc);
 			cap = n - 1;
 		}
 	}
@@ -249,12 +281,8 @@ u32 az_encode_delta(struct az_ctx *ctx, const struct az_policy *pol,
 				 cap - AZ_HDR_SIZE);
 	if (r <= 0)
 		return n;
-	m = r + AZ_HDR_SIZE;
-	e = AZ_ENC_DICT_LZ4;
-	az_put_hdr(ctx->xbuf, e, r);
-	memcpy(out, ctx->xbuf, m);
-	*enc = e;
-	return m;
+	az_put_hdr(ctx->xbuf, AZ_ENC_DICT_LZ4, r);
+	return az_take(ctx, out, r + AZ_HDR_SIZE, AZ_ENC_DICT_LZ4, enc);
 }
 
 int az_decode(struct az_ctx *ctx, const u8 *obj, u32 size, const void *base,
@@ -275,10 +303,12 @@ int az_decode(struct az_ctx *ctx, const u8 *obj, u32 size, const void *base,
 		return 0;
 	case AZ_ENC_LZ4:
 	case AZ_ENC_XOR_LZ4:
+	case AZ_ENC_SUB_LZ4:
 		n = az_lz4_decompress(src, slen, page, AZ_PAGE_SIZE);
 		break;
 	case AZ_ENC_ZSTD:
 	case AZ_ENC_XOR_ZSTD:
+	case AZ_ENC_SUB_ZSTD:
 		n = az_zstd_decompress(ctx->ws, src, slen, page, AZ_PAGE_SIZE);
 		break;
 	case AZ_ENC_SHUF_LZ4:
@@ -306,5 +336,7 @@ int az_decode(struct az_ctx *ctx, const u8 *obj, u32 size, const void *base,
 	if (enc == AZ_ENC_XOR_LZ4 || enc == AZ_ENC_XOR_ZSTD ||
 	    enc == AZ_ENC_XSHUF_LZ4 || enc == AZ_ENC_XSHUF_ZSTD)
 		az_xor_page(page, page, base);
+	else if (enc == AZ_ENC_SUB_LZ4 || enc == AZ_ENC_SUB_ZSTD)
+		az_sub_page(page, page, base, false);
 	return 0;
 }

@@ -216,9 +216,20 @@ struct az_obj *az_dedup_find(struct az_store *s, struct az_ctx *ctx,
  * super-feature with probability ~J^AZ_SIM_PER_SF where J is the Jaccard
  * similarity of their block sets; small blocks keep J high when a page
  * differs by scattered 8-byte fields (pointers, counters).
+ *
+ * A word that looks like a user-space pointer (2^40 <= w < 2^48) is hashed
+ * by its offset in its page only: address-space randomisation moves each
+ * mapping by whole pages, so a page of another process that holds the same
+ * objects at other addresses keeps its features (the delta encoder's
+ * word-wise difference then stores the moves).
  */
 #define AZ_SIM_BLOCK	AZ_SIM_BLOCK_SIZE
 #define AZ_SIM_FEAT	(AZ_NR_SF * AZ_SIM_PER_SF)
+
+static inline u64 az_sim_word(u64 w)
+{
+	return (w >> 40) && !(w >> 48) ? (w & 0xfff) | (1ULL << 63) : w;
+}
 
 void az_sim_features(const void *page, u64 *sf)
 {
@@ -235,7 +246,8 @@ void az_sim_features(const void *page, u64 *sf)
 		u64 h = 0x27d4eb2f165667c5ULL;
 
 		for (j = 0; j < AZ_SIM_BLOCK / sizeof(u64); j++)
-			h = (h ^ p[j]) * 0x100000001b3ULL + (h >> 29);
+			h = (h ^ az_sim_word(p[j])) * 0x100000001b3ULL +
+			    (h >> 29);
 		h = az_mix(h);
 		for (i = 0; i < AZ_SIM_FEAT; i++) {
 			u64 v = h * mul[i];

@@ -84,6 +84,14 @@ def shift(page: bytes, rng: random.Random) -> bytes:
     return (rng.randbytes(n) + page)[:PAGE]
 
 
+def relocate(page: bytes, slide: int) -> bytes:
+    """The same objects in a process whose mappings lie ``slide`` bytes (whole pages) away:
+    every word that looks like a user-space pointer (2^40 <= w < 2^48) moves by ``slide``."""
+    words = struct.unpack(f"<{PAGE // 8}Q", page)
+    moved = (w + slide if 1 << 40 <= w < 1 << 48 else w for w in words)
+    return struct.pack(f"<{PAGE // 8}Q", *moved)
+
+
 KINDS = {
     "zero": zero,
     "same": same,

@@ -41,6 +41,10 @@ def write_seeds(d: Path, lib_path: Path) -> list[Path]:
         shuf = s.encode(pages.nudge_floats(w, rng), base=w)  # a byte-shuffled XOR delta
         (d / "xshuf").write_bytes(b"\1" + shuf)
         out.append(d / "xshuf")
+        h = pages.make("heap", 7)
+        sub = s.encode(pages.relocate(h, 0x5A5A5000), base=h)  # a word-wise difference
+        (d / "sub").write_bytes(b"\1" + sub)
+        out.append(d / "sub")
         s.set_policy(codec=1, level=3)
         z = s.encode(pages.make("heap", 9))
         (d / "zstd").write_bytes(b"\0" + z)

@@ -103,6 +103,20 @@ def test_dedup_within_group(rs):
     empty_everything(rs, [1, 2])
 
 
+def test_similarity_finds_a_relocated_page(rs):
+    """A page whose pointers all moved by whole pages (another process's address-space layout)
+    keeps its similarity features: it is stored as a delta against its twin, in its group only."""
+    p = pages.make("heap", 6)
+    moved = pages.relocate(p, 0x3F2A1000)
+    rs.put(0, p, owner=A, index=3)
+    rs.put(1, moved, owner=B, index=40)  # group 1: A's page is found
+    rs.put(2, moved, owner=C, index=40)  # group 2: nothing to be found
+    assert rs.kind(0) == "plain" and rs.kind(1) == "xdelta" and rs.kind(2) == "plain"
+    assert rs.owner_stats(B)["exclusive_bytes"] * 2 < rs.owner_stats(C)["exclusive_bytes"]
+    assert rs.get(0) == p and rs.get(1) == moved and rs.get(2) == moved
+    check_accounting(rs)
+
+
 def test_no_sharing_across_groups_or_unregistered(rs):
     p = pages.make("heap", 2)
     rs.put(0, p, owner=A)
