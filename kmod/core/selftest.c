@@ -173,11 +173,22 @@ fail:
 	return -EINVAL;
 }
 
+/* @src as another process holds it: every pointer moved by whole pages. */
+static void st_relocate(u8 *dst, const u8 *src, u64 slide)
+{
+	const u64 *s = (const u64 *)src;
+	u64 *d = (u64 *)dst;
+	unsigned int i;
+
+	for (i = 0; i < AZ_PAGE_SIZE / 8; i++)
+		d[i] = (s[i] >> 40) && !(s[i] >> 48) ? s[i] + slide : s[i];
+}
+
 static int st_shared(struct az_selftest *t)
 {
 	struct az_owner_stats os;
 	struct az_stats st;
-	unsigned int i, tdelta = 0, xdelta = 0;
+	unsigned int i, tdelta = 0, xdelta = 0, moved = 0;
 	u8 *mut;
 
 	mut = az_valloc((size_t)ST_FAM * AZ_PAGE_SIZE);
@@ -211,8 +222,15 @@ static int st_shared(struct az_selftest *t)
 			goto fail;
 		if (ST_FAILED(t, st_reads(t, 128 + i, t->page)))
 			goto fail;
+		/* XDELTA of a relocated page, found by its pointer offsets */
+		st_relocate(t->page, st_fam(t, i), 0x3f2a1000ULL * (i + 1));
+		if (ST_FAILED(t, !st_put(t, 160 + i, t->page, 12, 12000 + i)))
+			goto fail;
+		if (ST_FAILED(t, st_reads(t, 160 + i, t->page)))
+			goto fail;
 		tdelta += az_store_slot_kind(t->s, i) == AZ_KIND_TDELTA;
 		xdelta += az_store_slot_kind(t->s, 128 + i) == AZ_KIND_XDELTA;
+		moved += az_store_slot_kind(t->s, 160 + i) == AZ_KIND_XDELTA;
 		if (ST_FAILED(t, az_store_slot_kind(t->s, 32 + i) == AZ_KIND_DUP))
 			goto fail;
 		if (ST_FAILED(t, az_store_slot_kind(t->s, 96 + i) == AZ_KIND_DUP))
@@ -221,6 +239,8 @@ static int st_shared(struct az_selftest *t)
 			goto fail;
 	}
 	if (ST_FAILED(t, tdelta >= ST_FAM - 2 && xdelta >= ST_FAM / 2))
+		goto fail;
+	if (ST_FAILED(t, moved >= ST_FAM / 2))
 		goto fail;
 	az_store_get_stats(t->s, &st);
 	if (ST_FAILED(t, st.template_pages == ST_FAM && st.bases >= ST_FAM - 2))
