@@ -64,8 +64,14 @@ static inline bool az_enc_is_delta(unsigned int enc)
  */
 #define AZ_SHUF_MIN_DELTA	(AZ_PAGE_SIZE / 4)
 #define AZ_SHUF_MIN_PLAIN	(AZ_PAGE_SIZE / 2)
-/* A delta is tried as a word-wise difference when larger than this. */
+/*
+ * A delta is tried as a word-wise difference (SUB encodings) when its XOR
+ * form is larger than AZ_SUB_MIN_DELTA and at least AZ_SUB_MIN_REPEATS
+ * non-zero differences repeat a recent one (pointers of a mapping moved by
+ * one distance); otherwise the compression is not worth its time.
+ */
 #define AZ_SUB_MIN_DELTA	128
+#define AZ_SUB_MIN_REPEATS	16
 
 /*
  * Objects of registered owners (struct az_obj) are kept encoded up to
@@ -418,7 +424,7 @@ struct az_ctx {
 	u8 *tbuf;		/* AZ_OBUF_SIZE: candidate encoding */
 	u8 *pbuf;		/* page: decoded base or candidate */
 	u8 *xbuf;		/* page: xor scratch */
-	u8 *sbuf;		/* page: shuffle scratch */
+	u8 *sbuf;		/* page: shuffle and difference scratch */
 	u8 *gbuf;		/* page: a split object gathered for decoding */
 };
 

@@ -44,19 +44,41 @@ static void az_xor_page(u8 *dst, const u8 *a, const u8 *b)
 }
 
 /*
- * Word-wise difference (@sub) or sum: a page of a process whose mappings
- * are placed elsewhere (ASLR) holds the base's pointers moved by one
- * distance per mapping.  XOR scatters those into carry patterns; their
- * difference is that distance, repeated, which the codecs match.
+ * Word-wise difference (native 64-bit words, wrapping): a page of a process
+ * whose mappings are placed elsewhere (ASLR) holds the base's pointers moved
+ * by one distance per mapping.  XOR scatters those into carry patterns;
+ * their difference is that distance, repeated, which the codecs match.
+ * Returns how many non-zero differences equal one of the last two distinct
+ * non-zero ones (pointers into two mappings may alternate).
  */
-static void az_sub_page(u8 *dst, const u8 *a, const u8 *b, bool sub)
+static unsigned int az_diff_page(u8 *dst, const u8 *a, const u8 *b)
 {
 	const u64 *x = (const u64 *)a, *y = (const u64 *)b;
+	u64 *d = (u64 *)dst, last = 0, prev = 0;
+	unsigned int i, rep = 0;
+
+	for (i = 0; i < AZ_PAGE_SIZE / sizeof(u64); i++) {
+		d[i] = x[i] - y[i];
+		if (!d[i])
+			continue;
+		if (d[i] == last || d[i] == prev) {
+			rep++;
+		} else {
+			prev = last;
+			last = d[i];
+		}
+	}
+	return rep;
+}
+
+static void az_undiff_page(u8 *dst, const u8 *b)
+{
+	const u64 *y = (const u64 *)b;
 	u64 *d = (u64 *)dst;
 	unsigned int i;
 
 	for (i = 0; i < AZ_PAGE_SIZE / sizeof(u64); i++)
-		d[i] = sub ? x[i] - y[i] : x[i] + y[i];
+		d[i] += y[i];
 }
 
 /*
@@ -221,7 +243,7 @@ u32 az_encode_plain(struct az_ctx *ctx, const struct az_policy *pol,
 	return n;
 }
 
-/* Keep the candidate in ctx->xbuf (@m bytes, encoding @e) if it was made. */
+/* Copy the candidate in ctx->xbuf (@m bytes, encoding @e) to @out. */
 static u32 az_take(struct az_ctx *ctx, u8 *out, u32 m, u8 e, u8 *enc)
 {
 	memcpy(out, ctx->xbuf, m);
@@ -232,8 +254,9 @@ static u32 az_take(struct az_ctx *ctx, u8 *out, u32 m, u8 e, u8 *enc)
 /*
  * Delta against @base: XOR then the policy codec (good for in-place
  * edits); when that is still large, the XOR bit-shuffled (good for
- * numeric arrays with small changes) and the word-wise difference (good
- * for pointers moved by ASLR); then lz4 with @base as dictionary (good for
+ * numeric arrays with small changes) and, when enough of its words moved
+ * by the same distance, the word-wise difference (good for pointers moved
+ * by ASLR); then lz4 with @base as dictionary (good for
  * shifted content; cheap, so tried whatever the policy codec).  The
  * smallest wins.  Returns 0 unless the result is < @limit.
  */
@@ -264,8 +287,9 @@ u32 az_encode_delta(struct az_ctx *ctx, const struct az_policy *pol,
 			cap = n - 1;
 		}
 	}
-	if ((!n || n > AZ_SUB_MIN_DELTA) && cap > AZ_HDR_SIZE) {
-		az_sub_page(ctx->sbuf, page, base, true);
+	/* sbuf is free again: it takes the difference */
+	if ((!n || n > AZ_SUB_MIN_DELTA) && cap > AZ_HDR_SIZE &&
+	    az_diff_page(ctx->sbuf, page, base) >= AZ_SUB_MIN_REPEATS) {
 		m = az_compress(ctx, pol, ctx->sbuf, ctx->xbuf, cap,
 				AZ_ENC_SUB_LZ4, AZ_ENC_SUB_ZSTD, &e);
 		if (m) {
@@ -337,6 +361,6 @@ int az_decode(struct az_ctx *ctx, const u8 *obj, u32 size, const void *base,
 	    enc == AZ_ENC_XSHUF_LZ4 || enc == AZ_ENC_XSHUF_ZSTD)
 		az_xor_page(page, page, base);
 	else if (enc == AZ_ENC_SUB_LZ4 || enc == AZ_ENC_SUB_ZSTD)
-		az_sub_page(page, page, base, false);
+		az_undiff_page(page, base);
 	return 0;
 }

@@ -267,6 +267,9 @@ static int st_shared(struct az_selftest *t)
 			goto fail;
 		if (ST_FAILED(t, st_reads(t, 96 + i, m)))
 			goto fail;
+		st_relocate(t->page, st_fam(t, i), 0x3f2a1000ULL * (i + 1));
+		if (ST_FAILED(t, st_reads(t, 160 + i, t->page)))
+			goto fail;
 	}
 	az_store_get_stats(t->s, &st);
 	if (ST_FAILED(t, !st.cross_group && st.template_pages == 0))

@@ -49,6 +49,9 @@ def write_seeds(d: Path, lib_path: Path) -> list[Path]:
         z = s.encode(pages.make("heap", 9))
         (d / "zstd").write_bytes(b"\0" + z)
         out.append(d / "zstd")
+        zsub = s.encode(pages.relocate(h, 0x5A5A5000), base=h)  # a zstd word-wise difference
+        (d / "zsub").write_bytes(b"\1" + zsub)
+        out.append(d / "zsub")
     return out
 
 

@@ -601,8 +601,8 @@ def test_object_header_fits_a_64_byte_slab_object(make_store):
 @pytest.mark.parametrize("pol,enc", [({"codec": 0}, 10), ({"codec": 1, "level": 3}, 11)])
 def test_word_difference_delta_for_relocated_pointers(make_store, pol, enc):
     """A heap page of a process placed elsewhere (ASLR): stored as the word-wise difference
-    against the same page of another (chosen over XOR and dictionary: it is the smallest), a
-    less than half the page alone, and exact."""
+    against the same page of another (chosen over XOR and dictionary: the smallest wins), in
+    less than half the bytes of the page alone, and exact."""
     s = make_store(4, **pol)
     base = pages.make("heap", 4)
     moved = pages.relocate(base, 0x1234567000)
