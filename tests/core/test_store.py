@@ -314,6 +314,17 @@ def test_decoder_property_random_objects(store, blob, enc, with_base):
         assert e.errno == errno.EIO
 
 
+def check_delta_object(s, obj: bytes, base: bytes, page: bytes) -> None:
+    """A delta object decodes to ``page`` with its base, and is EIO without it or truncated."""
+    assert s.decode(obj, base=base) == page
+    with pytest.raises(CoreError):
+        s.decode(obj)
+    for n in range(0, len(obj), 5):
+        with pytest.raises(CoreError) as e:
+            s.decode(obj[:n], base=base)
+        assert e.value.errno == errno.EIO
+
+
 @pytest.mark.parametrize("pol,enc", [({"codec": 0}, 6), ({"codec": 1, "level": 3}, 7)])
 def test_shuffled_xor_delta_for_numeric_updates(make_store, pol, enc):
     """Float weights after a small update: the bit-shuffled XOR delta is chosen and exact."""
@@ -325,13 +336,7 @@ def test_shuffled_xor_delta_for_numeric_updates(make_store, pol, enc):
     assert obj[0] == enc, obj[0]
     plain_xor = len(s.encode(new))  # standalone, for scale
     assert len(obj) < plain_xor * 0.9
-    assert s.decode(obj, base=base) == new
-    with pytest.raises(CoreError):
-        s.decode(obj)  # a delta needs its base
-    for n in range(0, len(obj), 7):
-        with pytest.raises(CoreError) as e:
-            s.decode(obj[:n], base=base)
-        assert e.value.errno == errno.EIO
+    check_delta_object(s, obj, base, new)
     # Through the store: template base, sandbox page, read back.
     s.add_template(100, 1)
     s.add_sandbox(11, 1)
@@ -610,10 +615,4 @@ def test_word_difference_delta_for_relocated_pointers(make_store, pol, enc):
     obj = s.encode(moved, base=base)
     assert obj[0] == enc, obj[0]
     assert len(obj) * 2 < len(s.encode(moved))
-    assert s.decode(obj, base=base) == moved
-    with pytest.raises(CoreError):
-        s.decode(obj)  # a delta needs its base
-    for n in range(0, len(obj), 5):
-        with pytest.raises(CoreError) as e:
-            s.decode(obj[:n], base=base)
-        assert e.value.errno == errno.EIO
+    check_delta_object(s, obj, base, moved)
