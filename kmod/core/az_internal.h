@@ -74,6 +74,16 @@ static inline bool az_enc_is_delta(unsigned int enc)
 #define AZ_SUB_MIN_REPEATS	16
 
 /*
+ * A 64-bit word that looks like a user-space pointer (2^40 <= w < 2^48):
+ * the similarity features hash it by its offset in its page only, since
+ * address-space randomisation moves each mapping by whole pages.
+ */
+static inline bool az_user_ptr_like(u64 w)
+{
+	return (w >> 40) && !(w >> 48);
+}
+
+/*
  * Objects of registered owners (struct az_obj) are kept encoded up to
  * AZ_OBJ_MAX bytes; DIRECT ones, like zram, up to AZ_RAW_THRESHOLD.  An
  * object above AZ_RAW_THRESHOLD is near or in zsmalloc's huge class (6.1:

@@ -217,7 +217,7 @@ struct az_obj *az_dedup_find(struct az_store *s, struct az_ctx *ctx,
  * similarity of their block sets; small blocks keep J high when a page
  * differs by scattered 8-byte fields (pointers, counters).
  *
- * A word that looks like a user-space pointer (2^40 <= w < 2^48) is hashed
+ * A word that looks like a user-space pointer (az_user_ptr_like()) is hashed
  * by its offset in its page only: address-space randomisation moves each
  * mapping by whole pages, so a page of another process that holds the same
  * objects at other addresses keeps its features (the delta encoder's
@@ -228,7 +228,7 @@ struct az_obj *az_dedup_find(struct az_store *s, struct az_ctx *ctx,
 
 static inline u64 az_sim_word(u64 w)
 {
-	return (w >> 40) && !(w >> 48) ? (w & 0xfff) | (1ULL << 63) : w;
+	return az_user_ptr_like(w) ? (w & 0xfff) | (1ULL << 63) : w;
 }
 
 void az_sim_features(const void *page, u64 *sf)

@@ -181,7 +181,7 @@ static void st_relocate(u8 *dst, const u8 *src, u64 slide)
 	unsigned int i;
 
 	for (i = 0; i < AZ_PAGE_SIZE / 8; i++)
-		d[i] = (s[i] >> 40) && !(s[i] >> 48) ? s[i] + slide : s[i];
+		d[i] = az_user_ptr_like(s[i]) ? s[i] + slide : s[i];
 }
 
 static int st_shared(struct az_selftest *t)
