@@ -15,6 +15,13 @@ from pathlib import Path
 from typing import Any
 
 
+def ready_timeout_s() -> float:
+    """How long a daemon may take to come up: 400 s, three times that on the debug-kernel tier
+    (AZSWAP_DEBUG_KERNEL=1), where KASAN and lockdep slow the BPF compile and load several-fold
+    and a second guest may share the host."""
+    return 1200.0 if os.environ.get("AZSWAP_DEBUG_KERNEL") == "1" else 400.0
+
+
 class DaemonError(RuntimeError):
     """The daemon did not start, died, or did not stop: the message has its log's tail."""
 
@@ -66,10 +73,12 @@ class DaemonProcess:
 
         return DaemonClient(self.socket, timeout=timeout)
 
-    def wait_ready(self, timeout: float = 400.0, tracing: bool = False) -> dict[str, Any]:
+    def wait_ready(self, timeout: float | None = None, tracing: bool = False) -> dict[str, Any]:
         """Ping until the daemon answers (a cold Python start over 9p under TCG takes tens of
         seconds); with ``tracing``, also until its prefetcher learns from fault events (a
-        prefetcher that cannot is an error, with the reason it gives)."""
+        prefetcher that cannot is an error, with the reason it gives). ``timeout`` defaults to
+        ``ready_timeout_s()``."""
+        timeout = ready_timeout_s() if timeout is None else timeout
         t0 = time.monotonic()
         last = ""
         while time.monotonic() - t0 < timeout:
