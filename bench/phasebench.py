@@ -78,6 +78,8 @@ WORK_MIN, WORK_MAX = 0.1, 5.0
 STREAM_MIN, STREAM_MAX = 0.2, 4.0
 DRIFT_MIN, DRIFT_MAX = 0.10, 0.30
 GROUP = 1  # the trust group every sandbox and the template share
+# the wait planner's per-sandbox counts (controlplane/waitplan.py), summed over the sandboxes
+PLAN_OUTCOMES = ("fired", "hits", "late", "early", "on_hint", "busy_waits", "endings")
 CONTRACT_KEYS = ("tool_mean_s", "tool_p95_s", "e2e_s", "slowdown", "saved_mib", "peak_mib",
                  "keeps", "bad_pages")
 
@@ -389,7 +391,8 @@ def run_regime(regime: str, host: Host, style: str, cfg: Config, dev: Any,
             from controlplane.client import DaemonClient
 
             daemon = start_daemon(cfg.daemon_args, cfg.daemon_timeout)
-            out["daemon"] = {"ready_s": round(daemon.ready_s, 1)}
+            out["daemon"] = {"ready_s": round(daemon.ready_s, 1),
+                             "start_cpu_s": daemon.cpu_seconds()}
             print(f"  daemon ready in {daemon.ready_s:.1f}s (prefetcher tracing)", flush=True)
             sock = daemon.socket
             try:
@@ -494,8 +497,13 @@ def run_regime(regime: str, host: Host, style: str, cfg: Config, dev: Any,
             out["daemon"]["prefetched_pages"] = sum(p for p in pages if isinstance(p, int))
             from controlplane.client import DaemonClient
 
+            out["daemon"]["run_cpu_s"] = round(out["daemon"]["cpu_s"]
+                                               - out["daemon"]["start_cpu_s"], 2)
             try:
                 with DaemonClient(daemon.socket, timeout=120) as c:
+                    plans = [c.stats(b.name)["phase"]["plan"] for b in boxes]
+                    out["daemon"]["plan"] = {k: sum(int(p.get(k) or 0) for p in plans)
+                                             for k in PLAN_OUTCOMES}
                     for b in boxes:
                         c.unregister(b.name)
                     c.template_rm(f"{tag}-template")

@@ -677,8 +677,8 @@ class Prefetcher:
 
 def make_prefetcher() -> Prefetcher:
     """The daemon's factory (controlplane/restore.py): a Prefetcher whose fault tracer compiles
-    and attaches in the background (tens of seconds under TCG); until then restore() runs on an
-    empty history and says so in its result."""
+    and attaches in the background, at the polling thread's low priority (tens of seconds under
+    TCG); until then restore() runs on an empty history and says so in its result."""
     from ebpf.tracer import PHASE_CODES, FaultTracer
 
     # a ring buffer that holds a few tool phases' faults (~16k events per MiB): the consumer
@@ -690,6 +690,9 @@ def make_prefetcher() -> Prefetcher:
     p.status = "tracer starting"
 
     def boot() -> None:
+        # The BPF compile (clang, in this thread) costs tens of CPU seconds under TCG and minutes
+        # on a busy host: it yields to the sandboxes like the event polling does.
+        lower_thread_priority(p.cfg.poll_nice)
         try:
             tracer.start()
         except Exception as e:

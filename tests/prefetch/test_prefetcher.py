@@ -279,3 +279,35 @@ def test_populate_without_ptrace_access_falls_back_to_willneed() -> None:
     assert k.advised == [B + i * P for i in (1, 2, 3)] and res["prefetched_pages"] == 3
     res = p.restore("sb")
     assert res["method"] == "willneed"  # remembered
+
+
+def test_tracer_compiles_at_the_polling_threads_low_priority(monkeypatch: Any) -> None:
+    """The BPF compile runs in its own thread at ``poll_nice``: on a busy host the sandboxes'
+    tools get the CPU first (the compile costs tens of CPU seconds under TCG)."""
+    import os
+    import threading
+
+    from controlplane import prefetch
+    from ebpf import tracer as tracer_mod
+
+    seen: dict[str, int] = {}
+    started = threading.Event()
+
+    def fake_start(self: Any) -> Any:
+        tid = threading.get_native_id()
+        seen["nice"] = os.getpriority(os.PRIO_PROCESS, tid)
+        seen["caller"] = os.getpriority(os.PRIO_PROCESS, main_tid)
+        started.set()
+        raise tracer_mod.TracerError("no BPF in this test")
+
+    main_tid = threading.get_native_id()
+    monkeypatch.setattr(tracer_mod.FaultTracer, "start", fake_start)
+    p = prefetch.make_prefetcher()
+    assert started.wait(10)
+    for _ in range(200):
+        if p.status != "tracer starting":
+            break
+        threading.Event().wait(0.01)
+    assert p.status == "tracer unavailable: no BPF in this test"
+    assert seen["nice"] == min(19, seen["caller"] + p.cfg.poll_nice)
+    assert os.getpriority(os.PRIO_PROCESS, main_tid) == seen["caller"]
