@@ -147,7 +147,8 @@ bench: setup kmod hostlib
 # styles); BENCH_ARGS go to bench.phasebench (e.g. --repeat 3).  The guest writes under
 # vm-tests/out; the JSON is copied to bench-report/phase.json once the guest run succeeded.
 PHASE_MEMORY ?= 2G
-PHASE_TIMEOUT ?= 2400
+# the guest's time limit, a safety net: one repeat takes about 20 minutes under TCG
+PHASE_TIMEOUT ?= 7200
 bench-phase: setup kmod
 	@rm -f $(TOP)/vm-tests/out/phase/phase.json
 	$(TOP)/vm-tests/run --memory $(PHASE_MEMORY) --timeout $(PHASE_TIMEOUT) -- \

@@ -41,7 +41,11 @@ Figures per regime: tool-phase latency (mean, p95; cycles after --warmup), end-t
 slowdown (tool mean / none's, same run), footprint (sum of the sandboxes' memory.current plus
 the device's pool and metadata, sampled every 0.1 s): its time average and peak, saved_mib
 (none's average minus this one's), keeps (saved / aggressive's saved, 0..1), major faults per
-tool phase, bad_pages (must be 0), and for the daemon its prefetch events.  JSON:
+tool phase, bad_pages (must be 0), and for the daemon its prefetch events, its CPU time at
+start (the BPF compile) and during the run (and of that, its memory.reclaim writes: the
+compression), and the wait planner's outcomes.  Each regime also
+keeps its footprint timeline (every 0.5 s: monotonic time, the sandboxes' resident MiB, the
+device's MiB) beside its cycles (each tool phase's start "t" on the same clock).  JSON:
 ``{"runs": [{"host", "style", "repeat", "regimes": {"none": R, "aggressive": R, "daemon": R}}]}``
 to --json (default $AZSWAP_OUT/phase.json); a table of min/median/max of slowdown and keeps per
 host, style and regime at the end.  Nothing here asserts a time; the exit status is non-zero
@@ -78,6 +82,7 @@ WORK_MIN, WORK_MAX = 0.1, 5.0
 STREAM_MIN, STREAM_MAX = 0.2, 4.0
 DRIFT_MIN, DRIFT_MAX = 0.10, 0.30
 GROUP = 1  # the trust group every sandbox and the template share
+TIMELINE_EVERY = 5  # every 5th footprint sample (0.1 s apart) goes into a regime's timeline
 # the wait planner's per-sandbox counts (controlplane/waitplan.py), summed over the sandboxes
 PLAN_OUTCOMES = ("fired", "hits", "late", "early", "on_hint", "busy_waits", "endings")
 CONTRACT_KEYS = ("tool_mean_s", "tool_p95_s", "e2e_s", "slowdown", "saved_mib", "peak_mib",
@@ -363,6 +368,7 @@ def run_regime(regime: str, host: Host, style: str, cfg: Config, dev: Any,
             boxes.append(Box(f"{tag}-sb{i}", cgs[f"sb{i}"], sb, traj))
         stop = threading.Event()
         footprint: list[int] = []
+        timeline: list[list[float]] = []  # [monotonic s, sandboxes' resident MiB, device MiB]
         template_mem: list[int] = []
         events: list[dict[str, Any]] = []
 
@@ -372,7 +378,11 @@ def run_regime(regime: str, host: Host, style: str, cfg: Config, dev: Any,
             try:
                 while not stop.is_set():
                     total = sum(cgroups.of(b.cg).memory_current() for b in boxes)
-                    footprint.append(total + dev.used_bytes())
+                    used = dev.used_bytes()
+                    footprint.append(total + used)
+                    if len(footprint) % TIMELINE_EVERY == 1:
+                        timeline.append([round(time.monotonic(), 2), round(total / MiB, 2),
+                                         round(used / MiB, 2)])
                     template_mem.append(cgroups.of(cgs["template"]).memory_current())
                     stop.wait(0.1)
             except Exception as e:  # a footprint with a hole in it is no figure: fail the run
@@ -487,7 +497,8 @@ def run_regime(regime: str, host: Host, style: str, cfg: Config, dev: Any,
         out["template_mib"] = (round(statistics.fmean(template_mem) / MiB, 2)
                                if template_mem else 0.0)
         out["pgmajfault"] = sum(cgroups.stat(b.cg).get("pgmajfault", 0) for b in boxes)
-        out["cycles"] = {b.name: b.cycles for b in boxes}
+        out["cycles"] = {b.name: b.cycles for b in boxes}  # "t": a tool phase's start
+        out["timeline"] = timeline
         if daemon is not None:
             out["daemon"]["cpu_s"] = daemon.cpu_seconds()
             pf = [e for e in events if e.get("event") == "prefetch"]
@@ -501,9 +512,13 @@ def run_regime(regime: str, host: Host, style: str, cfg: Config, dev: Any,
                                                - out["daemon"]["start_cpu_s"], 2)
             try:
                 with DaemonClient(daemon.socket, timeout=120) as c:
-                    plans = [c.stats(b.name)["phase"]["plan"] for b in boxes]
-                    out["daemon"]["plan"] = {k: sum(int(p.get(k) or 0) for p in plans)
+                    sts = [c.stats(b.name) for b in boxes]
+                    out["daemon"]["plan"] = {k: sum(int(st["phase"]["plan"].get(k) or 0)
+                                                    for st in sts)
                                              for k in PLAN_OUTCOMES}
+                    # CPU of the scheduler's memory.reclaim writes (the compression itself)
+                    out["daemon"]["compress_cpu_s"] = round(
+                        sum(float(st.get("compress", {}).get("total_cpu") or 0) for st in sts), 2)
                     for b in boxes:
                         c.unregister(b.name)
                     c.template_rm(f"{tag}-template")
