@@ -43,9 +43,10 @@ the device's pool and metadata, sampled every 0.1 s): its time average and peak,
 (none's average minus this one's), keeps (saved / aggressive's saved, 0..1), major faults per
 tool phase, bad_pages (must be 0), and for the daemon its prefetch events, its CPU time at
 start (the BPF compile) and during the run (and of that, its memory.reclaim writes: the
-compression), and the wait planner's outcomes.  Each regime also
-keeps its footprint timeline (every 0.5 s: monotonic time, the sandboxes' resident MiB, the
-device's MiB) beside its cycles (each tool phase's start "t" on the same clock).  JSON:
+compression), and the wait planner's outcomes.  Each regime also keeps its footprint
+timeline (every 0.5 s: monotonic time, the device's MiB, then each sandbox's memory.current in
+MiB, in the order of its cycles) beside its cycles (each tool phase's start "t" on the same
+clock).  JSON:
 ``{"runs": [{"host", "style", "repeat", "regimes": {"none": R, "aggressive": R, "daemon": R}}]}``
 to --json (default $AZSWAP_OUT/phase.json); a table of min/median/max of slowdown and keeps per
 host, style and regime at the end.  Nothing here asserts a time; the exit status is non-zero
@@ -368,7 +369,7 @@ def run_regime(regime: str, host: Host, style: str, cfg: Config, dev: Any,
             boxes.append(Box(f"{tag}-sb{i}", cgs[f"sb{i}"], sb, traj))
         stop = threading.Event()
         footprint: list[int] = []
-        timeline: list[list[float]] = []  # [monotonic s, sandboxes' resident MiB, device MiB]
+        timeline: list[list[float]] = []  # [monotonic s, device MiB, each sandbox's MiB...]
         template_mem: list[int] = []
         events: list[dict[str, Any]] = []
 
@@ -377,12 +378,12 @@ def run_regime(regime: str, host: Host, style: str, cfg: Config, dev: Any,
         def sampler() -> None:
             try:
                 while not stop.is_set():
-                    total = sum(cgroups.of(b.cg).memory_current() for b in boxes)
+                    each = [cgroups.of(b.cg).memory_current() for b in boxes]
                     used = dev.used_bytes()
-                    footprint.append(total + used)
+                    footprint.append(sum(each) + used)
                     if len(footprint) % TIMELINE_EVERY == 1:
-                        timeline.append([round(time.monotonic(), 2), round(total / MiB, 2),
-                                         round(used / MiB, 2)])
+                        timeline.append([round(time.monotonic(), 2), round(used / MiB, 2),
+                                         *(round(m / MiB, 2) for m in each)])
                     template_mem.append(cgroups.of(cgs["template"]).memory_current())
                     stop.wait(0.1)
             except Exception as e:  # a footprint with a hole in it is no figure: fail the run
