@@ -46,7 +46,7 @@ start (the BPF compile) and during the run (and of that, its memory.reclaim writ
 compression), and the wait planner's outcomes.  Each regime also keeps its footprint
 timeline (every 0.5 s: monotonic time, the device's MiB, then each sandbox's memory.current in
 MiB, in the order of its cycles) beside its cycles (each tool phase's start "t" on the same
-clock).  JSON:
+clock, and "hint_s", how long its tool hint took to answer: part of the tool's latency).  JSON:
 ``{"runs": [{"host", "style", "repeat", "regimes": {"none": R, "aggressive": R, "daemon": R}}]}``
 to --json (default $AZSWAP_OUT/phase.json); a table of min/median/max of slowdown and keeps per
 host, style and regime at the end.  Nothing here asserts a time; the exit status is non-zero
@@ -448,12 +448,14 @@ def run_regime(regime: str, host: Host, style: str, cfg: Config, dev: Any,
                     t0 = max(time.monotonic(), end)
                     if client is not None:
                         client.phase(b.name, "tool")
+                    hint_s = time.monotonic() - t0  # the tool waits for its hint's answer
                     r = b.sb.touch(c.hot, write_every=8, units=max(round(c.work_s * rate), 1))
                     b.tool_s.append(time.monotonic() - t0)
                     b.majflt.append(int(r["majflt"]))
                     b.cycles.append({"wait_s": round(c.wait_s, 3), "work_s": round(c.work_s, 3),
                                      "hot": len(c.hot), "tool_s": round(b.tool_s[-1], 4),
-                                     "majflt": int(r["majflt"]), "t": round(t0, 3)})
+                                     "majflt": int(r["majflt"]), "t": round(t0, 3),
+                                     "hint_s": round(hint_s, 4)})
                     b.bad += int(r["bad"])
                 if client is not None:
                     client.phase(b.name, "idle")
