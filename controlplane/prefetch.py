@@ -54,7 +54,6 @@ from pathlib import Path
 from typing import Any
 
 from controlplane import cgroup
-from controlplane.priority import lower_thread_priority
 from ebpf.events import PAGE_SIZE, FaultEvent, FaultRecords
 
 log = logging.getLogger("azswap.prefetch")
@@ -296,7 +295,11 @@ class PrefetchConfig:
     method: str = "populate"
     probe_every: int = 4
     poll_s: float = 0.25  # events are taken from the ring buffer this often
-    poll_nice: int = 19  # nice of the thread that turns them into records
+    # CPU the thread that turns them into records may use (fraction of one CPU): it runs at the
+    # daemon's priority (controlplane/priority.py) and rests to stay within this
+    poll_cpu_budget: float = 0.1
+    feed_chunk: int = 256  # events recorded per hold of the prefetcher's lock
+    compile_nice: int = 19  # how much lower the BPF compile runs
 
 
 @dataclass
@@ -446,9 +449,14 @@ class Prefetcher:
             return st.seq
 
     def feed(self, events: Iterable[FaultEvent]) -> None:
-        with self._mu:
-            for ev in events:
-                self.records.add(ev)
+        """Record events, ``feed_chunk`` at a time: a phase hint waits for the lock at most one
+        chunk's worth."""
+        evs: Sequence[FaultEvent] = events if isinstance(events, Sequence) else list(events)
+        n = max(1, self.cfg.feed_chunk)
+        for i in range(0, len(evs), n):
+            with self._mu:
+                for ev in evs[i:i + n]:
+                    self.records.add(ev)
 
     # -- learning ----------------------------------------------------------------------------
     def cycles(self, sandbox: Any) -> list[list[Page]]:
@@ -647,11 +655,14 @@ class Prefetcher:
 
     def _poll_loop(self) -> None:
         """Learning is bookkeeping, never urgent: the events are taken in batches every
-        ``poll_s`` seconds (no wake-up per fault) by a thread at nice ``poll_nice``, so that
-        during a tool phase the sandboxes' own work gets the CPU first (under TCG, turning each
-        event into a record costs about as much as the fault it describes)."""
-        lower_thread_priority(self.cfg.poll_nice)
-        while not self._stop.wait(self.cfg.poll_s):
+        ``poll_s`` seconds (no wake-up per fault), and the thread rests so that its CPU time
+        stays within ``poll_cpu_budget`` of the wall clock (under TCG, turning each event into a
+        record costs about as much as the fault it describes).  It runs at the daemon's
+        priority: lowered, it would hold the GIL and the prefetcher's lock while preempted
+        behind busy tools, and hold up the answers to their phase hints."""
+        rest = self.cfg.poll_s
+        while not self._stop.wait(rest):
+            c0 = time.thread_time()
             try:
                 evs = self.tracer.drain()
             except Exception as e:  # keep the daemon alive; say why prefetch stopped learning
@@ -660,6 +671,13 @@ class Prefetcher:
                 return
             if evs:
                 self.feed(evs)
+            rest = self.poll_rest(time.thread_time() - c0)
+
+    def poll_rest(self, cpu_s: float) -> float:
+        """How long the polling thread rests after a batch that took ``cpu_s`` of its CPU:
+        ``poll_s``, or longer so that its CPU stays within ``poll_cpu_budget``."""
+        budget = max(0.01, min(1.0, self.cfg.poll_cpu_budget))
+        return max(self.cfg.poll_s, cpu_s / budget)
 
     def sync(self) -> None:
         """Feed every event already in the ring buffer (tests, end of a phase)."""
@@ -677,8 +695,8 @@ class Prefetcher:
 
 def make_prefetcher() -> Prefetcher:
     """The daemon's factory (controlplane/restore.py): a Prefetcher whose fault tracer compiles
-    and attaches in the background, at the polling thread's low priority (tens of seconds under
-    TCG); until then restore() runs on an empty history and says so in its result."""
+    (at a lower priority) and attaches in the background (tens of seconds under TCG); until
+    then restore() runs on an empty history and says so in its result."""
     from ebpf.tracer import PHASE_CODES, FaultTracer
 
     # a ring buffer that holds a few tool phases' faults (~16k events per MiB): the consumer
@@ -691,10 +709,9 @@ def make_prefetcher() -> Prefetcher:
 
     def boot() -> None:
         # The BPF compile (clang, in this thread) costs tens of CPU seconds under TCG and minutes
-        # on a busy host: it yields to the sandboxes like the event polling does.
-        lower_thread_priority(p.cfg.poll_nice)
+        # on a busy host: it runs at a lower priority, behind the sandboxes' tools.
         try:
-            tracer.start()
+            tracer.start(compile_nice=p.cfg.compile_nice)
         except Exception as e:
             p.status = f"tracer unavailable: {e}"
             log.warning("prefetch: %s", p.status)

@@ -1,10 +1,23 @@
-"""Thread priorities: the control plane's background work yields to the sandboxes' tools."""
+"""Thread priorities: the control plane's background work yields to the sandboxes' tools.
+
+A Python thread at a low priority must not hold anything the daemon's other threads wait for:
+the GIL, or a lock.  On a host short of CPU such a thread, once preempted, gets the CPU back
+only after the busy threads' turns (a nice-19 thread among three busy nice-0 threads per CPU
+runs about 0.5% of the time), and until then every thread that waits for what it holds waits
+too: a phase hint, answered by the socket thread, would wait for learning or compression
+bookkeeping.  So background work is lowered only around the calls that release the GIL and
+take no lock of ours (a memory.reclaim write, which compresses in the kernel in the calling
+thread; a BPF compile in libbcc), with :func:`lowered_priority`; Python work between those
+calls runs at the daemon's own priority, bounded by a CPU budget where it is heavy.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
+from collections.abc import Iterator
 
 log = logging.getLogger("azswap.priority")
 
@@ -18,3 +31,30 @@ def lower_thread_priority(nice: int) -> None:
         os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + nice))
     except OSError as e:
         log.info("cannot lower this thread's priority: %s", e)
+
+
+@contextlib.contextmanager
+def lowered_priority(nice: int) -> Iterator[None]:
+    """Run the block with the calling thread's nice raised by ``nice``, then put it back.
+
+    For a block that releases the GIL and takes no lock of ours (see the module's doc).  Putting
+    the nice back down needs CAP_SYS_NICE (the daemon runs as root); without it the thread stays
+    lowered, which is logged once per call and is never worse than lowering it for good."""
+    if nice <= 0:
+        yield
+        return
+    tid = threading.get_native_id()
+    try:
+        before = os.getpriority(os.PRIO_PROCESS, tid)
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, before + nice))
+    except OSError as e:
+        log.info("cannot lower this thread's priority: %s", e)
+        yield
+        return
+    try:
+        yield
+    finally:
+        try:
+            os.setpriority(os.PRIO_PROCESS, tid, before)
+        except OSError as e:
+            log.info("cannot restore this thread's priority (%d): %s", before, e)

@@ -33,8 +33,11 @@ Control law, per tick (every ``interval`` seconds):
    A *hold* (``hold()``, from the daemon's wait planner when the wait is about to end and the
    sandbox's working set is being brought back) stops the loop the same way and keeps the
    sandbox out of the candidates until ``release()`` or the next phase change.
-   The scheduler thread runs at nice ``reclaim_nice`` (default 10): on a busy host the tools of
-   other sandboxes get the CPU first, and compression takes what is left.
+   Each memory.reclaim write runs at nice ``reclaim_nice`` (default 10): on a busy host the
+   tools of other sandboxes get the CPU first, and compression takes what is left.  Only the
+   write: the thread's Python bookkeeping runs at the daemon's priority, since a preempted
+   low-priority thread holding the GIL would hold up the daemon's answers to phase hints
+   (controlplane/priority.py).
 5. Mode: the store policy is device-wide.  Before compressing a sandbox whose wait has lasted
    ``dense_after`` seconds the scheduler switches the module to the dense policy (zstd, deeper
    similarity search), otherwise to the fast one (lz4, shallow search).  Objects carry their
@@ -59,7 +62,7 @@ from controlplane import errors
 from controlplane.abi import Codec, Phase
 from controlplane.cgroup import PROC_ROOT, Cgroup, HostMemory, host_memory
 from controlplane.phase import PhaseModel, PhaseView
-from controlplane.priority import lower_thread_priority
+from controlplane.priority import lowered_priority
 
 log = logging.getLogger("azswap.scheduler")
 
@@ -80,7 +83,7 @@ class SchedulerConfig:
     pressure_psi: float = 10.0  # host memory PSI some avg10, %
     pressure_min_available: float = 0.10  # MemAvailable / MemTotal
     floor_bytes: int = 0  # stop once memory.current <= this
-    reclaim_nice: int = 10  # nice of the scheduler thread (the reclaim runs in it); 0 = as is
+    reclaim_nice: int = 10  # nice of each memory.reclaim write (compression runs in it); 0 = as is
     recheck: float = 1.0  # seconds after "done" to look at a still-waiting sandbox again
     manage_policy: bool = True
     fast_policy: dict[str, int] = field(
@@ -472,7 +475,8 @@ class Scheduler:
                 chunk = min(c.chunk_bytes, mem - c.floor_bytes)
                 chunk = max(4096, chunk - chunk % 4096)
                 t0, c0 = self.clock(), self.cpu_clock()
-                full = cg.reclaim(chunk)
+                with lowered_priority(c.reclaim_nice):
+                    full = cg.reclaim(chunk)
                 dt, dc = self.clock() - t0, self.cpu_clock() - c0
                 wall, cpu = wall + dt, cpu + dc
                 requested, chunks = requested + chunk, chunks + 1
@@ -546,7 +550,6 @@ class Scheduler:
 
     def run(self) -> None:
         """Tick every ``interval`` until stop(); a hint (wake()) starts the next tick early."""
-        lower_thread_priority(self.config.reclaim_nice)
         while not self.stopping:
             t0 = self.clock()
             try:

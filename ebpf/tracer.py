@@ -29,6 +29,7 @@ from typing import Any
 
 from controlplane import cgroup as cgroups
 from controlplane import errors
+from controlplane.priority import lowered_priority
 from ebpf.btf import BTFError, func_arg_counts
 from ebpf.events import COUNTERS, SBSTAT_FIELDS, EventFormatError, FaultEvent
 
@@ -158,7 +159,10 @@ class FaultTracer:
     # -- loading ---------------------------------------------------------------------------
     probe_args = 3  # swap_cache_get_folio()'s parameters on this kernel (see lookup_arg_count)
 
-    def start(self) -> FaultTracer:
+    def start(self, compile_nice: int = 0) -> FaultTracer:
+        """Compile, load and attach.  ``compile_nice``: how much lower the calling thread runs
+        during the compile (libbcc's clang, tens of CPU seconds under TCG; it holds no GIL, so
+        a lowered thread there delays nothing else of the caller's)."""
         if os.geteuid() != 0:
             raise NotRoot("must run as root (BPF is root-only: kernel.unprivileged_bpf_disabled)")
         self.with_module = module_tracepoints(self.tracefs)
@@ -187,7 +191,8 @@ class FaultTracer:
             self.probe_args = lookup_arg_count()
             if self.probe_args == 1:
                 cflags.append("-DLOOKUP_ENTRY_ONLY")
-            self.bpf = BPF(src_file=str(BPF_SOURCE).encode(), cflags=cflags)
+            with lowered_priority(compile_nice):
+                self.bpf = BPF(src_file=str(BPF_SOURCE).encode(), cflags=cflags)
             if self.probe_args == 1:
                 self.bpf.attach_kprobe(event=FAULT_FUNC.encode(), fn_name=b"trace_fault_entry")
                 self.bpf.attach_kretprobe(event=FAULT_FUNC.encode(),
