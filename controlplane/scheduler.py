@@ -375,7 +375,7 @@ class Scheduler:
         candidates.sort(key=lambda v: (v.since, v.name))
 
         # 4. work within the budget: more of a CPU under memory pressure, all of one when the
-        # host's CPUs are not contended (the thread's nice still yields to any tool)
+        # host's CPUs are not contended (the writes' nice still yields to any tool)
         b = c.pressure_cpu_budget if pressure else c.cpu_budget
         if self.cpu_idle(host):
             b = max(b, c.idle_cpu_budget)
