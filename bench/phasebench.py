@@ -24,7 +24,7 @@ Regimes, each with fresh sandboxes and the same trajectories, on one azswap-lz4 
 
   none        no compression: nothing reclaimed.
   aggressive  a proactive reclaimer blind to phases: every --interval s a memory.reclaim of every
-              sandbox, from a thread at nice 10.  The template and the sandboxes are registered
+              sandbox, each write at nice 10.  The template and the sandboxes are registered
               with the module as for the daemon, so the redundancy store takes part.
   daemon      the shipped daemon (`azctl daemon`, a subprocess with its own socket and state
               directory): the template registered with template_add and reclaimed once (its
@@ -349,7 +349,7 @@ def run_regime(regime: str, host: Host, style: str, cfg: Config, dev: Any,
                rep: int) -> dict[str, Any]:
     from bench.kit import cgroups
     from bench.pagesandbox import PageSandbox
-    from controlplane.priority import lower_thread_priority
+    from controlplane.priority import lowered_priority
 
     tag = f"{regime[:3]}-{host.name[:4]}-{style}-{rep}"
     parent = BENCH_CG / tag
@@ -390,10 +390,12 @@ def run_regime(regime: str, host: Host, style: str, cfg: Config, dev: Any,
                 sampler_error.append(f"{type(e).__name__}: {e}")
 
         def aggressive() -> None:
-            lower_thread_priority(cfg.reclaim_nice)
             while not stop.is_set():
                 for b in boxes:
-                    cgroups.of(b.cg).reclaim(1 << 30)
+                    # lowered for the write only, as the daemon's scheduler does: this process's
+                    # sandbox lives must not wait for a preempted thread holding the GIL
+                    with lowered_priority(cfg.reclaim_nice):
+                        cgroups.of(b.cg).reclaim(1 << 30)
                 stop.wait(cfg.interval)
 
         client_for: Any = None
