@@ -22,15 +22,19 @@ from collections.abc import Iterator
 log = logging.getLogger("azswap.priority")
 
 
-def lower_thread_priority(nice: int) -> None:
-    """Raise the calling thread's nice by ``nice`` (Linux: nice is per thread).  Best effort."""
+def lower_thread_priority(nice: int) -> int | None:
+    """Raise the calling thread's nice by ``nice`` (Linux: nice is per thread).  Best effort:
+    returns the nice it had, or None when it was left alone (``nice`` <= 0, or not allowed)."""
     if nice <= 0:
-        return
+        return None
+    tid = threading.get_native_id()
     try:
-        tid = threading.get_native_id()
-        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + nice))
+        before = os.getpriority(os.PRIO_PROCESS, tid)
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, before + nice))
     except OSError as e:
         log.info("cannot lower this thread's priority: %s", e)
+        return None
+    return before
 
 
 @contextlib.contextmanager
@@ -40,21 +44,12 @@ def lowered_priority(nice: int) -> Iterator[None]:
     For a block that releases the GIL and takes no lock of ours (see the module's doc).  Putting
     the nice back down needs CAP_SYS_NICE (the daemon runs as root); without it the thread stays
     lowered, which is logged once per call and is never worse than lowering it for good."""
-    if nice <= 0:
-        yield
-        return
-    tid = threading.get_native_id()
-    try:
-        before = os.getpriority(os.PRIO_PROCESS, tid)
-        os.setpriority(os.PRIO_PROCESS, tid, min(19, before + nice))
-    except OSError as e:
-        log.info("cannot lower this thread's priority: %s", e)
-        yield
-        return
+    before = lower_thread_priority(nice)
     try:
         yield
     finally:
-        try:
-            os.setpriority(os.PRIO_PROCESS, tid, before)
-        except OSError as e:
-            log.info("cannot restore this thread's priority (%d): %s", before, e)
+        if before is not None:
+            try:
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), before)
+            except OSError as e:
+                log.info("cannot restore this thread's priority (%d): %s", before, e)
