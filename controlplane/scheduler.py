@@ -24,9 +24,15 @@ Control law, per tick (every ``interval`` seconds):
    (when positive; a write starved of CPU by busier threads needs none, and with dc = dt it is
    ``dt * (1 - b) / b``), where b is the CPU budget (fraction of one CPU,
    ``cpu_budget``, or ``pressure_cpu_budget`` under pressure, or ``idle_cpu_budget`` while the
-   host's CPU PSI ``some avg10`` stays below ``cpu_busy_psi``): the writes take at most a fraction
-   b of the wall clock.  A tick stops after ``interval * b`` CPU seconds of writes, or one
-   ``interval`` of wall clock (writes starved of CPU must not hold up the other sandboxes).
+   host's CPU PSI ``some avg10`` stays below ``cpu_busy_psi``; for a sandbox the orchestrator
+   said waits for the LLM, at least ``wait_cpu_budget``): the writes take at most a fraction
+   b of the wall clock.  A hinted wait is the one time the sandbox is certainly not using its
+   memory, and a blind proactive reclaimer spends whatever CPU its nice leaves it: so
+   compressing a waiting sandbox gets a whole CPU by default (its writes still run at
+   ``reclaim_nice``, behind every tool), and the lower ``cpu_budget`` applies to sandboxes only
+   inferred idle and to requests by hand.  A tick stops after ``interval * b`` CPU seconds of
+   writes, or one ``interval`` of wall clock (writes starved of CPU must not hold up the other
+   sandboxes).
    Between two chunks the phase generation is re-checked: a tool hint (or a shutdown) ends the
    loop at once; the chunk in flight either completed or came up short, both of which leave the
    sandbox consistent (memory.reclaim only moves pages to swap; nothing is half-done at our level).
@@ -79,6 +85,7 @@ class SchedulerConfig:
     cpu_budget: float = 0.5  # fraction of one CPU spent in reclaim writes
     pressure_cpu_budget: float = 1.0
     idle_cpu_budget: float = 1.0  # when the host's CPUs are not contended (CPU PSI)
+    wait_cpu_budget: float | None = 1.0  # at least this for hinted LLM waits (None: no floor)
     cpu_busy_psi: float = 10.0  # /proc/pressure/cpu some avg10, %: at or above, CPUs are busy
     pressure_psi: float = 10.0  # host memory PSI some avg10, %
     pressure_min_available: float = 0.10  # MemAvailable / MemTotal
@@ -94,8 +101,9 @@ class SchedulerConfig:
     )
 
     def validate(self) -> None:
-        if not all(0 < b <= 1 for b in (self.cpu_budget, self.pressure_cpu_budget,
-                                         self.idle_cpu_budget)):
+        budgets = (self.cpu_budget, self.pressure_cpu_budget, self.idle_cpu_budget,
+                   1.0 if self.wait_cpu_budget is None else self.wait_cpu_budget)
+        if not all(0 < b <= 1 for b in budgets):
             raise errors.InvalidValue("cpu budget must be in (0, 1]")
         if self.chunk_bytes < 4096:
             raise errors.InvalidValue("chunk must be at least one page")
@@ -375,17 +383,24 @@ class Scheduler:
         candidates.sort(key=lambda v: (v.since, v.name))
 
         # 4. work within the budget: more of a CPU under memory pressure, all of one when the
-        # host's CPUs are not contended (the writes' nice still yields to any tool)
-        b = c.pressure_cpu_budget if pressure else c.cpu_budget
+        # host's CPUs are not contended or the sandbox waits for the LLM (the writes' nice
+        # still yields to any tool)
+        base = c.pressure_cpu_budget if pressure else c.cpu_budget
         if self.cpu_idle(host):
-            b = max(b, c.idle_cpu_budget)
-        budget = c.interval * b
+            base = max(base, c.idle_cpu_budget)
+
+        def budget_of(v: PhaseView) -> float:
+            if v.phase == Phase.LLM_WAIT and c.wait_cpu_budget is not None:
+                return max(base, c.wait_cpu_budget)
+            return base
+
+        budget = c.interval * max((budget_of(v) for v in candidates), default=base)
         spent = 0.0
         actions: list[Action] = []
         for v in candidates:
             if spent >= budget or self.stopping or self.clock() - now >= c.interval:
                 break
-            act = self._compress(v, targets[v.name].cgroup, b, budget - spent)
+            act = self._compress(v, targets[v.name].cgroup, budget_of(v), budget - spent)
             spent += act.cpu
             actions.append(act)
 

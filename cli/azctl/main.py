@@ -498,7 +498,14 @@ def policy_set(ctx: click.Context, assignments: tuple[str, ...], as_json: bool) 
     type=click.FloatRange(0.01, 1.0),
     default=_SCHED.cpu_budget,
     show_default=True,
-    help="Fraction of one CPU for reclaim.",
+    help="Fraction of one CPU for reclaim (sandboxes inferred idle, compress requests).",
+)
+@click.option(
+    "--wait-cpu-budget",
+    type=click.FloatRange(0.01, 1.0),
+    default=_SCHED.wait_cpu_budget,
+    show_default=True,
+    help="Fraction of one CPU for reclaim while a sandbox waits for the LLM (hinted).",
 )
 @click.option(
     "--chunk",
@@ -537,6 +544,7 @@ def daemon(
     idle_grace: float,
     dense_after: float,
     cpu_budget: float,
+    wait_cpu_budget: float,
     chunk: str,
     interval: float,
     no_policy: bool,
@@ -550,7 +558,7 @@ def daemon(
 
     \b
     The agent loop it runs for every registered sandbox:
-      llm-wait hint  compress the sandbox at once (within the CPU budget);
+      llm-wait hint  compress the sandbox at once (--wait-cpu-budget, at nice 10);
       before the wait's predicted end (learned from its earlier waits)
                      stop compressing and prefetch its learned working set;
       tool hint      compression stops; pages not prefetched fault back on use;
@@ -582,6 +590,7 @@ def daemon(
             idle_grace=idle_grace,
             dense_after=dense_after,
             cpu_budget=cpu_budget,
+            wait_cpu_budget=wait_cpu_budget,
             chunk_bytes=parse_size(chunk),
             manage_policy=not no_policy,
         ),

@@ -41,7 +41,9 @@ class Rig:
         for name in self.cgs:
             self.phases.add(name, clock())
         self.policies: list[dict[str, int]] = []
-        base = dict(interval=1.0, grace=2.0, chunk_bytes=16 * MiB, cpu_budget=0.25)
+        # wait_cpu_budget off: the budget tests drive cpu_budget with hinted waits
+        base = dict(interval=1.0, grace=2.0, chunk_bytes=16 * MiB, cpu_budget=0.25,
+                    wait_cpu_budget=None)
         base.update(cfg)
         self.sched = Scheduler(
             self.phases,
@@ -387,6 +389,36 @@ def test_idle_cpus_lift_the_budget(tmp_path: Path, clock: FakeClock) -> None:
     (r.proc / "pressure" / "cpu").write_text("some avg10=1.00 avg60=0.00 avg300=0.00 total=0\n")
     clock.advance(1.0)
     assert r.sched.tick().budget == pytest.approx(1.0)
+
+
+def test_a_hinted_wait_is_compressed_with_the_wait_budget(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    # CPUs contended (cpu_budget 0.25 applies), but sb0 waits for the LLM: a whole CPU, no
+    # rest between its writes; sb1, only inferred idle, keeps the lower budget
+    r = Rig(tmp_path, clock, n=2, grace=0.0, idle_grace=0.0, cpu_budget=0.25,
+            wait_cpu_budget=1.0, cpu_busy_psi=10.0)
+    (r.proc / "pressure" / "cpu").write_text(
+        "some avg10=50.00 avg60=0.00 avg300=0.00 total=0\n"
+    )
+    r.hint("sb0", Phase.LLM_WAIT)
+    rep = r.sched.tick()
+    assert rep.budget == pytest.approx(1.0)
+    (act,) = [a for a in rep.actions if a.name == "sb0"]
+    assert act.wall == pytest.approx(1.0) and act.chunks == 16  # 62.5 ms each, back to back
+    assert not [s for s in clock.sleeps if s > 1e-9]
+    # the same sandbox inferred idle instead: the set budget and its rests
+    r2 = Rig(tmp_path / "b", clock, grace=0.0, idle_grace=0.0, cpu_budget=0.25,
+             wait_cpu_budget=1.0, cpu_busy_psi=10.0)
+    (r2.proc / "pressure" / "cpu").write_text(
+        "some avg10=50.00 avg60=0.00 avg300=0.00 total=0\n"
+    )
+    r2.hint("sb0", Phase.IDLE)
+    clock.sleeps.clear()
+    rep2 = r2.sched.tick()
+    assert rep2.budget == pytest.approx(0.25)
+    (act2,) = rep2.actions
+    assert act2.chunks == 4 and [s for s in clock.sleeps if s > 1e-9]
 
 
 def test_a_write_starved_of_cpu_needs_no_rest(tmp_path: Path, clock: FakeClock) -> None:
