@@ -38,16 +38,17 @@ Regimes, each with fresh sandboxes and the same trajectories, on one azswap-lz4 
               loop that streams the model's answer can.
 
 Figures per regime: tool-phase latency (mean, p95; cycles after --warmup), end-to-end time,
-slowdown (tool mean / none's, same run), footprint (sum of the sandboxes' memory.current plus
-the device's pool and metadata, sampled every 0.1 s): its time average and peak, saved_mib
-(none's average minus this one's), keeps (saved / aggressive's saved, 0..1), major faults per
-tool phase, bad_pages (must be 0), and for the daemon its prefetch events, its CPU time at
-start (the BPF compile) and during the run (and of that, its memory.reclaim writes: the
-compression), and the wait planner's outcomes.  Each regime also keeps its footprint
-timeline (every 0.5 s: monotonic time, the device's MiB, then each sandbox's memory.current in
-MiB, in the order of its cycles) beside its cycles (each tool phase's start "t" on the same
-clock, and "hint_s", how long its tool hint took to answer: part of the tool's latency).  JSON:
-``{"runs": [{"host", "style", "repeat", "regimes": {"none": R, "aggressive": R, "daemon": R}}]}``
+slowdown (tool mean / none's, same run), footprint (sum of the sandboxes' memory.current plus the
+device's pool and metadata, sampled every 0.1 s): its time average and peak, saved_mib (none's
+average minus this one's), keeps (saved / aggressive's saved, 0..1), major faults per tool phase,
+bad_pages (must be 0), and for the daemon its prefetch events, its CPU time at start (the BPF
+compile) and during the run (and of that, its memory.reclaim writes: the compression), its CPU time
+by thread at the end (``threads_cpu_s``: the daemon names its threads; "exited" is what ended
+threads used), and the wait planner's outcomes. Each regime also keeps its footprint timeline
+(every 0.5 s: monotonic time, the device's MiB, then each sandbox's memory.current in MiB, in the
+order of its cycles) beside its cycles (each tool phase's start "t" on the same clock, and
+"hint_s", how long its tool hint took to answer: part of the tool's latency). JSON: ``{"runs":
+[{"host", "style", "repeat", "regimes": {"none": R, "aggressive": R, "daemon": R}}]}``
 to --json (default $AZSWAP_OUT/phase.json); a table of min/median/max of slowdown and keeps per
 host, style and regime at the end.  Nothing here asserts a time; the exit status is non-zero
 when a page was wrong or the daemon died or never answered.
@@ -506,6 +507,7 @@ def run_regime(regime: str, host: Host, style: str, cfg: Config, dev: Any,
         out["timeline"] = timeline
         if daemon is not None:
             out["daemon"]["cpu_s"] = daemon.cpu_seconds()
+            out["daemon"]["threads_cpu_s"] = daemon.thread_cpu_seconds()
             pf = [e for e in events if e.get("event") == "prefetch"]
             out["daemon"]["planned"] = sum(bool(e.get("planned")) for e in pf)
             out["daemon"]["prefetch_events"] = len(pf)

@@ -46,7 +46,7 @@ from controlplane import errors, metrics, restore
 from controlplane.abi import MAX_LOAD_PAGES, Phase, validate_group
 from controlplane.cgroup import CGROUP_ROOT, PROC_ROOT, normalize
 from controlplane.phase import PhaseConfig, PhaseModel
-from controlplane.priority import lower_thread_priority
+from controlplane.priority import lower_thread_priority, name_this_thread
 from controlplane.registry import RUN_DIR, ModuleBackend, Registry, Sandbox, state_path
 from controlplane.restore import NoopPrefetcher, Prefetcher, load_prefetcher
 from controlplane.scheduler import Scheduler, SchedulerConfig, Target
@@ -219,6 +219,7 @@ class Connection:
             self._cv.notify_all()
 
     def _write_loop(self) -> None:
+        name_this_thread("conn-writer")
         while True:
             with self._cv:
                 while not self._q and not self._untold and not (self._closing or self._dead):
@@ -455,6 +456,7 @@ class Daemon:
         planner), or on a tool hint (None; then at a lower priority: the tool runs meanwhile
         and its own faults come first)."""
         planned = token is not None
+        name_this_thread("prefetch")
         if not planned:
             lower_thread_priority(self.config.hint_prefetch_nice)
         t0 = self.clock()
@@ -675,6 +677,7 @@ class Daemon:
             return _error(rid, "internal", f"{type(e).__name__}: {e}")
 
     def serve_connection(self, sock: socket.socket, rfile: Any) -> None:
+        name_this_thread("conn")
         pid, uid, _ = peer_cred(sock)
         if uid not in self.config.allowed_uids:
             log.warning("refused client pid %d uid %d", pid, uid)
@@ -765,7 +768,11 @@ class Daemon:
         log.info("listening on %s (dev %d)", self.config.socket_path, self.config.dev)
 
     def _spawn(self, name: str, fn: Callable[..., object], *args: object) -> None:
-        t = threading.Thread(target=fn, args=args, name=name, daemon=True)
+        def named() -> None:
+            name_this_thread(name)
+            fn(*args)
+
+        t = threading.Thread(target=named, name=name, daemon=True)
         t.start()
         self._threads.append(t)
 

@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from controlplane import cgroup
+from controlplane.priority import name_this_thread
 from ebpf.events import PAGE_SIZE, FaultEvent, FaultRecords
 
 log = logging.getLogger("azswap.prefetch")
@@ -660,6 +661,7 @@ class Prefetcher:
         record costs about as much as the fault it describes).  It runs at the daemon's
         priority: lowered, it would hold the GIL and the prefetcher's lock while preempted
         behind busy tools, and hold up the answers to their phase hints."""
+        name_this_thread("prefetch-events")
         rest = self.cfg.poll_s
         while not self._stop.wait(rest):
             c0 = time.thread_time()
@@ -708,6 +710,7 @@ def make_prefetcher() -> Prefetcher:
     p.status = "tracer starting"
 
     def boot() -> None:
+        name_this_thread("prefetch-bpf")
         # The BPF compile (clang, in this thread) costs tens of CPU seconds under TCG and minutes
         # on a busy host: it runs at a lower priority, behind the sandboxes' tools.
         try:

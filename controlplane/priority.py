@@ -14,12 +14,29 @@ calls runs at the daemon's own priority, bounded by a CPU budget where it is hea
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
 import os
 import threading
 from collections.abc import Iterator
 
 log = logging.getLogger("azswap.priority")
+
+
+PR_SET_NAME = 15
+TASK_COMM_LEN = 16
+
+
+def name_this_thread(name: str | None = None) -> None:
+    """Give the calling thread its name in the kernel too (its ``comm``, at most 15 bytes;
+    default: its Python name), so that top -H, /proc/PID/task/*/stat and the benchmarks can
+    tell the daemon's threads and their CPU time apart.  Best effort."""
+    raw = (name or threading.current_thread().name).encode(errors="replace")
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_NAME, ctypes.c_char_p(raw[:TASK_COMM_LEN - 1]), 0, 0, 0)
+    except (OSError, AttributeError) as e:
+        log.debug("cannot name this thread: %s", e)
 
 
 def lower_thread_priority(nice: int) -> int | None:

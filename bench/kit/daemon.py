@@ -68,6 +68,22 @@ class DaemonProcess:
         fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
         return round((int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), 2)
 
+    def thread_cpu_seconds(self) -> dict[str, float]:
+        """CPU time (user + system) by thread name (the daemon names its threads in the kernel),
+        summed over the threads alive now; "exited" is what threads that ended used."""
+        tck = os.sysconf("SC_CLK_TCK")
+        out: dict[str, float] = {}
+        for task in Path(f"/proc/{self.proc.pid}/task").iterdir():
+            try:
+                stat = (task / "stat").read_text()
+            except OSError:
+                continue  # ended meanwhile
+            comm = stat[stat.index("(") + 1:stat.rindex(")")]
+            fields = stat.rsplit(")", 1)[1].split()
+            out[comm] = out.get(comm, 0.0) + (int(fields[11]) + int(fields[12])) / tck
+        out["exited"] = max(0.0, self.cpu_seconds() - sum(out.values()))
+        return {k: round(v, 2) for k, v in sorted(out.items(), key=lambda kv: -kv[1])}
+
     def client(self, timeout: float = 30.0) -> Any:
         from controlplane.client import DaemonClient
 

@@ -59,3 +59,22 @@ def test_zero_leaves_the_thread_alone() -> None:
     with lowered_priority(0):
         assert os.getpriority(os.PRIO_PROCESS, tid) == own
     assert os.getpriority(os.PRIO_PROCESS, tid) == own
+
+
+def test_a_thread_named_in_the_kernel() -> None:
+    from pathlib import Path
+
+    from controlplane.priority import name_this_thread
+
+    seen: list[str] = []
+
+    def body() -> None:
+        name_this_thread()
+        seen.append(Path(f"/proc/self/task/{threading.get_native_id()}/comm").read_text())
+        name_this_thread("a-name-longer-than-fifteen")
+        seen.append(Path(f"/proc/self/task/{threading.get_native_id()}/comm").read_text())
+
+    t = threading.Thread(target=body, name="scheduler")
+    t.start()
+    t.join()
+    assert seen == ["scheduler\n", "a-name-longer-t\n"]
