@@ -526,6 +526,7 @@ def run_regime(regime: str, host: Host, style: str, cfg: Config, dev: Any,
                     # CPU of the scheduler's memory.reclaim writes (the compression itself)
                     out["daemon"]["compress_cpu_s"] = round(
                         sum(float(st.get("compress", {}).get("total_cpu") or 0) for st in sts), 2)
+                    out["daemon"]["ops"] = c.stats().get("ops", {})  # service times
                     for b in boxes:
                         c.unregister(b.name)
                     c.template_rm(f"{tag}-template")

@@ -45,6 +45,7 @@ from typing import Any, ClassVar
 from controlplane import errors, metrics, restore
 from controlplane.abi import MAX_LOAD_PAGES, Phase, validate_group
 from controlplane.cgroup import CGROUP_ROOT, PROC_ROOT, normalize
+from controlplane.optimes import OpTimes
 from controlplane.phase import PhaseConfig, PhaseModel
 from controlplane.priority import lower_thread_priority, name_this_thread
 from controlplane.registry import RUN_DIR, ModuleBackend, Registry, Sandbox, state_path
@@ -302,6 +303,7 @@ class Daemon:
         )
         self.planner = WaitPlanner(c.plan)
         self._plan_lock = threading.Lock()
+        self.op_times = OpTimes(self.clock)  # service time per request kind (stats: "ops")
         self._plan_wake = threading.Event()
         self._wait_gen: dict[str, int] = {}  # sandbox -> phase generation of its last hint
         # loaded in start(), after the module answered: the real prefetcher compiles BPF
@@ -403,7 +405,9 @@ class Daemon:
         self.scheduler.wake()  # a tool hint stops compression at the next chunk boundary
         module_error = None
         try:
-            self.module.phase_set(sb.cgroup_id, phase)  # for the module's tracepoints and stats
+            with self.op_times.timed("phase.module"):
+                # for the module's tracepoints and stats
+                self.module.phase_set(sb.cgroup_id, phase)
         except errors.AzswapError as e:
             module_error = str(e)
             log.warning("phase %s: module: %s", sb.name, e)
@@ -574,9 +578,11 @@ class Daemon:
         with self._plan_lock:
             for name, d in phases.items():
                 d["plan"] = self.planner.snapshot(name, now)
-        return metrics.build(
+        d = metrics.build(
             self.module, self.registry, self.device, phases, self.scheduler.snapshot()
         )
+        d["ops"] = self.op_times.snapshot()
+        return d
 
     def op_stats(self, req: dict[str, Any]) -> dict[str, Any]:
         d = self.stats()
@@ -669,7 +675,9 @@ class Daemon:
             fn = self.OPS.get(op) if isinstance(op, str) else None
             if fn is None:
                 return _error(rid, "unknown_op", f"unknown op {op!r}")
-            return {"id": rid, "ok": True, "result": fn(self, req)}
+            with self.op_times.timed(op):
+                result = fn(self, req)
+            return {"id": rid, "ok": True, "result": result}
         except errors.AzswapError as e:
             return {"id": rid, "ok": False, "error": e.to_dict()}
         except Exception as e:  # a bug must cost one request, not the daemon

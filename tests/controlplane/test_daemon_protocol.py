@@ -99,6 +99,10 @@ def test_register_phase_stats_unregister(daemon: Running) -> None:
         st = c.stats("a")
         assert st["name"] == "a" and st["phase"]["source"] == "hint"
         assert "azswap_owner_pages" in c.metrics()
+        ops = c.stats()["ops"]  # service times: the hint, and its copy to the module inside it
+        assert ops["phase"]["n"] == 1 and ops["phase.module"]["n"] == 1
+        assert ops["register"]["n"] == 1 and ops["ping"]["n"] == 1
+        assert ops["phase"]["max_ms"] >= ops["phase.module"]["max_ms"] >= 0
         c.unregister("a")
         assert c.list()["sandboxes"] == [] and not daemon.module.owners
 
