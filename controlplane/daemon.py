@@ -45,6 +45,7 @@ from typing import Any, ClassVar
 from controlplane import errors, metrics, restore
 from controlplane.abi import MAX_LOAD_PAGES, Phase, validate_group
 from controlplane.cgroup import CGROUP_ROOT, PROC_ROOT, normalize
+from controlplane.modulephase import PhaseForwarder
 from controlplane.optimes import OpTimes
 from controlplane.phase import PhaseConfig, PhaseModel
 from controlplane.priority import lower_thread_priority, name_this_thread
@@ -304,6 +305,7 @@ class Daemon:
         self.planner = WaitPlanner(c.plan)
         self._plan_lock = threading.Lock()
         self.op_times = OpTimes(self.clock)  # service time per request kind (stats: "ops")
+        self.module_phases = PhaseForwarder(self._module_phase, self._module_phase_failed)
         self._plan_wake = threading.Event()
         self._wait_gen: dict[str, int] = {}  # sandbox -> phase generation of its last hint
         # loaded in start(), after the module answered: the real prefetcher compiles BPF
@@ -387,6 +389,7 @@ class Daemon:
         return {**sb.to_dict(), **m.to_dict(), "cow_index": cow.name.lower()}
 
     def op_unregister(self, req: dict[str, Any]) -> dict[str, Any]:
+        self.module_phases.forget(self.registry.sandbox(_str(req, "name")).cgroup_id)
         sb = self.registry.remove_sandbox(_str(req, "name"))
         self.phases.remove(sb.name)
         self.scheduler.forget(sb.name)
@@ -403,14 +406,7 @@ class Daemon:
         phase = Phase.parse(req.get("phase", ""))
         view = self.phases.hint(sb.name, phase, self.clock())
         self.scheduler.wake()  # a tool hint stops compression at the next chunk boundary
-        module_error = None
-        try:
-            with self.op_times.timed("phase.module"):
-                # for the module's tracepoints and stats
-                self.module.phase_set(sb.cgroup_id, phase)
-        except errors.AzswapError as e:
-            module_error = str(e)
-            log.warning("phase %s: module: %s", sb.name, e)
+        self.module_phases.submit(sb.cgroup_id, phase)  # the module's copy, off this path
         self.publish({"event": "phase", "name": sb.name, "phase": phase.label})
         now = self.clock()
         start = None
@@ -436,14 +432,22 @@ class Daemon:
             restore.phase_changed(self.prefetcher, sb, phase.label)  # learn this tool phase
         # else: this wait's planned prefetch told the prefetcher that the tool phase began (a
         # second phase change would hide the tool's faults from learning)
-        out: dict[str, Any] = {
-            "name": sb.name,
-            "phase": view.phase.label,
-            "generation": view.generation,
-        }
-        if module_error:
-            out["module_error"] = module_error
-        return out
+        return {"name": sb.name, "phase": view.phase.label, "generation": view.generation}
+
+    def _module_phase(self, cgroup_id: int, phase: Phase) -> None:
+        with self.op_times.timed("phase.module"):
+            self.module.phase_set(cgroup_id, phase)  # for the module's tracepoints and stats
+
+    def _module_phase_failed(self, cgroup_id: int, phase: Phase, e: errors.AzswapError) -> None:
+        name = next((s.name for s in self.registry.list_sandboxes()
+                     if s.cgroup_id == cgroup_id), None)
+        if name is None:
+            log.info("phase %s of cgroup %d: module: %s (unregistered meanwhile)",
+                     phase.label, cgroup_id, e)
+            return
+        log.warning("phase %s of %s: module: %s", phase.label, name, e)
+        self.publish({"event": "module_error", "name": name, "phase": phase.label,
+                      "error": str(e)})
 
     def op_ending(self, req: dict[str, Any]) -> dict[str, Any]:
         """The sandbox's wait ends soon (the orchestrator sees the model stream its answer):
@@ -758,6 +762,7 @@ class Daemon:
         if self._load_prefetcher:
             self.prefetcher = load_prefetcher(self.config.prefetch)
         assert self._server is not None
+        self.module_phases.start()
         self._spawn("server", self._server.serve_forever, 0.2)
         self._spawn("scheduler", self.scheduler.run)
         self._spawn("planner", self._plan_loop)
@@ -844,6 +849,7 @@ class Daemon:
                 c.sock.shutdown(socket.SHUT_RDWR)
         for t in self._threads:
             t.join(timeout=10)
+        self.module_phases.stop()
         if self._server is not None:
             self._server.server_close()
             with contextlib.suppress(FileNotFoundError):

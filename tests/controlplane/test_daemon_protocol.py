@@ -94,6 +94,7 @@ def test_register_phase_stats_unregister(daemon: Running) -> None:
         sb = c.register("a", "/sb/a", 1)
         assert sb["cgroup_id"] in daemon.module.owners
         assert c.phase("a", "llm-wait")["phase"] == "llm-wait"
+        assert daemon.d.module_phases.flush(5.0)
         assert daemon.module.owners[sb["cgroup_id"]].phase.label == "llm-wait"
         assert [s["phase"] for s in c.list()["sandboxes"]] == ["llm-wait"]
         st = c.stats("a")
@@ -105,6 +106,42 @@ def test_register_phase_stats_unregister(daemon: Running) -> None:
         assert ops["phase"]["max_ms"] >= ops["phase.module"]["max_ms"] >= 0
         c.unregister("a")
         assert c.list()["sandboxes"] == [] and not daemon.module.owners
+
+
+def test_a_hint_is_answered_while_the_module_is_slow(daemon: Running) -> None:
+    """The module's copy of a phase never holds up the hint; the module ends on the last phase
+    sent, and a refusal is an event, not a failed hint."""
+    import threading
+
+    gate = threading.Event()
+    real = daemon.module.phase_set
+    calls: list[str] = []
+
+    def slow_phase_set(cgroup_id: int, phase: object) -> None:
+        calls.append(str(phase))
+        assert gate.wait(10.0)
+        real(cgroup_id, phase)  # type: ignore[arg-type]
+
+    daemon.module.phase_set = slow_phase_set  # type: ignore[method-assign]
+    with DaemonClient(daemon.cfg.socket_path, timeout=5.0) as c:
+        sb = c.register("a", "/sb/a", 1)
+        events = DaemonClient(daemon.cfg.socket_path, timeout=5.0)
+        sub = events.subscribe()
+        # answered while the module's first call is blocked
+        assert c.phase("a", "llm-wait")["phase"] == "llm-wait"
+        assert c.phase("a", "tool")["phase"] == "tool"
+        assert c.phase("a", "llm-wait")["phase"] == "llm-wait"
+        assert calls  # the first copy is in the module's hands, blocked
+        gate.set()
+        assert daemon.d.module_phases.flush(5.0)
+        assert daemon.module.owners[sb["cgroup_id"]].phase.label == "llm-wait"
+        assert len(calls) <= 2  # "tool" was superseded before it was sent, or sent before it
+        # a refusal: the hint still succeeds, the refusal comes as an event
+        daemon.module.unregistered.add(sb["cgroup_id"])
+        assert c.phase("a", "tool")["phase"] == "tool"
+        ev = next(e for e in sub if e.get("event") == "module_error")
+        assert ev["name"] == "a" and ev["phase"] == "tool" and "unknown sandbox" in ev["error"]
+        events.close()
 
 
 def test_llm_wait_compresses_and_tool_stops(daemon: Running) -> None:
@@ -525,12 +562,14 @@ def test_example_agent_loop_sends_hints_around_every_llm_call(daemon: Running) -
     seen: list[tuple[str, str]] = []
 
     def llm(sandbox: str, step: int) -> str:
+        assert daemon.d.module_phases.flush(5.0)  # the module's copy follows the hint
         (o,) = [o for o in daemon.module.stats() if o.cgroup_id == daemon.d.registry.sandbox(
             sandbox).cgroup_id]
         seen.append((sandbox, o.phase.label))  # the module has the hint while the LLM runs
         return f"tool-{step}"
 
     def tool(cgroup: str, action: str) -> str:
+        assert daemon.d.module_phases.flush(5.0)
         sb = Path(cgroup).name
         (o,) = [o for o in daemon.module.stats() if o.cgroup_id == daemon.d.registry.sandbox(
             sb).cgroup_id]
