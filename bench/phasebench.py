@@ -86,7 +86,8 @@ DRIFT_MIN, DRIFT_MAX = 0.10, 0.30
 GROUP = 1  # the trust group every sandbox and the template share
 TIMELINE_EVERY = 5  # every 5th footprint sample (0.1 s apart) goes into a regime's timeline
 # the wait planner's per-sandbox counts (controlplane/waitplan.py), summed over the sandboxes
-PLAN_OUTCOMES = ("fired", "hits", "late", "early", "on_hint", "busy_waits", "endings")
+PLAN_OUTCOMES = ("fired", "hits", "late", "early", "on_hint", "busy_waits", "endings", "deep",
+                 "kept")
 CONTRACT_KEYS = ("tool_mean_s", "tool_p95_s", "e2e_s", "slowdown", "saved_mib", "peak_mib",
                  "keeps", "bad_pages")
 

@@ -301,6 +301,7 @@ class Daemon:
             proc_root=c.proc_root,
             policy_setter=lambda pol: self.module.policy_set(**pol),
             notify=self.publish,
+            deep=self._deep_ok if c.predict and c.plan.keep_hot else None,
         )
         self.planner = WaitPlanner(c.plan)
         self._plan_lock = threading.Lock()
@@ -534,6 +535,11 @@ class Daemon:
             if left > 0:
                 self._plan_wake.wait(left)
             self._plan_wake.clear()
+
+    def _deep_ok(self, name: str) -> bool:
+        """The scheduler's question: may this waiting sandbox's hot set go now?"""
+        with self._plan_lock:
+            return self.planner.deep_ok(name, self.clock())
 
     def op_compress(self, req: dict[str, Any]) -> dict[str, Any]:
         sb = self.registry.sandbox(_str(req, "name"))

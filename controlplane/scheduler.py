@@ -18,6 +18,16 @@ Control law, per tick (every ``interval`` seconds):
    64 KiB; after that only if it grows by 256 KiB.
    Candidates are served longest-waiting first (oldest phase start), which is what host
    pressure asks for: the sandbox idle the longest is the coldest.
+   An orchestrator's ``idle`` hint (the sandbox is parked) counts like a wait: compressed after
+   ``grace``; ``idle_grace`` is for idleness only inferred from activity.
+   *The hot set first stays.*  The first pass that comes up short has taken everything the
+   kernel found inactive and left the pages the last tool phase used (the kernel deactivates
+   them instead).  With a ``deep`` judge (the daemon's wait planner, which knows how long this
+   sandbox's waits last and whether their ends are announced), a hinted wait stops there, *hot
+   kept*, and the hot set goes only once the judge says the wait will last long enough to be
+   worth faulting it back (or bringing it back ahead of the tool); it is asked again every tick.
+   Host memory pressure, an ``idle`` phase and a request by hand take everything at once, as
+   does a scheduler without a judge.
 4. Work: write ``chunk_bytes`` at a time to the candidate's memory.reclaim.  The reclaim (and so the
    compression in azswap's rw_page) runs in *our* thread, so we meter its CPU time: a write that
    took ``dt`` seconds of wall clock and ``dc`` of CPU is followed by a rest of ``dc / b - dt``
@@ -141,6 +151,8 @@ class CompressState:
     mode: str = ""
     last_result: str = ""  # how the last run ended (kept across phase changes)
     futile: int = 0  # passes in a row (this phase) that freed less than 64 KiB
+    kept_hot: bool = False  # stopped at the first short pass: the last tool's pages stay
+    deep: bool = False  # the hot set may go too (decided once per phase)
     # lifetime totals
     total_requested: int = 0
     total_wall: float = 0.0
@@ -194,7 +206,7 @@ class Action:
     chunks: int
     wall: float
     cpu: float
-    result: str  # "budget" | "done" | "floor" | "stopped:<why>" | "error:<msg>"
+    result: str  # "budget" | "done" | "hot-kept" | "floor" | "stopped:<why>" | "error:<msg>"
 
 
 @dataclass
@@ -237,6 +249,7 @@ class Scheduler:
         proc_root: Path = PROC_ROOT,
         policy_setter: Callable[[dict[str, int]], None] | None = None,
         notify: Callable[[dict[str, Any]], None] | None = None,
+        deep: Callable[[str], bool] | None = None,
     ) -> None:
         self.phases = phases
         self.targets = targets
@@ -248,6 +261,9 @@ class Scheduler:
         self.proc_root = Path(proc_root)
         self.policy_setter = policy_setter
         self.notify = notify
+        # may a hinted wait's hot set go now? (None: always; see "The hot set first stays")
+        self.deep = deep
+        self._pressure = False  # host memory pressure as this tick read it
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._sleep = sleep if sleep is not None else self._wake.wait
@@ -297,7 +313,8 @@ class Scheduler:
             self._holds.pop(name, None)
             st = self.state.get(name)
             if st is not None and not st.forced:
-                st.done = False
+                # the wait went on past its prefetch: the hot set goes again
+                st.done, st.kept_hot, st.deep = False, False, True
 
     def wait_run_ended(self, name: str, timeout: float) -> bool:
         """Block until no compression run of ``name`` is in flight, at most ``timeout``
@@ -352,6 +369,7 @@ class Scheduler:
         c = self.config
         now = self.clock()
         pressure, host = self.host_pressure()
+        self._pressure = pressure
         targets = {t.name: t for t in self.targets()}
         self._targets_by_name = targets
 
@@ -367,12 +385,18 @@ class Scheduler:
 
         # 3. candidates, longest-waiting first
         views = {v.name: v for v in self.phases.all(now) if v.name in targets}
+        # the judge is asked before the lock is taken (it takes the daemon's planner lock)
+        deep_now = {name: self._deep_allowed(v, False) for name, v in views.items()
+                    if (st0 := self.state.get(name)) is not None and st0.kept_hot
+                    and st0.generation == v.generation}
         candidates: list[PhaseView] = []
         with self._lock:
             for name, v in views.items():
                 st = self.state.setdefault(name, CompressState())
                 if st.generation != v.generation:
                     st.rearm(v)  # a phase change ends a forced run too
+                elif st.kept_hot and deep_now.get(name):
+                    st.kept_hot, st.done, st.deep = False, False, True
                 if self._holds.get(name, v.generation) != v.generation:
                     del self._holds[name]  # a hold lasts one phase
                 if name in self._force_pending:
@@ -415,6 +439,10 @@ class Scheduler:
 
     def _eligible(self, v: PhaseView, st: CompressState, pressure: bool) -> bool:
         c = self.config
+        if st.kept_hot:
+            if not (pressure or st.forced):
+                return False  # until the judge lets the hot set go (tick, above)
+            st.kept_hot, st.done, st.deep = False, False, True
         if st.done and v.phase in (Phase.LLM_WAIT, Phase.IDLE) and not st.forced:
             self._maybe_recheck(v, st)
         if st.done or (v.phase == Phase.TOOL and not st.forced):
@@ -426,8 +454,18 @@ class Scheduler:
         if v.phase == Phase.LLM_WAIT:
             return pressure or v.age >= c.grace
         if v.phase == Phase.IDLE:
-            return pressure or v.age >= c.idle_grace
+            return pressure or v.age >= (c.grace if v.source == "hint" else c.idle_grace)
         return False
+
+    def _deep_allowed(self, v: PhaseView, forced: bool) -> bool:
+        """May this run take the sandbox's hot set (the pages its last tool used) too?"""
+        if self.deep is None or forced or self._pressure or v.phase != Phase.LLM_WAIT:
+            return True
+        try:
+            return bool(self.deep(v.name))
+        except Exception:  # a judge that fails must not stop compression: take everything
+            log.exception("deep judge for %s failed", v.name)
+            return True
 
     def _maybe_recheck(self, v: PhaseView, st: CompressState) -> None:
         """A done sandbox, still waiting: compress it again if a pass may free something."""
@@ -507,6 +545,14 @@ class Scheduler:
                 if short >= 2:
                     result = "done"
                     break
+                if short == 1 and not st.deep:
+                    # the inactive pages are gone; the hot set goes only when judged worth it
+                    if self._deep_allowed(v, st.forced):
+                        with self._lock:
+                            st.deep = True
+                    else:
+                        result = "hot-kept"
+                        break
                 self._rest(dc / b - dt, v.name, v.generation)
         except errors.AzswapError as e:
             result = f"error:{e}"
@@ -519,6 +565,8 @@ class Scheduler:
                 st.done, st.forced, st.finished_at = True, False, self.clock()
                 freed = (mem_before - mem) if chunks else 0
                 st.futile = st.futile + 1 if freed < 64 * 1024 else 0
+            elif result == "hot-kept":
+                st.done, st.kept_hot, st.finished_at = True, True, self.clock()
             elif result.startswith("stopped") or result.startswith("error"):
                 st.stop_reason = result
             summary = st.to_dict()

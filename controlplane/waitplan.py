@@ -47,6 +47,17 @@ The control law, per sandbox:
   makes the prefetch due at once (unless this wait's prefetch already ran or runs, or the host
   is short of CPU) and keeps the wait from being compressed again; a wait without the
   announcement is predicted as above.
+* The hot set stays until the wait has earned it (``keep_hot``).  The scheduler takes what the
+  kernel finds inactive as soon as a wait starts, and then asks :meth:`WaitPlanner.deep_ok`
+  before it takes the pages the last tool used.  Waits are heavy-tailed and their ends nearly
+  memoryless, so no age makes an end predictable; what grows with the age is how long the wait
+  is still expected to last.  The hot set goes once that mean remaining wait (over the recorded
+  waits longer than the current age) reaches ``deep_min_remaining`` seconds, or at once for a
+  sandbox whose recent waits were announced (``wait_ending``: the announcement brings the hot
+  set back ahead of the tool), or at ``deep_after`` seconds when the history says nothing about
+  waits that long.  Only then is this wait's prefetch planned: before it there is nothing to
+  bring back.  A tool after a wait that kept its hot set faults in only the pages its working
+  set drifted to.
 * Never worse than compressing blind: without a prediction the tool faults in what it touches,
   and the scheduler never compresses during a tool phase.
 """
@@ -83,6 +94,10 @@ class PlanConfig:
     predict_when_busy: bool = False  # under CPU pressure, let tools fault their pages in
     busy_psi: float = 40.0  # /proc/pressure/cpu some avg10 (%) from which the host is busy
     recompress_after: float = 1.0  # seconds after a finished prefetch with the wait still on
+    keep_hot: bool = True  # a wait's hot set goes only when deep_ok() says so
+    deep_min_remaining: float = 4.0  # mean remaining wait (s) from which the hot set goes
+    deep_after: float = 10.0  # wait age (s) from which it goes when the history has no say
+    announced_share: float = 0.5  # of the last judge_waits waits announced: hot set goes at once
 
     def validate(self) -> None:
         if self.history < 1 or self.fleet_history < 1 or self.min_samples < 1:
@@ -97,6 +112,10 @@ class PlanConfig:
             raise errors.InvalidValue("max_lead must be > 0, default_lead >= 0")
         if self.recompress_after < 0:
             raise errors.InvalidValue("recompress_after must be >= 0")
+        if self.deep_min_remaining < 0 or self.deep_after < 0:
+            raise errors.InvalidValue("deep_min_remaining and deep_after must be >= 0")
+        if not 0 < self.announced_share <= 1:
+            raise errors.InvalidValue("announced_share must be in (0, 1]")
 
 
 class Action(Enum):
@@ -144,6 +163,9 @@ class SandboxPlan:
     recompressed: bool = False  # compressed again, no prefetch planned since
     went_on: bool = False  # this wait was compressed again after a prefetch
     ending: bool = False  # the orchestrator said this wait ends soon (the model streams)
+    deep: bool = True  # this wait's hot set may go (keep_hot: once deep_ok() said so)
+    predict: bool = False  # this wait may have a planned prefetch (not paused, not busy)
+    announced: deque[bool] = field(default_factory=lambda: deque(maxlen=8))  # per wait
     # counts, for the stats
     waits_seen: int = 0
     fired: int = 0
@@ -153,6 +175,8 @@ class SandboxPlan:
     on_hint: int = 0
     busy_waits: int = 0  # waits not predicted because the host was short of CPU
     endings: int = 0  # waits whose end was announced (wait_ending)
+    deep_waits: int = 0  # waits whose hot set went (keep_hot)
+    kept: int = 0  # waits that ended with the hot set kept
 
 
 @dataclass(frozen=True)
@@ -160,7 +184,9 @@ class ToolStart:
     """What the daemon does on a tool hint."""
 
     prefetch: bool  # start a prefetch now (nothing brought the working set back in this wait)
-    reason: str  # "predicted" | "in-flight" | "no-prediction" | "not-fired" | "recompressed"
+    # "predicted" | "in-flight" | "no-prediction" | "not-fired" | "recompressed" | "kept" (the
+    # hot set never went: nothing to bring back)
+    reason: str
     wait_s: float | None
 
 
@@ -182,7 +208,8 @@ class WaitPlanner:
         if sp is None:
             c = self.config
             sp = SandboxPlan(deque(maxlen=c.history), threshold=c.threshold,
-                             outcomes=deque(maxlen=c.judge_waits))
+                             outcomes=deque(maxlen=c.judge_waits),
+                             announced=deque(maxlen=c.judge_waits))
             self._sb[name] = sp
         return sp
 
@@ -217,15 +244,52 @@ class WaitPlanner:
         sp.wait_start, sp.prefetching, sp.fires = now, False, 0
         sp.prefetched_at = sp.recompress_at = None
         sp.recompressed = sp.went_on = sp.ending = False
+        sp.fire_at, sp.predict = None, False
         if sp.paused > 0:
             sp.paused -= 1
-            sp.fire_at = None
         elif self.busy and not self.config.predict_when_busy:
-            sp.fire_at = None
             sp.busy_waits += 1
         else:
-            sp.fire_at = self._plan(name, 0.0)
+            sp.predict = True
+        sp.deep = not self.config.keep_hot
+        if sp.deep:
+            if sp.predict:
+                sp.fire_at = self._plan(name, 0.0)
+        elif sp.predict and self._announced(sp):
+            self._go_deep(name, sp, 0.0)
         return sp.fire_at
+
+    def _announced(self, sp: SandboxPlan) -> bool:
+        """Were enough of this sandbox's recent waits announced to count on the next one?"""
+        return (bool(sp.announced)
+                and sum(sp.announced) / len(sp.announced) >= self.config.announced_share)
+
+    def _go_deep(self, name: str, sp: SandboxPlan, age: float) -> None:
+        sp.deep = True
+        sp.deep_waits += 1
+        if sp.predict:
+            sp.fire_at = self._plan(name, age)
+
+    def deep_ok(self, name: str, now: float) -> bool:
+        """May the scheduler take this waiting sandbox's hot set (the pages its last tool used)
+        now?  Yes once the wait is expected to last long enough (see the module's docstring);
+        the answer stays yes for the rest of the wait, and this wait's prefetch is planned from
+        then on."""
+        c = self.config
+        sp = self._sb.get(name)
+        if sp is None or sp.wait_start is None or sp.deep:
+            return True  # not a wait the planner follows, or already decided
+        if sp.ending:
+            return False  # it ends soon: the hot set is what the tool will use
+        age = max(0.0, now - sp.wait_start)
+        longer = [w for w in self.samples(name) if w > age]
+        if longer:
+            ok = statistics.fmean(longer) - age >= c.deep_min_remaining
+        else:
+            ok = age >= c.deep_after
+        if ok:
+            self._go_deep(name, sp, age)
+        return ok
 
     def _plan(self, name: str, since: float) -> float | None:
         sp = self._get(name)
@@ -260,6 +324,12 @@ class WaitPlanner:
         sp.waits.append(wait)
         self._fleet.append(wait)
         sp.waits_seen += 1
+        sp.announced.append(sp.ending)
+        if not sp.deep:
+            # the hot set never went: the tool faults in only what its working set drifted to
+            sp.kept += 1
+            sp.wait_start = sp.fire_at = sp.recompress_at = sp.prefetched_at = None
+            return ToolStart(False, "kept", wait)
         if sp.prefetching:
             out = ToolStart(False, "in-flight", wait)
         elif sp.prefetched_at is not None and not sp.recompressed:
@@ -289,6 +359,8 @@ class WaitPlanner:
         sp.ending = True
         sp.endings += 1
         sp.recompress_at = None
+        if not sp.deep:
+            return False  # the hot set stayed: nothing to bring back
         if sp.prefetching or (sp.prefetched_at is not None and not sp.recompressed):
             return False
         if self.busy and not self.config.predict_when_busy:
@@ -390,4 +462,6 @@ class WaitPlanner:
             "on_hint": sp.on_hint,
             "busy_waits": sp.busy_waits,
             "endings": sp.endings,
+            "deep": sp.deep_waits,
+            "kept": sp.kept,
         }

@@ -18,6 +18,7 @@ from controlplane import errors, metrics, snapshot
 from controlplane.abi import MAX_LOAD_PAGES, POLICY_FIELDS, Codec
 from controlplane.client import DEFAULT_SOCKET
 from controlplane.scheduler import SchedulerConfig
+from controlplane.waitplan import PlanConfig
 
 EXIT_CODES_HELP = "\b\nExit codes:\n" + "\n".join(
     f"  {code:<3} {what}" for code, what in sorted(errors.EXIT_CODES.items())
@@ -70,6 +71,7 @@ def _env(ctx: click.Context) -> Env:
 
 json_opt = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 _SCHED = SchedulerConfig()  # the daemon's defaults, shown by `azctl daemon --help`
+_PLAN = PlanConfig()
 
 
 @click.group(cls=AzGroup, epilog=ROOT_HELP_EPILOG, context_settings={"max_content_width": 100})
@@ -531,6 +533,20 @@ def policy_set(ctx: click.Context, assignments: tuple[str, ...], as_json: bool) 
     "predicted from the sandbox's earlier waits.",
 )
 @click.option(
+    "--no-keep-hot",
+    is_flag=True,
+    help="Compress a waiting sandbox's hot set (the pages its last tool used) at once with "
+    "the rest, instead of when the wait is expected to last --deep-min-remaining more.",
+)
+@click.option(
+    "--deep-min-remaining",
+    type=click.FloatRange(0),
+    default=_PLAN.deep_min_remaining,
+    show_default=True,
+    help="Mean remaining wait (seconds, from the sandbox's earlier waits) from which a waiting "
+    "sandbox's hot set is compressed too.",
+)
+@click.option(
     "--metrics-port",
     type=click.IntRange(1, 65535),
     default=None,
@@ -551,6 +567,8 @@ def daemon(
     no_prefetch: bool,
     hint_prefetch: bool,
     no_predict: bool,
+    no_keep_hot: bool,
+    deep_min_remaining: float,
     metrics_port: int | None,
     log_level: str,
 ) -> None:
@@ -558,10 +576,15 @@ def daemon(
 
     \b
     The agent loop it runs for every registered sandbox:
-      llm-wait hint  compress the sandbox at once (--wait-cpu-budget, at nice 10);
-      before the wait's predicted end (learned from its earlier waits)
+      llm-wait hint  compress the sandbox at once (--wait-cpu-budget, at nice 10),
+                     all but its hot set (the pages its last tool used);
+      once the wait is expected to last --deep-min-remaining more (learned from
+      its earlier waits), or at once if its waits' ends are announced (ending)
+                     compress the hot set too;
+      before the wait's predicted end, or when it is announced
                      stop compressing and prefetch its learned working set;
       tool hint      compression stops; pages not prefetched fault back on use;
+      idle hint      compress the whole sandbox at once (it is parked);
       no hints       inferred idle (cgroup CPU/PSI) after --idle-grace, compressed too.
     """
     from controlplane.daemon import Daemon, DaemonConfig
@@ -584,6 +607,7 @@ def daemon(
         predict=not no_predict,
         hint_prefetch=hint_prefetch,
         metrics_port=metrics_port,
+        plan=PlanConfig(keep_hot=not no_keep_hot, deep_min_remaining=deep_min_remaining),
         scheduler=SchedulerConfig(
             interval=interval,
             grace=grace,

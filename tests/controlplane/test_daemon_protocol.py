@@ -406,7 +406,9 @@ def test_prefetcher_is_told_phases_and_restores_on_tool(tmp_path: Path) -> None:
         make_cgroup(tmp_path / "cg", p)
     fm = FakeModule(tmp_path / "cg")
     pf = RecordingPrefetcher()
-    d = Daemon(config(tmp_path, hint_prefetch=True), module_factory=lambda: fm, prefetcher=pf)
+    # the hot set compressed with the rest at once: a tool hint then has something to fetch
+    d = Daemon(config(tmp_path, hint_prefetch=True, plan=PlanConfig(keep_hot=False)),
+               module_factory=lambda: fm, prefetcher=pf)
     d.start()
     try:
         with DaemonClient(d.config.socket_path) as c:
@@ -455,7 +457,8 @@ def test_prefetch_before_the_predicted_end_of_a_wait_and_not_again_on_the_hint(
     pf = RecordingPrefetcher()
     clock = FakeClock()
     # hint prefetches on: the predicted wait's tool hint must not start one of its own
-    cfg = config(tmp_path, hint_prefetch=True, plan=PlanConfig(min_samples=3, default_lead=0.5))
+    cfg = config(tmp_path, hint_prefetch=True, plan=PlanConfig(min_samples=3, default_lead=0.5,
+                                                              keep_hot=False))
     d = Daemon(cfg, module_factory=lambda: fm, prefetcher=pf, clock=clock)
     d._plan_loop = lambda: None  # type: ignore[method-assign]  # the test calls plan_tick()
     d.start()
@@ -503,7 +506,8 @@ def test_an_announced_end_prefetches_at_once_and_holds_compression(tmp_path: Pat
     fm = FakeModule(tmp_path / "cg")
     pf = RecordingPrefetcher()
     clock = FakeClock()
-    d = Daemon(config(tmp_path), module_factory=lambda: fm, prefetcher=pf, clock=clock)
+    d = Daemon(config(tmp_path, plan=PlanConfig(keep_hot=False)), module_factory=lambda: fm,
+               prefetcher=pf, clock=clock)
     d._plan_loop = lambda: None  # type: ignore[method-assign]  # the test calls plan_tick()
     d.start()
     try:
@@ -774,3 +778,26 @@ def test_a_failed_template_load_leaves_nothing_registered(daemon: Running, tmp_p
         with pytest.raises(errors.UnknownCgroup):
             c.template_load("vm", 2, str(tmp_path / "missing"))
     assert daemon.module.owners == {}
+
+
+def test_the_scheduler_asks_the_planner_before_a_waits_hot_set_goes(tmp_path: Path) -> None:
+    make_cgroup(tmp_path / "cg", "/sb/a")
+    fm = FakeModule(tmp_path / "cg")
+    clock = FakeClock()
+    d = Daemon(config(tmp_path), module_factory=lambda: fm, clock=clock)
+    assert d.scheduler.deep is not None
+    d._plan_loop = lambda: None  # type: ignore[method-assign]
+    d.start()
+    try:
+        with DaemonClient(d.config.socket_path) as c:
+            c.register("a", "/sb/a", 1)
+            c.phase("a", "llm-wait")
+            assert d.scheduler.deep("a") is False  # no history: the hot set stays
+            clock.advance(d.config.plan.deep_after)
+            assert d.scheduler.deep("a") is True
+            c.phase("a", "tool")
+            assert c.stats("a")["phase"]["plan"]["deep"] == 1
+    finally:
+        d.stop()
+    for kw in ({"plan": PlanConfig(keep_hot=False)}, {"predict": False}):
+        assert Daemon(config(tmp_path, **kw), module_factory=lambda: fm).scheduler.deep is None

@@ -25,7 +25,9 @@ class Rig:
         n: int = 1,
         memory: int = 256 * MiB,
         unreclaimable: int = 0,
+        hot: int = 0,
         cpu_clock: object = None,
+        deep: object = None,
         **cfg: object,
     ) -> None:
         self.clock = clock
@@ -35,7 +37,7 @@ class Rig:
         for i in range(n):
             make_cgroup(self.root, f"/sb/sb{i}", memory=memory)
             self.cgs[f"sb{i}"] = FakeCgroup(
-                f"/sb/sb{i}", self.root, clock, unreclaimable=unreclaimable
+                f"/sb/sb{i}", self.root, clock, unreclaimable=unreclaimable, hot=hot
             )
         self.phases = PhaseModel(PhaseConfig(idle_after=5.0))
         for name in self.cgs:
@@ -54,6 +56,7 @@ class Rig:
             cpu_clock=cpu_clock or clock,  # type: ignore[arg-type]
             proc_root=self.proc,
             policy_setter=self.policies.append,
+            deep=deep,  # type: ignore[arg-type]
         )
 
     def hint(self, name: str, phase: Phase) -> None:
@@ -487,3 +490,132 @@ def test_wait_run_ended_blocks_while_a_reclaim_write_is_in_flight(
     assert not t.is_alive()
     assert len(r.cgs["sb0"].writes) == 1
     assert r.sched.snapshot()["sb0"]["last_result"] == "stopped:held"
+
+
+class Judge:
+    """The wait planner's answer to "may the hot set go now?", set by the test."""
+
+    def __init__(self) -> None:
+        self.ok = False
+        self.asked: list[str] = []
+
+    def __call__(self, name: str) -> bool:
+        self.asked.append(name)
+        return self.ok
+
+
+def test_a_hinted_wait_keeps_its_hot_set_until_the_judge_lets_it_go(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    judge = Judge()
+    r = Rig(tmp_path, clock, memory=64 * MiB, hot=16 * MiB, grace=0.0, cpu_budget=1.0,
+            chunk_bytes=16 * MiB, deep=judge)
+    r.hint("sb0", Phase.LLM_WAIT)
+    (act,) = r.sched.tick().actions
+    # three full passes take the 48 MiB nobody used; the fourth comes up short: stop there
+    assert act.result == "hot-kept" and act.chunks == 4 and r.mem("sb0") == 16 * MiB
+    assert judge.asked == ["sb0"]
+    st = r.sched.snapshot()["sb0"]
+    assert st["kept_hot"] and st["done"] and not st["deep"]
+    clock.advance(1.0)
+    assert r.sched.tick().actions == []  # asked again each tick, still no
+    judge.ok = True
+    clock.advance(1.0)
+    (act,) = r.sched.tick().actions
+    assert act.result == "floor" and r.mem("sb0") == 0  # the deactivated hot set went
+    st = r.sched.snapshot()["sb0"]
+    assert st["deep"] and not st["kept_hot"]
+
+
+def test_the_judge_is_asked_once_a_pass_comes_up_short(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    judge = Judge()
+    judge.ok = True
+    r = Rig(tmp_path, clock, memory=64 * MiB, hot=16 * MiB, grace=0.0, cpu_budget=1.0,
+            chunk_bytes=16 * MiB, deep=judge)
+    r.hint("sb0", Phase.LLM_WAIT)
+    (act,) = r.sched.tick().actions
+    assert act.result == "floor" and r.mem("sb0") == 0 and judge.asked == ["sb0"]
+
+
+def test_memory_pressure_an_idle_hint_and_a_request_take_the_hot_set(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    judge = Judge()
+    r = Rig(tmp_path, clock, n=3, memory=64 * MiB, hot=16 * MiB, grace=0.0, cpu_budget=1.0,
+            chunk_bytes=16 * MiB, deep=judge)
+    for name in ("sb0", "sb1", "sb2"):
+        r.hint(name, Phase.LLM_WAIT)
+    r.sched.tick()
+    assert all(r.mem(n) == 16 * MiB for n in ("sb0", "sb1", "sb2"))
+    # an idle hint: the sandbox is parked, no tool will want its hot set soon
+    r.hint("sb1", Phase.IDLE)
+    # a request by hand
+    r.sched.request_compress("sb2")
+    clock.advance(1.0)
+    r.sched.tick()
+    assert r.mem("sb1") == 0 and r.mem("sb2") == 0 and r.mem("sb0") == 16 * MiB
+    # host memory pressure: the hot set goes whatever the judge says
+    (tmp_path / "proc" / "pressure" / "memory").write_text(
+        "some avg10=50.00 avg60=0.00 avg300=0.00 total=0\n"
+        "full avg10=0.00 avg60=0.00 avg300=0.00 total=0\n")
+    clock.advance(1.0)
+    r.sched.tick()
+    assert r.mem("sb0") == 0
+
+
+def test_an_idle_hint_is_compressed_after_grace_not_idle_grace(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    r = Rig(tmp_path, clock, grace=1.0, idle_grace=30.0, cpu_budget=1.0)
+    r.hint("sb0", Phase.IDLE)
+    assert r.sched.tick().actions == []
+    clock.advance(1.5)
+    (act,) = r.sched.tick().actions
+    assert act.phase == "idle" and r.mem("sb0") < 256 * MiB
+
+
+def test_a_release_after_a_kept_hot_set_takes_it(tmp_path: Path, clock: FakeClock) -> None:
+    judge = Judge()
+    r = Rig(tmp_path, clock, memory=64 * MiB, hot=16 * MiB, grace=0.0, cpu_budget=1.0,
+            chunk_bytes=16 * MiB, deep=judge)
+    r.hint("sb0", Phase.LLM_WAIT)
+    r.sched.tick()
+    assert r.mem("sb0") == 16 * MiB
+    r.sched.release("sb0")  # the planner: the wait went on, compress again
+    clock.advance(1.0)
+    r.sched.tick()
+    assert r.mem("sb0") == 0
+
+
+def test_a_new_wait_after_a_tool_keeps_the_hot_set_again(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    judge = Judge()
+    r = Rig(tmp_path, clock, memory=64 * MiB, hot=16 * MiB, grace=0.0, cpu_budget=1.0,
+            chunk_bytes=16 * MiB, deep=judge)
+    judge.ok = True
+    r.hint("sb0", Phase.LLM_WAIT)
+    r.sched.tick()
+    assert r.mem("sb0") == 0
+    r.hint("sb0", Phase.TOOL)
+    r.cgs["sb0"].touch()  # the tool faults its hot set back and uses it
+    clock.advance(1.0)
+    r.sched.tick()
+    judge.ok = False
+    r.hint("sb0", Phase.LLM_WAIT)
+    clock.advance(1.0)
+    (act,) = r.sched.tick().actions
+    assert act.result == "hot-kept" and r.mem("sb0") == 16 * MiB
+
+
+def test_a_failing_judge_lets_the_hot_set_go(tmp_path: Path, clock: FakeClock) -> None:
+    def broken(name: str) -> bool:
+        raise RuntimeError("planner bug")
+
+    r = Rig(tmp_path, clock, memory=64 * MiB, hot=16 * MiB, grace=0.0, cpu_budget=1.0,
+            chunk_bytes=16 * MiB, deep=broken)
+    r.hint("sb0", Phase.LLM_WAIT)
+    (act,) = r.sched.tick().actions
+    assert act.result == "floor" and r.mem("sb0") == 0

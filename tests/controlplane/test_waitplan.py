@@ -9,8 +9,11 @@ from controlplane.waitplan import Action, PlanConfig, WaitPlanner, fire_time
 
 
 def quick(**kw: object) -> PlanConfig:
-    """Few samples suffice and the default threshold: the tests' small histories."""
-    base: dict[str, object] = dict(min_samples=3, threshold=0.3, default_lead=0.5)
+    """Few samples suffice and the default threshold: the tests' small histories.  The hot set
+    goes at once (keep_hot off): these tests are about the prefetch's timing; the hot set's
+    own tests turn keep_hot on."""
+    base: dict[str, object] = dict(min_samples=3, threshold=0.3, default_lead=0.5,
+                                   keep_hot=False)
     base.update(kw)
     return PlanConfig(**base)  # type: ignore[arg-type]
 
@@ -58,7 +61,7 @@ def test_fire_time_conditions_on_the_age_of_the_wait() -> None:
 
 
 def test_no_history_means_prefetch_on_the_tool_hint() -> None:
-    p = WaitPlanner()
+    p = WaitPlanner(PlanConfig(keep_hot=False))
     assert p.wait_started("a", 100.0) is None
     assert p.due(101.0) == [] and p.next_due() is None
     start = p.tool_started("a", 102.0)
@@ -198,7 +201,7 @@ def test_lead_follows_the_measured_prefetch_time_and_the_host_load() -> None:
 
 
 def test_too_few_waits_predict_nothing() -> None:
-    p = WaitPlanner(PlanConfig(min_samples=5))
+    p = WaitPlanner(PlanConfig(min_samples=5, keep_hot=False))
     t = 0.0
     for name in ("a", "b", "c", "d"):
         t = cycle(p, name, t, 3.0)
@@ -337,3 +340,107 @@ def test_an_announced_end_on_a_busy_host_leaves_the_tool_to_fault() -> None:
     assert not p.wait_ending("a", 1.0)
     assert p.due(1.0) == [] and p.next_due() is None
     assert p.tool_started("a", 1.5).prefetch  # the tool hint may still prefetch beside it
+
+
+# -- the hot set (keep_hot) -------------------------------------------------------------------
+
+
+def hot(**kw: object) -> PlanConfig:
+    base: dict[str, object] = dict(min_samples=3, threshold=0.3, default_lead=0.5,
+                                   keep_hot=True, deep_min_remaining=4.0, deep_after=10.0)
+    base.update(kw)
+    return PlanConfig(**base)  # type: ignore[arg-type]
+
+
+def kept_wait(p: WaitPlanner, name: str, t: float, wait: float) -> float:
+    assert p.wait_started(name, t) is None
+    start = p.tool_started(name, t + wait)
+    assert not start.prefetch and start.reason == "kept"
+    return t + wait + 1.0
+
+
+def test_without_history_the_hot_set_goes_only_after_deep_after() -> None:
+    p = WaitPlanner(hot())
+    assert p.wait_started("a", 0.0) is None  # nothing planned before the hot set goes
+    assert not p.deep_ok("a", 0.0)
+    assert not p.deep_ok("a", 9.9)
+    assert p.deep_ok("a", 10.0)
+    assert p.deep_ok("a", 10.5)  # decided for the rest of the wait
+    assert p.snapshot("a", 10.5)["deep"] == 1
+
+
+def test_short_waits_keep_the_hot_set_and_their_tools_fetch_nothing() -> None:
+    p = WaitPlanner(hot())
+    t = 0.0
+    for _ in range(5):
+        p.wait_started("a", t)
+        assert not p.deep_ok("a", t + 0.5)  # waits of 1 s: 1 s more expected, not 4
+        start = p.tool_started("a", t + 1.0)
+        assert not start.prefetch and start.reason == "kept"
+        t += 2.0
+    snap = p.snapshot("a", t)
+    assert snap["kept"] == 5 and snap["deep"] == 0
+    assert snap["hits"] == snap["late"] == snap["early"] == snap["on_hint"] == 0
+
+
+def test_the_hot_set_goes_when_the_mean_remaining_wait_is_long_and_then_a_prefetch_is_planned(
+) -> None:
+    p = WaitPlanner(hot())
+    t = 0.0
+    for _ in range(3):
+        t = kept_wait(p, "a", t, 1.0)
+    # longer than any recorded wait: the history has no say until deep_after
+    p.wait_started("a", t)
+    assert not p.deep_ok("a", t + 1.5) and p.deep_ok("a", t + 10.0)
+    p.tool_started("a", t + 12.0)
+    t += 13.0
+    # past the 1 s waits, a 12 s one is expected: 10.5 s more from 1.5 s on
+    p.wait_started("a", t)
+    assert not p.deep_ok("a", t)  # (3 x 1 + 12) / 4 = 3.75 s < 4 s expected from the start
+    assert p.deep_ok("a", t + 1.5)
+    fire = p.next_due()
+    assert fire is not None and fire > t + 1.5  # this wait's prefetch is planned now
+    assert p.due(fire) == [("a", Action.PREFETCH)]
+
+
+def test_a_kept_wait_is_not_an_outcome_of_the_prediction() -> None:
+    p = WaitPlanner(hot())
+    t = 0.0
+    for _ in range(3):
+        t = kept_wait(p, "a", t, 1.0)
+    assert p.snapshot("a", t)["threshold"] == pytest.approx(0.3)
+    assert p.snapshot("a", t)["paused"] == 0
+
+
+def test_announced_waits_let_the_hot_set_go_at_once() -> None:
+    p = WaitPlanner(hot())
+    t = 0.0
+    # the first wait: its end is announced, but the hot set stayed: nothing to fetch
+    p.wait_started("a", t)
+    assert not p.wait_ending("a", t + 1.0)
+    assert not p.deep_ok("a", t + 1.0)  # it ends soon: the tool will use the hot set
+    p.tool_started("a", t + 1.5)
+    t += 3.0
+    # the sandbox's ends are announced: the next wait's hot set goes at once, and its
+    # announcement brings it back
+    p.wait_started("a", t)
+    assert p.deep_ok("a", t)
+    assert p.wait_ending("a", t + 1.0)
+    assert p.due(t + 1.0) == [("a", Action.PREFETCH)]
+
+
+def test_announced_waits_on_a_busy_host_keep_the_hot_set() -> None:
+    p = WaitPlanner(hot())
+    p.wait_started("a", 0.0)
+    p.wait_ending("a", 1.0)
+    p.tool_started("a", 1.5)
+    p.busy = True
+    p.wait_started("a", 3.0)
+    assert not p.deep_ok("a", 3.0)  # no prefetch would bring it back in time
+
+
+def test_keep_hot_config_is_validated() -> None:
+    with pytest.raises(errors.InvalidValue):
+        PlanConfig(deep_min_remaining=-1).validate()
+    with pytest.raises(errors.InvalidValue):
+        PlanConfig(announced_share=0).validate()
