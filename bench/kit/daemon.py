@@ -65,8 +65,8 @@ class DaemonProcess:
 
     def cpu_seconds(self) -> float:
         """User + system CPU time the daemon (all its threads) has used so far."""
-        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return round((int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), 2)
+        _, ticks = _stat_cpu(Path(f"/proc/{self.proc.pid}/stat").read_text())
+        return round(ticks / os.sysconf("SC_CLK_TCK"), 2)
 
     def thread_cpu_seconds(self) -> dict[str, float]:
         """CPU time (user + system) by thread name (the daemon names its threads in the kernel),
@@ -75,12 +75,10 @@ class DaemonProcess:
         out: dict[str, float] = {}
         for task in Path(f"/proc/{self.proc.pid}/task").iterdir():
             try:
-                stat = (task / "stat").read_text()
+                comm, ticks = _stat_cpu((task / "stat").read_text())
             except OSError:
                 continue  # ended meanwhile
-            comm = stat[stat.index("(") + 1:stat.rindex(")")]
-            fields = stat.rsplit(")", 1)[1].split()
-            out[comm] = out.get(comm, 0.0) + (int(fields[11]) + int(fields[12])) / tck
+            out[comm] = out.get(comm, 0.0) + ticks / tck
         out["exited"] = max(0.0, self.cpu_seconds() - sum(out.values()))
         return {k: round(v, 2) for k, v in sorted(out.items(), key=lambda kv: -kv[1])}
 
@@ -145,3 +143,11 @@ class DaemonProcess:
                 self.stop()
         if not self._log.closed:
             self._log.close()
+
+
+def _stat_cpu(stat: str) -> tuple[str, int]:
+    """(comm, utime + stime in clock ticks) of a /proc/PID[/task/TID]/stat line (the name may
+    hold spaces and parentheses: the fields start after its last ")")."""
+    comm = stat[stat.index("(") + 1:stat.rindex(")")]
+    fields = stat.rsplit(")", 1)[1].split()
+    return comm, int(fields[11]) + int(fields[12])
