@@ -405,21 +405,28 @@ class Daemon:
     def op_phase(self, req: dict[str, Any]) -> dict[str, Any]:
         sb = self.registry.sandbox(_str(req, "name"))
         phase = Phase.parse(req.get("phase", ""))
-        view = self.phases.hint(sb.name, phase, self.clock())
+        start = None
+        # The planner hears of the phase under the same lock as it is recorded: the
+        # scheduler's question about a new wait (_deep_ok) waits for both.  A hint that
+        # repeats the phase in force (same generation) changes nothing.
+        with self._plan_lock:
+            now = self.clock()
+            view = self.phases.hint(sb.name, phase, now)
+            repeat = self._wait_gen.get(sb.name) == view.generation
+            self._wait_gen[sb.name] = view.generation
+            if not repeat and phase == Phase.TOOL:
+                start = self.planner.tool_started(sb.name, now)
+            elif not repeat and phase == Phase.LLM_WAIT and self.config.predict:
+                self.planner.wait_started(sb.name, now)
+            elif not repeat:
+                self.planner.other_phase(sb.name)
         self.scheduler.wake()  # a tool hint stops compression at the next chunk boundary
         self.module_phases.submit(sb.cgroup_id, phase)  # the module's copy, off this path
         self.publish({"event": "phase", "name": sb.name, "phase": phase.label})
-        now = self.clock()
-        start = None
-        with self._plan_lock:
-            self._wait_gen[sb.name] = view.generation
-            if phase == Phase.TOOL:
-                start = self.planner.tool_started(sb.name, now)
-            elif phase == Phase.LLM_WAIT and self.config.predict:
-                self.planner.wait_started(sb.name, now)
-            else:
-                self.planner.other_phase(sb.name)
         self._plan_wake.set()
+        reply = {"name": sb.name, "phase": view.phase.label, "generation": view.generation}
+        if repeat:
+            return reply
         if phase != Phase.TOOL:
             restore.phase_changed(self.prefetcher, sb, phase.label)
         elif start is not None and start.prefetch and (
@@ -433,7 +440,7 @@ class Daemon:
             restore.phase_changed(self.prefetcher, sb, phase.label)  # learn this tool phase
         # else: this wait's planned prefetch told the prefetcher that the tool phase began (a
         # second phase change would hide the tool's faults from learning)
-        return {"name": sb.name, "phase": view.phase.label, "generation": view.generation}
+        return reply
 
     def _module_phase(self, cgroup_id: int, phase: Phase) -> None:
         with self.op_times.timed("phase.module"):
@@ -536,10 +543,14 @@ class Daemon:
                 self._plan_wake.wait(left)
             self._plan_wake.clear()
 
-    def _deep_ok(self, name: str) -> bool:
-        """The scheduler's question: may this waiting sandbox's hot set go now?"""
+    def _deep_ok(self, name: str, must: bool) -> bool:
+        """The scheduler's question: may this waiting sandbox's hot set go now?  (``must``: it
+        goes anyway; the planner plans this wait's prefetch from now on.)"""
         with self._plan_lock:
-            return self.planner.deep_ok(name, self.clock())
+            ok = self.planner.deep_ok(name, self.clock(), must)
+        if ok:
+            self._plan_wake.set()  # a prefetch may have been planned
+        return ok
 
     def op_compress(self, req: dict[str, Any]) -> dict[str, Any]:
         sb = self.registry.sandbox(_str(req, "name"))

@@ -20,14 +20,18 @@ Control law, per tick (every ``interval`` seconds):
    pressure asks for: the sandbox idle the longest is the coldest.
    An orchestrator's ``idle`` hint (the sandbox is parked) counts like a wait: compressed after
    ``grace``; ``idle_grace`` is for idleness only inferred from activity.
-   *The hot set first stays.*  The first pass that comes up short has taken everything the
-   kernel found inactive and left the pages the last tool phase used (the kernel deactivates
-   them instead).  With a ``deep`` judge (the daemon's wait planner, which knows how long this
-   sandbox's waits last and whether their ends are announced), a hinted wait stops there, *hot
-   kept*, and the hot set goes only once the judge says the wait will last long enough to be
-   worth faulting it back (or bringing it back ahead of the tool); it is asked again every tick.
-   Host memory pressure, an ``idle`` phase and a request by hand take everything at once, as
-   does a scheduler without a judge.
+   *The hot set stays while the wait is short.*  A sandbox's working set is learned from a
+   wait whose compression took everything: what the sandbox holds again when its next wait
+   starts (``keep``: what its tool brought back, with what cannot be reclaimed) is what a tool
+   needs.  With a ``deep`` judge (the daemon's wait planner, which knows how long this
+   sandbox's waits last and whether their ends are announced), a hinted wait is compressed
+   down to ``keep`` only, *hot kept*: the kernel takes the pages its LRU finds coldest first,
+   and the pages the last tool used are the youngest.  The rest goes once the judge says the
+   wait will last long enough to be worth faulting it back (or bringing it back ahead of the
+   tool); it is asked every tick, told when the scheduler takes everything on its own (host
+   memory pressure, a request by hand, a sandbox with no ``keep`` learned yet), and the
+   judge's own plan follows.  An ``idle`` phase takes everything, as does a scheduler without a
+   judge.
 4. Work: write ``chunk_bytes`` at a time to the candidate's memory.reclaim.  The reclaim (and so the
    compression in azswap's rw_page) runs in *our* thread, so we meter its CPU time: a write that
    took ``dt`` seconds of wall clock and ``dc`` of CPU is followed by a rest of ``dc / b - dt``
@@ -66,6 +70,7 @@ tree.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -151,8 +156,8 @@ class CompressState:
     mode: str = ""
     last_result: str = ""  # how the last run ended (kept across phase changes)
     futile: int = 0  # passes in a row (this phase) that freed less than 64 KiB
-    kept_hot: bool = False  # stopped at the first short pass: the last tool's pages stay
-    deep: bool = False  # the hot set may go too (decided once per phase)
+    kept_hot: bool = False  # stopped at the learned working set (``HotLevel.keep``)
+    deep: bool = False  # the working set may go too (decided once per phase)
     # lifetime totals
     total_requested: int = 0
     total_wall: float = 0.0
@@ -192,6 +197,15 @@ class CompressState:
             None if self.finished_at is None else round(self.finished_at - self.phase_since, 6)
         )
         return d
+
+
+@dataclass
+class HotLevel:
+    """A sandbox's working set as its waits measured it (kept across phases)."""
+
+    floor: int | None = None  # memory.current after the last wait compressed to the end
+    sample: bool = False  # the next wait's start measures the working set
+    keep: int | None = None  # memory.current to leave in a wait that keeps its hot set
 
 
 @dataclass
@@ -249,7 +263,7 @@ class Scheduler:
         proc_root: Path = PROC_ROOT,
         policy_setter: Callable[[dict[str, int]], None] | None = None,
         notify: Callable[[dict[str, Any]], None] | None = None,
-        deep: Callable[[str], bool] | None = None,
+        deep: Callable[[str, bool], bool] | None = None,
     ) -> None:
         self.phases = phases
         self.targets = targets
@@ -261,8 +275,10 @@ class Scheduler:
         self.proc_root = Path(proc_root)
         self.policy_setter = policy_setter
         self.notify = notify
-        # may a hinted wait's hot set go now? (None: always; see "The hot set first stays")
+        # may a hinted wait's hot set go now? deep(name, must): must=True says it goes anyway
+        # (None: always; see "The hot set stays while the wait is short")
         self.deep = deep
+        self.levels: dict[str, HotLevel] = {}
         self._pressure = False  # host memory pressure as this tick read it
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -342,6 +358,7 @@ class Scheduler:
         with self._lock:
             self.state.pop(name, None)
             self._holds.pop(name, None)
+            self.levels.pop(name, None)
 
     def snapshot(self) -> dict[str, dict[str, Any]]:
         with self._lock:
@@ -385,18 +402,34 @@ class Scheduler:
 
         # 3. candidates, longest-waiting first
         views = {v.name: v for v in self.phases.all(now) if v.name in targets}
-        # the judge is asked before the lock is taken (it takes the daemon's planner lock)
-        deep_now = {name: self._deep_allowed(v, False) for name, v in views.items()
-                    if (st0 := self.state.get(name)) is not None and st0.kept_hot
-                    and st0.generation == v.generation}
+        # the judge, for every hinted wait whose hot set has not gone yet; asked before the
+        # lock is taken (it takes the daemon's planner lock)
+        with self._lock:
+            forced = set(self._force_pending)
+        deep_now: dict[str, bool] = {}
+        for name, v in views.items():
+            st0 = self.state.get(name)
+            if (self.deep is None or v.phase != Phase.LLM_WAIT
+                    or (st0 is not None and st0.generation == v.generation and st0.deep)):
+                continue
+            level = self.levels.setdefault(name, HotLevel())
+            if level.sample and (st0 is None or st0.generation != v.generation):
+                # a new wait after one that took everything: what its tool brought back is
+                # what a tool uses
+                with contextlib.suppress(errors.AzswapError):
+                    level.keep, level.sample = targets[name].cgroup.memory_current(), False
+            must = pressure or name in forced or level.keep is None
+            deep_now[name] = self._ask_deep(v, must)
         candidates: list[PhaseView] = []
         with self._lock:
             for name, v in views.items():
                 st = self.state.setdefault(name, CompressState())
                 if st.generation != v.generation:
                     st.rearm(v)  # a phase change ends a forced run too
-                elif st.kept_hot and deep_now.get(name):
-                    st.kept_hot, st.done, st.deep = False, False, True
+                if deep_now.get(name) and not st.deep:
+                    st.deep = True
+                    if st.kept_hot:
+                        st.kept_hot, st.done = False, False
                 if self._holds.get(name, v.generation) != v.generation:
                     del self._holds[name]  # a hold lasts one phase
                 if name in self._force_pending:
@@ -439,10 +472,8 @@ class Scheduler:
 
     def _eligible(self, v: PhaseView, st: CompressState, pressure: bool) -> bool:
         c = self.config
-        if st.kept_hot:
-            if not (pressure or st.forced):
-                return False  # until the judge lets the hot set go (tick, above)
-            st.kept_hot, st.done, st.deep = False, False, True
+        if st.kept_hot and not st.forced:
+            return False  # until the judge lets the hot set go (tick, above)
         if st.done and v.phase in (Phase.LLM_WAIT, Phase.IDLE) and not st.forced:
             self._maybe_recheck(v, st)
         if st.done or (v.phase == Phase.TOOL and not st.forced):
@@ -457,12 +488,13 @@ class Scheduler:
             return pressure or v.age >= (c.grace if v.source == "hint" else c.idle_grace)
         return False
 
-    def _deep_allowed(self, v: PhaseView, forced: bool) -> bool:
-        """May this run take the sandbox's hot set (the pages its last tool used) too?"""
-        if self.deep is None or forced or self._pressure or v.phase != Phase.LLM_WAIT:
+    def _ask_deep(self, v: PhaseView, must: bool) -> bool:
+        """May this run take the sandbox's hot set (its learned working set) too?  ``must``:
+        it will, whatever the judge thinks (the judge is told, so that its plan follows)."""
+        if self.deep is None or v.phase != Phase.LLM_WAIT:
             return True
         try:
-            return bool(self.deep(v.name))
+            return bool(self.deep(v.name, must)) or must
         except Exception:  # a judge that fails must not stop compression: take everything
             log.exception("deep judge for %s failed", v.name)
             return True
@@ -505,11 +537,15 @@ class Scheduler:
             mem_before = cg.memory_current()
         except errors.AzswapError as e:
             return Action(v.name, v.phase.label, v.age, mode, 0, 0, 0, 0, 0, 0, f"error:{e}")
+        level = self.levels.setdefault(v.name, HotLevel())
         with self._lock:
             st.active, st.mode = True, mode
             if st.mem_start is None:
                 st.mem_start, st.started_at = mem_before, self.clock()
                 st.total_runs += 1
+        # the working set stays until the judge lets it go (st.deep)
+        keep = (level.keep if self.deep is not None and v.phase == Phase.LLM_WAIT
+                and not st.deep else None)
         mem, wall, cpu, requested, chunks = mem_before, 0.0, 0.0, 0, 0
         short = 0  # passes in a row that came up short
         result = "budget"
@@ -525,7 +561,16 @@ class Scheduler:
                 if mem <= c.floor_bytes:
                     result = "floor"
                     break
-                chunk = min(c.chunk_bytes, mem - c.floor_bytes)
+                if keep is not None and mem <= keep:
+                    if self._ask_deep(v, False):
+                        with self._lock:
+                            st.deep = True
+                        keep = None
+                    else:
+                        result = "hot-kept"
+                        break
+                chunk = min(c.chunk_bytes, mem - c.floor_bytes,
+                            mem - keep if keep is not None else c.chunk_bytes)
                 chunk = max(4096, chunk - chunk % 4096)
                 t0, c0 = self.clock(), self.cpu_clock()
                 with lowered_priority(c.reclaim_nice):
@@ -545,14 +590,6 @@ class Scheduler:
                 if short >= 2:
                     result = "done"
                     break
-                if short == 1 and not st.deep:
-                    # the inactive pages are gone; the hot set goes only when judged worth it
-                    if self._deep_allowed(v, st.forced):
-                        with self._lock:
-                            st.deep = True
-                    else:
-                        result = "hot-kept"
-                        break
                 self._rest(dc / b - dt, v.name, v.generation)
         except errors.AzswapError as e:
             result = f"error:{e}"
@@ -565,6 +602,8 @@ class Scheduler:
                 st.done, st.forced, st.finished_at = True, False, self.clock()
                 freed = (mem_before - mem) if chunks else 0
                 st.futile = st.futile + 1 if freed < 64 * 1024 else 0
+                if v.phase == Phase.LLM_WAIT and keep is None:
+                    level.floor, level.sample = mem, True  # everything went
             elif result == "hot-kept":
                 st.done, st.kept_hot, st.finished_at = True, True, self.clock()
             elif result.startswith("stopped") or result.startswith("error"):

@@ -47,17 +47,20 @@ The control law, per sandbox:
   makes the prefetch due at once (unless this wait's prefetch already ran or runs, or the host
   is short of CPU) and keeps the wait from being compressed again; a wait without the
   announcement is predicted as above.
-* The hot set stays until the wait has earned it (``keep_hot``).  The scheduler takes what the
-  kernel finds inactive as soon as a wait starts, and then asks :meth:`WaitPlanner.deep_ok`
-  before it takes the pages the last tool used.  Waits are heavy-tailed and their ends nearly
-  memoryless, so no age makes an end predictable; what grows with the age is how long the wait
-  is still expected to last.  The hot set goes once that mean remaining wait (over the recorded
-  waits longer than the current age) reaches ``deep_min_remaining`` seconds, or at once for a
-  sandbox whose recent waits were announced (``wait_ending``: the announcement brings the hot
-  set back ahead of the tool), or at ``deep_after`` seconds when the history says nothing about
-  waits that long.  Only then is this wait's prefetch planned: before it there is nothing to
-  bring back.  A tool after a wait that kept its hot set faults in only the pages its working
-  set drifted to.
+* The working set stays until the wait has earned it (``keep_hot``).  The scheduler
+  compresses a waiting sandbox down to the working set its earlier waits measured (what is
+  left is what its tool uses, and what goes is the coldest of the rest), and asks
+  :meth:`WaitPlanner.deep_ok` before it takes that too.  Waits are heavy-tailed and their ends
+  nearly memoryless, so no age makes an end predictable; what grows with the age is how long
+  the wait is still expected to last.  The working set goes once that mean remaining wait
+  (over the recorded waits longer than the current age) reaches ``deep_min_remaining`` seconds,
+  or at once for a sandbox whose recent waits were announced while its waits are predicted
+  (``wait_ending``: the announcement brings it back ahead of the tool), or at ``deep_after``
+  seconds when the history says nothing about waits that long; or when the scheduler takes it
+  anyway (``must``: host memory pressure, a request by hand, nothing measured yet).  Only then
+  is this wait's prefetch planned: the pages a prefetch brings back are the working set's.  A
+  tool after a wait that kept it faults in little more than the pages its working set drifted
+  to.
 * Never worse than compressing blind: without a prediction the tool faults in what it touches,
   and the scheduler never compresses during a tool phase.
 """
@@ -270,18 +273,22 @@ class WaitPlanner:
         if sp.predict:
             sp.fire_at = self._plan(name, age)
 
-    def deep_ok(self, name: str, now: float) -> bool:
+    def deep_ok(self, name: str, now: float, must: bool = False) -> bool:
         """May the scheduler take this waiting sandbox's hot set (the pages its last tool used)
         now?  Yes once the wait is expected to last long enough (see the module's docstring);
         the answer stays yes for the rest of the wait, and this wait's prefetch is planned from
-        then on."""
+        then on.  ``must``: the scheduler takes it anyway (memory pressure, a request by hand,
+        no working set learned yet): plan as if the answer had been yes."""
         c = self.config
         sp = self._sb.get(name)
         if sp is None or sp.wait_start is None or sp.deep:
             return True  # not a wait the planner follows, or already decided
+        age = max(0.0, now - sp.wait_start)
+        if must:
+            self._go_deep(name, sp, age)
+            return True
         if sp.ending:
             return False  # it ends soon: the hot set is what the tool will use
-        age = max(0.0, now - sp.wait_start)
         longer = [w for w in self.samples(name) if w > age]
         if longer:
             ok = statistics.fmean(longer) - age >= c.deep_min_remaining

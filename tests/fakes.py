@@ -246,9 +246,7 @@ class FakeCgroup(Cgroup):
     Each write goes to the real file (so tests can read the last request) and then moves
     ``min(request, memory.current - unreclaimable)`` bytes "to swap", taking
     ``request / bytes_per_second`` seconds of the fake clock; a request it cannot satisfy in full
-    comes back short (False, as EAGAIN does).  ``hot`` bytes are the pages a tool just used: a
-    pass that comes up short leaves them and deactivates them (the next pass may take them), as
-    the kernel does with pages whose accessed bit is set; ``touch()`` uses them again.
+    comes back short (False, as EAGAIN does).
     """
 
     def __init__(
@@ -259,14 +257,11 @@ class FakeCgroup(Cgroup):
         *,
         bytes_per_second: float = 256 << 20,
         unreclaimable: int = 0,
-        hot: int = 0,
     ) -> None:
         super().__init__(path, root)
         self.clock = clock
         self.bytes_per_second = bytes_per_second
         self.unreclaimable = unreclaimable
-        self.hot = hot
-        self.active = hot  # hot bytes still marked recently used
         self.writes: list[int] = []
         self.on_write: list[object] = []  # callables run after each write (tests inject hints)
 
@@ -286,20 +281,12 @@ class FakeCgroup(Cgroup):
         super().reclaim(nbytes)
         self.writes.append(nbytes)
         cur = self.memory_current()
-        take = max(0, min(nbytes, cur - self.unreclaimable - self.active))
-        if take < nbytes:
-            self.active = 0  # found recently used: deactivated, not taken
+        take = max(0, min(nbytes, cur - self.unreclaimable))
         self.set_memory(cur - take)
         self.clock.advance(nbytes / self.bytes_per_second)
         for fn in self.on_write:
             fn()  # type: ignore[operator]
         return take == nbytes
-
-
-    def touch(self) -> None:
-        """A tool phase: the hot pages are back in memory and recently used."""
-        self.set_memory(max(self.memory_current(), self.unreclaimable + self.hot))
-        self.active = self.hot
 
 
 class WorldReadableCopy:

@@ -479,7 +479,7 @@ def policy_set(ctx: click.Context, assignments: tuple[str, ...], as_json: bool) 
     type=click.FloatRange(0),
     default=_SCHED.grace,
     show_default=True,
-    help="Seconds of llm-wait before compressing.",
+    help="Seconds of llm-wait (or hinted idle) before compressing.",
 )
 @click.option(
     "--idle-grace",
@@ -535,16 +535,16 @@ def policy_set(ctx: click.Context, assignments: tuple[str, ...], as_json: bool) 
 @click.option(
     "--no-keep-hot",
     is_flag=True,
-    help="Compress a waiting sandbox's hot set (the pages its last tool used) at once with "
-    "the rest, instead of when the wait is expected to last --deep-min-remaining more.",
+    help="Compress a waiting sandbox's working set at once with the rest, instead of when "
+    "the wait is expected to last --deep-min-remaining more.",
 )
 @click.option(
     "--deep-min-remaining",
     type=click.FloatRange(0),
     default=_PLAN.deep_min_remaining,
     show_default=True,
-    help="Mean remaining wait (seconds, from the sandbox's earlier waits) from which a waiting "
-    "sandbox's hot set is compressed too.",
+    help="Mean remaining wait (seconds, from the sandbox's or the fleet's earlier waits) from "
+    "which a waiting sandbox's working set is compressed too (no effect with --no-keep-hot).",
 )
 @click.option(
     "--metrics-port",
@@ -576,15 +576,16 @@ def daemon(
 
     \b
     The agent loop it runs for every registered sandbox:
-      llm-wait hint  compress the sandbox at once (--wait-cpu-budget, at nice 10),
-                     all but its hot set (the pages its last tool used);
-      once the wait is expected to last --deep-min-remaining more (learned from
-      its earlier waits), or at once if its waits' ends are announced (ending)
-                     compress the hot set too;
+      llm-wait hint  compress the sandbox at once (--wait-cpu-budget, at nice 10)
+                     down to the working set its earlier waits measured;
+      once the wait is expected to last --deep-min-remaining more (from its own
+      or the fleet's earlier waits; 10 s when they know no wait that long), or at
+      once if its waits' ends are announced (ending)
+                     compress the working set too;
       before the wait's predicted end, or when it is announced
                      stop compressing and prefetch its learned working set;
       tool hint      compression stops; pages not prefetched fault back on use;
-      idle hint      compress the whole sandbox at once (it is parked);
+      idle hint      compress the whole sandbox after --grace (it is parked);
       no hints       inferred idle (cgroup CPU/PSI) after --idle-grace, compressed too.
     """
     from controlplane.daemon import Daemon, DaemonConfig

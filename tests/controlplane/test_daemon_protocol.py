@@ -787,16 +787,26 @@ def test_the_scheduler_asks_the_planner_before_a_waits_hot_set_goes(tmp_path: Pa
     d = Daemon(config(tmp_path), module_factory=lambda: fm, clock=clock)
     assert d.scheduler.deep is not None
     d._plan_loop = lambda: None  # type: ignore[method-assign]
+    d.scheduler.run = lambda: None  # type: ignore[method-assign]  # the test asks by hand
     d.start()
     try:
         with DaemonClient(d.config.socket_path) as c:
             c.register("a", "/sb/a", 1)
             c.phase("a", "llm-wait")
-            assert d.scheduler.deep("a") is False  # no history: the hot set stays
-            clock.advance(d.config.plan.deep_after)
-            assert d.scheduler.deep("a") is True
+            assert d.scheduler.deep("a", False) is False  # no history: the hot set stays
+            start = d.planner._sb["a"].wait_start
+            clock.advance(5.0)
+            # a repeated hint is the same wait: its clock does not start again
+            assert c.phase("a", "llm-wait")["generation"] == d._wait_gen["a"]
+            assert d.planner._sb["a"].wait_start == start
+            clock.advance(d.config.plan.deep_after - 5.0)
+            assert d.scheduler.deep("a", False) is True
             c.phase("a", "tool")
             assert c.stats("a")["phase"]["plan"]["deep"] == 1
+            c.phase("a", "llm-wait")
+            assert d.scheduler.deep("a", True) is True  # taken anyway: planned for
+            c.phase("a", "tool")
+            assert c.stats("a")["phase"]["plan"]["deep"] == 2
     finally:
         d.stop()
     for kw in ({"plan": PlanConfig(keep_hot=False)}, {"predict": False}):

@@ -25,7 +25,6 @@ class Rig:
         n: int = 1,
         memory: int = 256 * MiB,
         unreclaimable: int = 0,
-        hot: int = 0,
         cpu_clock: object = None,
         deep: object = None,
         **cfg: object,
@@ -37,7 +36,7 @@ class Rig:
         for i in range(n):
             make_cgroup(self.root, f"/sb/sb{i}", memory=memory)
             self.cgs[f"sb{i}"] = FakeCgroup(
-                f"/sb/sb{i}", self.root, clock, unreclaimable=unreclaimable, hot=hot
+                f"/sb/sb{i}", self.root, clock, unreclaimable=unreclaimable
             )
         self.phases = PhaseModel(PhaseConfig(idle_after=5.0))
         for name in self.cgs:
@@ -492,77 +491,110 @@ def test_wait_run_ended_blocks_while_a_reclaim_write_is_in_flight(
     assert r.sched.snapshot()["sb0"]["last_result"] == "stopped:held"
 
 
+
 class Judge:
-    """The wait planner's answer to "may the hot set go now?", set by the test."""
+    """The wait planner's answer to "may the hot set go now?", set by the test; records each
+    question (name, must) and checks that the scheduler's lock is not held while asking."""
 
     def __init__(self) -> None:
         self.ok = False
-        self.asked: list[str] = []
+        self.asked: list[tuple[str, bool]] = []
+        self.sched: Scheduler | None = None
 
-    def __call__(self, name: str) -> bool:
-        self.asked.append(name)
+    def __call__(self, name: str, must: bool) -> bool:
+        assert self.sched is None or not self.sched._lock.locked()
+        self.asked.append((name, must))
         return self.ok
 
 
-def test_a_hinted_wait_keeps_its_hot_set_until_the_judge_lets_it_go(
+def judged(tmp: Path, clock: FakeClock, n: int = 1) -> tuple[Rig, Judge]:
+    judge = Judge()
+    r = Rig(tmp, clock, n=n, memory=64 * MiB, grace=0.0, cpu_budget=1.0, chunk_bytes=4 * MiB,
+            deep=judge)
+    judge.sched = r.sched
+    return r, judge
+
+
+def tool_then_wait(r: Rig, name: str, clock: FakeClock, mem_after_tool: int) -> None:
+    r.hint(name, Phase.TOOL)
+    clock.advance(1.0)
+    r.sched.tick()
+    r.cgs[name].set_memory(mem_after_tool)  # what the tool faulted back and allocated
+    r.hint(name, Phase.LLM_WAIT)
+    clock.advance(1.0)
+
+
+def test_a_wait_keeps_the_working_set_its_sandbox_measured_until_the_judge_lets_it_go(
     tmp_path: Path, clock: FakeClock
 ) -> None:
-    judge = Judge()
-    r = Rig(tmp_path, clock, memory=64 * MiB, hot=16 * MiB, grace=0.0, cpu_budget=1.0,
-            chunk_bytes=16 * MiB, deep=judge)
+    r, judge = judged(tmp_path, clock)
     r.hint("sb0", Phase.LLM_WAIT)
+    # nothing learned yet: everything goes, and the judge is told so
     (act,) = r.sched.tick().actions
-    # three full passes take the 48 MiB nobody used; the fourth comes up short: stop there
-    assert act.result == "hot-kept" and act.chunks == 4 and r.mem("sb0") == 16 * MiB
-    assert judge.asked == ["sb0"]
+    assert act.result == "floor" and r.mem("sb0") == 0 and judge.asked == [("sb0", True)]
+    # the tool brings 16 MiB back: the next wait measures it and leaves it
+    tool_then_wait(r, "sb0", clock, 16 * MiB)
+    (act,) = r.sched.tick().actions
+    assert act.result == "hot-kept" and act.chunks == 0 and r.mem("sb0") == 16 * MiB
+    assert r.sched.levels["sb0"].keep == 16 * MiB
+    # the next tool drifts to 6 MiB more: the wait takes that much, in chunks, and stops
+    tool_then_wait(r, "sb0", clock, 22 * MiB)
+    (act,) = r.sched.tick().actions
+    assert act.result == "hot-kept" and r.mem("sb0") == 16 * MiB
+    assert r.cgs["sb0"].writes[-2:] == [4 * MiB, 2 * MiB]
     st = r.sched.snapshot()["sb0"]
     assert st["kept_hot"] and st["done"] and not st["deep"]
+    assert ("sb0", False) in judge.asked
     clock.advance(1.0)
     assert r.sched.tick().actions == []  # asked again each tick, still no
     judge.ok = True
     clock.advance(1.0)
     (act,) = r.sched.tick().actions
-    assert act.result == "floor" and r.mem("sb0") == 0  # the deactivated hot set went
+    assert act.result == "floor" and r.mem("sb0") == 0
     st = r.sched.snapshot()["sb0"]
     assert st["deep"] and not st["kept_hot"]
 
 
-def test_the_judge_is_asked_once_a_pass_comes_up_short(
-    tmp_path: Path, clock: FakeClock
-) -> None:
-    judge = Judge()
-    judge.ok = True
-    r = Rig(tmp_path, clock, memory=64 * MiB, hot=16 * MiB, grace=0.0, cpu_budget=1.0,
-            chunk_bytes=16 * MiB, deep=judge)
+def test_a_long_wait_measures_the_working_set_again(tmp_path: Path, clock: FakeClock) -> None:
+    r, judge = judged(tmp_path, clock)
     r.hint("sb0", Phase.LLM_WAIT)
+    r.sched.tick()
+    tool_then_wait(r, "sb0", clock, 16 * MiB)
+    judge.ok = True  # a long wait: everything goes
+    r.sched.tick()
+    assert r.mem("sb0") == 0 and r.sched.levels["sb0"].keep == 16 * MiB
+    judge.ok = False
+    tool_then_wait(r, "sb0", clock, 24 * MiB)  # the working set grew
     (act,) = r.sched.tick().actions
-    assert act.result == "floor" and r.mem("sb0") == 0 and judge.asked == ["sb0"]
+    assert act.result == "hot-kept" and r.mem("sb0") == 24 * MiB
+    assert r.sched.levels["sb0"].keep == 24 * MiB
 
 
 def test_memory_pressure_an_idle_hint_and_a_request_take_the_hot_set(
     tmp_path: Path, clock: FakeClock
 ) -> None:
-    judge = Judge()
-    r = Rig(tmp_path, clock, n=3, memory=64 * MiB, hot=16 * MiB, grace=0.0, cpu_budget=1.0,
-            chunk_bytes=16 * MiB, deep=judge)
+    r, judge = judged(tmp_path, clock, n=3)
     for name in ("sb0", "sb1", "sb2"):
         r.hint(name, Phase.LLM_WAIT)
     r.sched.tick()
+    for name in ("sb0", "sb1", "sb2"):
+        tool_then_wait(r, name, clock, 16 * MiB)
+    r.sched.tick()
     assert all(r.mem(n) == 16 * MiB for n in ("sb0", "sb1", "sb2"))
-    # an idle hint: the sandbox is parked, no tool will want its hot set soon
-    r.hint("sb1", Phase.IDLE)
-    # a request by hand
-    r.sched.request_compress("sb2")
+    judge.asked.clear()
+    r.hint("sb1", Phase.IDLE)  # parked: no tool will want its hot set soon
+    r.sched.request_compress("sb2")  # by hand
     clock.advance(1.0)
     r.sched.tick()
     assert r.mem("sb1") == 0 and r.mem("sb2") == 0 and r.mem("sb0") == 16 * MiB
-    # host memory pressure: the hot set goes whatever the judge says
+    assert ("sb2", True) in judge.asked  # the planner is told its hot set went
+    # host memory pressure: the hot set goes whatever the judge says, and the judge is told
     (tmp_path / "proc" / "pressure" / "memory").write_text(
         "some avg10=50.00 avg60=0.00 avg300=0.00 total=0\n"
         "full avg10=0.00 avg60=0.00 avg300=0.00 total=0\n")
     clock.advance(1.0)
     r.sched.tick()
-    assert r.mem("sb0") == 0
+    assert r.mem("sb0") == 0 and ("sb0", True) in judge.asked
 
 
 def test_an_idle_hint_is_compressed_after_grace_not_idle_grace(
@@ -577,10 +609,10 @@ def test_an_idle_hint_is_compressed_after_grace_not_idle_grace(
 
 
 def test_a_release_after_a_kept_hot_set_takes_it(tmp_path: Path, clock: FakeClock) -> None:
-    judge = Judge()
-    r = Rig(tmp_path, clock, memory=64 * MiB, hot=16 * MiB, grace=0.0, cpu_budget=1.0,
-            chunk_bytes=16 * MiB, deep=judge)
+    r, _ = judged(tmp_path, clock)
     r.hint("sb0", Phase.LLM_WAIT)
+    r.sched.tick()
+    tool_then_wait(r, "sb0", clock, 16 * MiB)
     r.sched.tick()
     assert r.mem("sb0") == 16 * MiB
     r.sched.release("sb0")  # the planner: the wait went on, compress again
@@ -589,33 +621,22 @@ def test_a_release_after_a_kept_hot_set_takes_it(tmp_path: Path, clock: FakeCloc
     assert r.mem("sb0") == 0
 
 
-def test_a_new_wait_after_a_tool_keeps_the_hot_set_again(
-    tmp_path: Path, clock: FakeClock
-) -> None:
-    judge = Judge()
-    r = Rig(tmp_path, clock, memory=64 * MiB, hot=16 * MiB, grace=0.0, cpu_budget=1.0,
-            chunk_bytes=16 * MiB, deep=judge)
-    judge.ok = True
-    r.hint("sb0", Phase.LLM_WAIT)
-    r.sched.tick()
-    assert r.mem("sb0") == 0
-    r.hint("sb0", Phase.TOOL)
-    r.cgs["sb0"].touch()  # the tool faults its hot set back and uses it
-    clock.advance(1.0)
-    r.sched.tick()
-    judge.ok = False
-    r.hint("sb0", Phase.LLM_WAIT)
-    clock.advance(1.0)
-    (act,) = r.sched.tick().actions
-    assert act.result == "hot-kept" and r.mem("sb0") == 16 * MiB
-
-
 def test_a_failing_judge_lets_the_hot_set_go(tmp_path: Path, clock: FakeClock) -> None:
-    def broken(name: str) -> bool:
+    def broken(name: str, must: bool) -> bool:
         raise RuntimeError("planner bug")
 
-    r = Rig(tmp_path, clock, memory=64 * MiB, hot=16 * MiB, grace=0.0, cpu_budget=1.0,
-            chunk_bytes=16 * MiB, deep=broken)
+    r = Rig(tmp_path, clock, memory=64 * MiB, grace=0.0, cpu_budget=1.0, deep=broken)
     r.hint("sb0", Phase.LLM_WAIT)
-    (act,) = r.sched.tick().actions
-    assert act.result == "floor" and r.mem("sb0") == 0
+    r.sched.tick()
+    tool_then_wait(r, "sb0", clock, 16 * MiB)
+    r.sched.tick()
+    assert r.mem("sb0") == 0
+
+
+def test_without_a_judge_every_wait_takes_everything(tmp_path: Path, clock: FakeClock) -> None:
+    r = Rig(tmp_path, clock, memory=64 * MiB, grace=0.0, cpu_budget=1.0)
+    r.hint("sb0", Phase.LLM_WAIT)
+    r.sched.tick()
+    tool_then_wait(r, "sb0", clock, 16 * MiB)
+    r.sched.tick()
+    assert r.mem("sb0") == 0

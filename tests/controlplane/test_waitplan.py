@@ -404,12 +404,13 @@ def test_the_hot_set_goes_when_the_mean_remaining_wait_is_long_and_then_a_prefet
 
 
 def test_a_kept_wait_is_not_an_outcome_of_the_prediction() -> None:
-    p = WaitPlanner(hot())
+    p = WaitPlanner(hot(judge_waits=4, pause_waits=4))
     t = 0.0
-    for _ in range(3):
+    for _ in range(8):  # twice judge_waits: kept waits never pause the sandbox
         t = kept_wait(p, "a", t, 1.0)
-    assert p.snapshot("a", t)["threshold"] == pytest.approx(0.3)
-    assert p.snapshot("a", t)["paused"] == 0
+    snap = p.snapshot("a", t)
+    assert snap["paused"] == 0 and snap["kept"] == 8
+    assert snap["hits"] == snap["late"] == snap["early"] == 0
 
 
 def test_announced_waits_let_the_hot_set_go_at_once() -> None:
@@ -444,3 +445,18 @@ def test_keep_hot_config_is_validated() -> None:
         PlanConfig(deep_min_remaining=-1).validate()
     with pytest.raises(errors.InvalidValue):
         PlanConfig(announced_share=0).validate()
+
+
+def test_a_hot_set_taken_anyway_is_planned_for() -> None:
+    p = WaitPlanner(hot())
+    t = 0.0
+    for _ in range(3):
+        t = kept_wait(p, "a", t, 3.0)
+    p.wait_started("a", t)
+    assert p.next_due() is None
+    # memory pressure (or a request by hand): the scheduler takes the hot set anyway
+    assert p.deep_ok("a", t + 0.5, must=True)
+    assert p.next_due() is not None  # this wait's prefetch is planned
+    start = p.tool_started("a", t + 3.0)
+    assert start.reason != "kept"
+    assert p.snapshot("a", t + 3.0)["deep"] == 1

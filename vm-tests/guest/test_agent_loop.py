@@ -1,14 +1,22 @@
 """The daemon's agent loop in the test kernel: a sandbox registered with the real daemon
-(`azctl daemon`, its eBPF-learning prefetcher on) alternates LLM waits and tool phases, with a
-hint around each; the daemon compresses it as each wait starts and, from the second wait on,
-prefetches the working set its tool touched before the wait's predicted end, once it has seen
-enough waits (five) to predict one.
+(`azctl daemon`) alternates LLM waits and tool phases, with a hint around each.
+
+The prefetch (its eBPF-learning prefetcher on, the hot set compressed with the rest:
+--no-keep-hot): the daemon compresses the sandbox as each wait starts and, from the second wait
+on, prefetches the working set its tool touched before the wait's predicted end, once it has
+seen enough waits (five) to predict one.
 
 Checked: the first tool phase (nothing learned) faults its whole hot set back (the wait really
 compressed it); the first five waits are not predicted and the later ones are, and a tool phase
 whose planned prefetch finished in time takes at most a fifth of those major faults; every page
 verifies.  (That a predicted wait's tool hint starts no prefetch of its own is checked on the
-host, tests/controlplane/test_daemon_protocol.py.)"""
+host, tests/controlplane/test_daemon_protocol.py.)
+
+The hot set (the default): after a first wait that took everything, short waits leave the
+working set the sandbox measured and take only what its tool stopped using, so their tools
+fault in little more than the pages their working set drifted to.  Checked: the first tool
+faults its whole hot set back; every later one at most 30% of it; the waits kept their hot sets
+(the planner's `kept`) while the rest of the sandbox was in swap; every page verifies."""
 
 from __future__ import annotations
 
@@ -49,7 +57,7 @@ def test_daemon_prefetches_before_the_predicted_end_of_each_wait() -> None:
     sb = PageSandbox(cg.path, NPAGES, 11)
     hot = random.Random(2).sample(range(NPAGES), HOT)
     cycles: list[dict[str, Any]] = []
-    d = DaemonProcess("--interval", "0.2", "--no-policy")
+    d = DaemonProcess("--interval", "0.2", "--no-policy", "--no-keep-hot")
     try:
         d.wait_ready(tracing=True)
         with d.client() as c:
@@ -89,3 +97,65 @@ def test_daemon_prefetches_before_the_predicted_end_of_each_wait() -> None:
     for c in in_time:
         assert c["majflt"] <= 0.2 * HOT, c
     assert final["waits"] == CYCLES and final["fired"] >= len(predicted), final
+
+
+def test_short_waits_keep_the_working_set_and_compress_the_rest() -> None:
+    import azswap_guest as ag
+    from swapdev import Cg, session_swap
+
+    from bench.kit.daemon import DaemonProcess
+    from bench.pagesandbox import PageSandbox
+
+    kind = session_swap()
+    assert kind == "azswap", f"this test needs azswap, the swap device that came up is {kind}"
+    ag.assert_azswap_swap()
+    cg = Cg("keep")
+    sb = PageSandbox(cg.path, NPAGES, 12)
+    rng = random.Random(3)
+    hot = rng.sample(range(NPAGES), HOT)
+    drift = HOT // 10  # pages of the hot set replaced every tool phase
+    cycles: list[dict[str, Any]] = []
+    # no prefetcher (its BPF compile takes a minute under TCG): the keeping is the scheduler's
+    d = DaemonProcess("--interval", "0.2", "--no-policy", "--no-prefetch")
+    try:
+        d.wait_ready()
+        with d.client() as c:
+            c.register("keep", cg.rel, 1)
+            sb.touch(hot, write_every=8)
+            for i in range(8):
+                c.phase("keep", "llm-wait")
+                # the first wait takes everything (nothing measured yet): long enough for it
+                if i == 0:
+                    deadline = time.monotonic() + 120
+                    while (c.stats("keep")["compress"].get("last_result") not in ("done", "floor")
+                           and time.monotonic() < deadline):
+                        time.sleep(0.2)
+                else:
+                    time.sleep(1.0)
+                swapped = int(cg.get("memory.swap.current"))
+                c.phase("keep", "tool")
+                if i:
+                    out = set(rng.sample(hot, drift))
+                    have = set(hot)
+                    new = [p for p in rng.sample(range(NPAGES), 4 * drift) if p not in have]
+                    hot = [p for p in hot if p not in out] + new[:drift]
+                r = sb.touch(hot, write_every=8)
+                assert r["bad"] == 0, f"cycle {i}: {r['bad']} pages corrupt"
+                cycles.append({"cycle": i, "majflt": int(r["majflt"]),
+                               "swapped_before_tool": swapped})
+            plan = c.stats("keep")["phase"]["plan"]
+            c.unregister("keep")
+        assert sb.verify() == 0
+    finally:
+        sb.stop()
+        rc = d.stop() if d.proc.poll() is None else d.proc.returncode
+        print(json.dumps({"cycles": cycles, "daemon_log": d.log_tail(20).splitlines()},
+                         indent=1), flush=True)
+        cg.remove()
+    assert rc == 0, d.log_tail()
+    assert cycles[0]["majflt"] >= 0.8 * HOT, cycles[0]  # the first wait took everything
+    for cyc in cycles[1:]:
+        assert cyc["majflt"] <= 0.3 * HOT, cyc  # the working set stayed
+        # the rest stayed in swap: at least half of the pages no tool touched
+        assert cyc["swapped_before_tool"] >= (NPAGES - 2 * HOT) * 4096 // 2, cyc
+    assert plan["kept"] >= 6, plan
