@@ -47,7 +47,9 @@ by thread at the end (``threads_cpu_s``: the daemon names its threads; "exited" 
 threads used), and the wait planner's outcomes. Each regime also keeps its footprint timeline
 (every 0.5 s: monotonic time, the device's MiB, then each sandbox's memory.current in MiB, in the
 order of its cycles) beside its cycles (each tool phase's start "t" on the same clock, and
-"hint_s", how long its tool hint took to answer: part of the tool's latency). JSON: ``{"runs":
+"hint_s", how long its tool hint took to send, or with --sync-hints to answer: part of the
+tool's latency; by default hints are sent without waiting for the answer, as an agent loop on
+its hot path does, and a failed one fails the run). JSON: ``{"runs":
 [{"host", "style", "repeat", "regimes": {"none": R, "aggressive": R, "daemon": R}}]}``
 to --json (default $AZSWAP_OUT/phase.json); a table of min/median/max of slowdown and keeps per
 host, style and regime at the end.  Nothing here asserts a time; the exit status is non-zero
@@ -272,6 +274,7 @@ class Config:
     thp: str = "host"
     daemon_args: list[str] = field(default_factory=list)
     daemon_timeout: float = 400.0  # to answer and trace: BPF compiles slowly under TCG
+    sync_hints: bool = False  # wait for each hint's answer before going on
     rates: dict[str, float] = field(default_factory=dict)  # work units per second per style
 
 
@@ -437,13 +440,20 @@ def run_regime(regime: str, host: Host, style: str, cfg: Config, dev: Any,
 
         announce = regime == "daemon-stream"
 
+        def hint(client: Any, name: str, phase: str) -> None:
+            # an agent loop does not wait for the daemon's answer (a failure is read later)
+            if cfg.sync_hints:
+                client.phase(name, phase)
+            else:
+                client.hint(name, phase)
+
         def life(b: Box, offset: float) -> None:
             client = client_for() if client_for is not None else None
             try:
                 time.sleep(offset)
                 for c in b.traj:
                     if client is not None:
-                        client.phase(b.name, "llm-wait")
+                        hint(client, b.name, "llm-wait")
                     end = time.monotonic() + c.wait_s
                     if announce:  # the model begins to stream its tool call
                         time.sleep(c.wait_s - c.stream_s)
@@ -451,8 +461,8 @@ def run_regime(regime: str, host: Host, style: str, cfg: Config, dev: Any,
                     time.sleep(max(0.0, end - time.monotonic()))
                     t0 = max(time.monotonic(), end)
                     if client is not None:
-                        client.phase(b.name, "tool")
-                    hint_s = time.monotonic() - t0  # the tool waits for its hint's answer
+                        hint(client, b.name, "tool")
+                    hint_s = time.monotonic() - t0  # the tool waits for its hint to be sent
                     r = b.sb.touch(c.hot, write_every=8, units=max(round(c.work_s * rate), 1))
                     b.tool_s.append(time.monotonic() - t0)
                     b.majflt.append(int(r["majflt"]))
@@ -462,7 +472,9 @@ def run_regime(regime: str, host: Host, style: str, cfg: Config, dev: Any,
                                      "hint_s": round(hint_s, 4)})
                     b.bad += int(r["bad"])
                 if client is not None:
-                    client.phase(b.name, "idle")
+                    client.phase(b.name, "idle")  # waits: a hint that failed is known now
+                    if client.async_errors:
+                        raise BenchError(f"hints failed: {client.async_errors[:3]}")
             except Exception as e:  # reported after the join: a failed life fails the regime
                 b.error = f"{type(e).__name__}: {e}"
             finally:
@@ -629,6 +641,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--daemon-timeout", type=float, default=400.0,
                     help="seconds to wait for the daemon to answer with its prefetcher tracing "
                          "(its BPF program compiles in tens of seconds under TCG)")
+    ap.add_argument("--sync-hints", action="store_true",
+                    help="wait for the daemon's answer to each phase hint before going on "
+                         "(default: send it and go on, as an agent loop on its hot path)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json", type=Path,
                     default=Path(os.environ.get("AZSWAP_OUT", "/tmp")) / "phase.json")
@@ -644,6 +659,7 @@ def main(argv: list[str] | None = None) -> int:
 
     cfg = Config(cycles=ns.cycles, warmup=ns.warmup, hot=ns.hot, wait_scale=ns.wait_scale,
                  interval=ns.interval, seed=ns.seed, thp=ns.thp, daemon_args=ns.daemon_arg,
+                 sync_hints=ns.sync_hints,
                  daemon_timeout=ns.daemon_timeout)
     t0 = time.monotonic()
     try:

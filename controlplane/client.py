@@ -8,6 +8,10 @@
         ...
         az.phase("sb1", "tool")          # stop compressing, prefetch its working set
         print(az.stats("sb1")["ratio"])
+        az.hint("sb1", "llm-wait")       # the same, without waiting for the answer
+
+A request sent without waiting (``send()``, ``hint()``) is answered only if it fails; such an
+answer is read by the next request on the same client and kept in ``async_errors``.
 
     for event in DaemonClient().subscribe():   # a dedicated connection
         print(event)
@@ -40,6 +44,8 @@ class DaemonClient:
         self._rfile: Any = None
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
+        # errors of requests sent without waiting (send()), as the daemon reported them
+        self.async_errors: list[dict[str, Any]] = []
 
     # -- connection -------------------------------------------------------------------------
 
@@ -108,6 +114,11 @@ class DaemonClient:
                     reply = json.loads(raw)
                     if "event" in reply and "ok" not in reply:
                         continue  # pushed event on a subscribed connection
+                    if reply.get("id") != rid and reply.get("id") is not None:
+                        # the failure of a request sent without waiting
+                        self.async_errors.append({"id": reply.get("id"),
+                                                  **(reply.get("error") or {})})
+                        continue
                     break
             except TimeoutError:
                 self.close()
@@ -152,13 +163,35 @@ class DaemonClient:
     def unregister(self, name: str) -> dict[str, Any]:
         return self.request("unregister", name=name)
 
+    def send(self, op: str, **fields: Any) -> None:
+        """Send one request without waiting for its answer (``"reply": false``): the daemon
+        answers only if it fails, and that answer lands in ``async_errors`` when the next
+        request() on this client reads its own."""
+        with self._lock:
+            self._ensure()
+            assert self._sock is not None
+            line = json.dumps({"id": next(self._ids), "op": op, "reply": False, **fields},
+                              separators=(",", ":")) + "\n"
+            try:
+                self._sock.sendall(line.encode())
+            except OSError as e:
+                self.close()
+                raise errors.DaemonNotRunning(f"cannot send to the daemon: {e}") from None
+
     def phase(self, name: str, phase: str) -> dict[str, Any]:
-        return self.request("phase", name=name, phase=phase)
+        """Tell the daemon the sandbox's phase (tool, llm-wait, idle, unknown); its answer says
+        the phase in force and its generation."""
+        return dict(self.request("phase", name=name, phase=phase))
+
+    def hint(self, name: str, phase: str) -> None:
+        """phase() without waiting for the answer: for an agent loop's hot path (a failure
+        lands in ``async_errors``)."""
+        self.send("phase", name=name, phase=phase)
 
     def ending(self, name: str) -> dict[str, Any]:
         """The sandbox's LLM wait ends soon (the model has begun to stream its tool call): the
         daemon brings its working set back now. Returns at once."""
-        return self.request("ending", name=name)
+        return dict(self.request("ending", name=name))
 
     def compress(self, name: str, wait: float = 0.0) -> dict[str, Any]:
         return self.request("compress", name=name, wait=wait)

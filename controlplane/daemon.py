@@ -676,8 +676,9 @@ class Daemon:
 
     # -- the protocol -------------------------------------------------------------------------
 
-    def handle_line(self, conn: Connection, line: bytes) -> dict[str, Any]:
-        """One request line -> one reply (errors included); never raises."""
+    def handle_line(self, conn: Connection, line: bytes) -> dict[str, Any] | None:
+        """One request line -> one reply (errors included), or None for a request that asked
+        for none (``"reply": false``) and succeeded; never raises."""
         rid: Any = None
         try:
             try:
@@ -698,6 +699,8 @@ class Daemon:
                 return _error(rid, "unknown_op", f"unknown op {op!r}")
             with self.op_times.timed(op):
                 result = fn(self, req)
+            if req.get("reply") is False:
+                return None  # sent without waiting: only a failure is answered
             return {"id": rid, "ok": True, "result": result}
         except errors.AzswapError as e:
             return {"id": rid, "ok": False, "error": e.to_dict()}
@@ -736,7 +739,8 @@ class Daemon:
                     break
                 if not line.strip():
                     continue
-                if not conn.reply(self.handle_line(conn, line)):
+                reply = self.handle_line(conn, line)
+                if reply is not None and not conn.reply(reply):
                     break
         except OSError:
             pass

@@ -811,3 +811,17 @@ def test_the_scheduler_asks_the_planner_before_a_waits_hot_set_goes(tmp_path: Pa
         d.stop()
     for kw in ({"plan": PlanConfig(keep_hot=False)}, {"predict": False}):
         assert Daemon(config(tmp_path, **kw), module_factory=lambda: fm).scheduler.deep is None
+
+
+def test_a_request_sent_without_waiting_is_answered_only_if_it_fails(daemon: Running) -> None:
+    with DaemonClient(daemon.cfg.socket_path) as c:
+        c.register("a", "/sb/a", 1)
+        c.hint("a", "llm-wait")
+        c.hint("nosuch", "tool")  # fails: its answer is set aside by the next request
+        assert c.stats("a")["phase"]["phase"] == "llm-wait"
+        assert [e["code"] for e in c.async_errors] == ["unknown_sandbox"]
+    s = daemon.raw()
+    f = s.makefile("rb")
+    s.sendall(b'{"id": 1, "op": "ping", "reply": false}\n{"id": 2, "op": "ping"}\n')
+    assert json.loads(f.readline())["id"] == 2  # nothing for the first
+    s.close()
