@@ -42,6 +42,16 @@ CYCLES = 9
 LEARN = 5  # waits the daemon sees before it predicts
 
 
+def finish(d: Any, sb: Any, cg: Any, cycles: list[dict[str, Any]]) -> int:
+    """Stop the sandbox and the daemon and show what the test saw; the daemon's exit status."""
+    sb.stop()
+    rc = int(d.stop() if d.proc.poll() is None else d.proc.returncode)
+    print(json.dumps({"cycles": cycles, "daemon_log": d.log_tail(20).splitlines()},
+                     indent=1), flush=True)
+    cg.remove()
+    return rc
+
+
 def test_daemon_prefetches_before_the_predicted_end_of_each_wait() -> None:
     import azswap_guest as ag
     from swapdev import Cg, release_tracer, session_swap
@@ -80,11 +90,7 @@ def test_daemon_prefetches_before_the_predicted_end_of_each_wait() -> None:
             c.unregister("loop")
         assert sb.verify() == 0
     finally:
-        sb.stop()
-        rc = d.stop() if d.proc.poll() is None else d.proc.returncode
-        print(json.dumps({"cycles": cycles, "daemon_log": d.log_tail(20).splitlines()},
-                         indent=1), flush=True)
-        cg.remove()
+        rc = finish(d, sb, cg, cycles)
     assert rc == 0, d.log_tail()
     first = cycles[0]
     assert first["fired"] == 0 and first["swapped_before_tool"] > 0, first
@@ -147,11 +153,7 @@ def test_short_waits_keep_the_working_set_and_compress_the_rest() -> None:
             c.unregister("keep")
         assert sb.verify() == 0
     finally:
-        sb.stop()
-        rc = d.stop() if d.proc.poll() is None else d.proc.returncode
-        print(json.dumps({"cycles": cycles, "daemon_log": d.log_tail(20).splitlines()},
-                         indent=1), flush=True)
-        cg.remove()
+        rc = finish(d, sb, cg, cycles)
     assert rc == 0, d.log_tail()
     assert cycles[0]["majflt"] >= 0.8 * HOT, cycles[0]  # the first wait took everything
     for cyc in cycles[1:]:
