@@ -25,6 +25,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import select
 import socket
 import threading
 from collections.abc import Iterator
@@ -97,6 +98,7 @@ class DaemonClient:
     def request(self, op: str, timeout: float | None = -1.0, **fields: Any) -> Any:
         """Send one request and return its ``result`` (or raise its error).  ``timeout``
         overrides the client's for this request (None: wait as long as it takes)."""
+        _check_fields(fields)
         with self._lock:
             self._ensure()
             assert self._sock is not None
@@ -167,16 +169,34 @@ class DaemonClient:
         """Send one request without waiting for its answer (``"reply": false``): the daemon
         answers only if it fails, and that answer lands in ``async_errors`` when the next
         request() on this client reads its own."""
+        _check_fields(fields)
         with self._lock:
             self._ensure()
             assert self._sock is not None
             line = json.dumps({"id": next(self._ids), "op": op, "reply": False, **fields},
                               separators=(",", ":")) + "\n"
             try:
+                self._sock.settimeout(self.timeout)
                 self._sock.sendall(line.encode())
+                self._collect_async_errors()
             except OSError as e:
                 self.close()
                 raise errors.DaemonNotRunning(f"cannot send to the daemon: {e}") from None
+
+    def _collect_async_errors(self) -> None:
+        """Read the error lines already waiting (the daemon writes whole lines), so that a
+        client that only sends never fills its socket with them."""
+        assert self._sock is not None
+        while select.select([self._sock], [], [], 0)[0]:
+            raw = self._rfile.readline()
+            if not raw:
+                return
+            try:
+                reply = json.loads(raw)
+            except ValueError:
+                continue
+            if isinstance(reply, dict) and reply.get("ok") is False:
+                self.async_errors.append({"id": reply.get("id"), **(reply.get("error") or {})})
 
     def phase(self, name: str, phase: str) -> dict[str, Any]:
         """Tell the daemon the sandbox's phase (tool, llm-wait, idle, unknown); its answer says
@@ -261,3 +281,10 @@ class DaemonClient:
         finally:
             f.close()
             s.close()
+
+
+def _check_fields(fields: dict[str, Any]) -> None:
+    """The envelope's keys are the client's to set."""
+    bad = sorted(set(fields) & {"id", "op", "reply"})
+    if bad:
+        raise ValueError(f"request fields {bad} are reserved")

@@ -519,7 +519,7 @@ class Daemon:
             if act is Action.RECOMPRESS:
                 # the planned restore began the prefetcher's tool phase: the wait goes on
                 restore.phase_changed(self.prefetcher, sb, Phase.LLM_WAIT.label)
-                self.scheduler.release(name)
+                self.scheduler.release(name, gen)
                 self.scheduler.wake()
                 log.info("plan: %s still waiting after its prefetch: compress again", name)
                 continue

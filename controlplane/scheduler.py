@@ -204,7 +204,8 @@ class HotLevel:
     """A sandbox's working set as its waits measured it (kept across phases)."""
 
     floor: int | None = None  # memory.current after the last wait compressed to the end
-    sample: bool = False  # the next wait's start measures the working set
+    sample: bool = False  # the next wait's start measures the working set...
+    tool_seen: bool = False  # ...if a tool phase ran since (it brought the working set back)
     keep: int | None = None  # memory.current to leave in a wait that keeps its hot set
 
 
@@ -323,11 +324,15 @@ class Scheduler:
         with self._lock:
             self._holds[name] = generation
 
-    def release(self, name: str) -> None:
-        """Undo :meth:`hold`: the sandbox may be compressed again in this phase."""
+    def release(self, name: str, generation: int | None = None) -> None:
+        """Undo :meth:`hold`: the sandbox may be compressed again in this phase (only in the
+        phase of ``generation``, when given: a release for a wait that has ended does
+        nothing)."""
         with self._lock:
-            self._holds.pop(name, None)
             st = self.state.get(name)
+            if generation is not None and (st is None or st.generation != generation):
+                return
+            self._holds.pop(name, None)
             if st is not None and not st.forced:
                 # the wait went on past its prefetch: the hot set goes again
                 st.done, st.kept_hot, st.deep = False, False, True
@@ -409,15 +414,21 @@ class Scheduler:
         deep_now: dict[str, bool] = {}
         for name, v in views.items():
             st0 = self.state.get(name)
+            with self._lock:
+                level = self.levels.setdefault(name, HotLevel())
+            if v.phase == Phase.TOOL:
+                level.tool_seen = True
             if (self.deep is None or v.phase != Phase.LLM_WAIT
                     or (st0 is not None and st0.generation == v.generation and st0.deep)):
                 continue
-            level = self.levels.setdefault(name, HotLevel())
-            if level.sample and (st0 is None or st0.generation != v.generation):
-                # a new wait after one that took everything: what its tool brought back is
-                # what a tool uses
+            if (level.sample and level.tool_seen
+                    and (st0 is None or st0.generation != v.generation)):
+                # a new wait after one that took everything and a tool since: what the tool
+                # brought back is what a tool uses (nothing learned if it is no more)
                 with contextlib.suppress(errors.AzswapError):
-                    level.keep, level.sample = targets[name].cgroup.memory_current(), False
+                    mem = targets[name].cgroup.memory_current()
+                    level.keep = mem if mem > max(level.floor or 0, c.floor_bytes) else None
+                    level.sample = False
             must = pressure or name in forced or level.keep is None
             deep_now[name] = self._ask_deep(v, must)
         candidates: list[PhaseView] = []
@@ -473,7 +484,10 @@ class Scheduler:
     def _eligible(self, v: PhaseView, st: CompressState, pressure: bool) -> bool:
         c = self.config
         if st.kept_hot and not st.forced:
-            return False  # until the judge lets the hot set go (tick, above)
+            # until the judge lets the working set go (tick, above), or the sandbox grew
+            if not self._grew_since_done(v.name, st):
+                return False
+            st.done = False
         if st.done and v.phase in (Phase.LLM_WAIT, Phase.IDLE) and not st.forced:
             self._maybe_recheck(v, st)
         if st.done or (v.phase == Phase.TOOL and not st.forced):
@@ -487,6 +501,18 @@ class Scheduler:
         if v.phase == Phase.IDLE:
             return pressure or v.age >= (c.grace if v.source == "hint" else c.idle_grace)
         return False
+
+    def _grew_since_done(self, name: str, st: CompressState) -> bool:
+        """A run that stopped ``recheck`` seconds ago, and the sandbox grew 256 KiB since."""
+        if st.finished_at is None or self.clock() - st.finished_at < self.config.recheck:
+            return False
+        target = self._targets_by_name.get(name)
+        try:
+            mem = target.cgroup.memory_current() if target is not None else 0
+        except errors.AzswapError:
+            return False
+        st.finished_at = self.clock()  # look again after another recheck period
+        return mem > (st.mem_now or 0) + 256 * 1024
 
     def _ask_deep(self, v: PhaseView, must: bool) -> bool:
         """May this run take the sandbox's hot set (its learned working set) too?  ``must``:
@@ -537,15 +563,15 @@ class Scheduler:
             mem_before = cg.memory_current()
         except errors.AzswapError as e:
             return Action(v.name, v.phase.label, v.age, mode, 0, 0, 0, 0, 0, 0, f"error:{e}")
-        level = self.levels.setdefault(v.name, HotLevel())
         with self._lock:
+            level = self.levels.setdefault(v.name, HotLevel())
             st.active, st.mode = True, mode
             if st.mem_start is None:
                 st.mem_start, st.started_at = mem_before, self.clock()
                 st.total_runs += 1
         # the working set stays until the judge lets it go (st.deep)
         keep = (level.keep if self.deep is not None and v.phase == Phase.LLM_WAIT
-                and not st.deep else None)
+                and not st.deep and not st.forced else None)
         mem, wall, cpu, requested, chunks = mem_before, 0.0, 0.0, 0, 0
         short = 0  # passes in a row that came up short
         result = "budget"
@@ -558,17 +584,17 @@ class Scheduler:
                 if why:
                     result = f"stopped:{why}"
                     break
-                if mem <= c.floor_bytes:
-                    result = "floor"
-                    break
                 if keep is not None and mem <= keep:
-                    if self._ask_deep(v, False):
+                    if self._ask_deep(v, st.forced or self._pressure):
                         with self._lock:
                             st.deep = True
                         keep = None
                     else:
                         result = "hot-kept"
                         break
+                if mem <= c.floor_bytes:
+                    result = "floor"
+                    break
                 chunk = min(c.chunk_bytes, mem - c.floor_bytes,
                             mem - keep if keep is not None else c.chunk_bytes)
                 chunk = max(4096, chunk - chunk % 4096)
@@ -603,7 +629,8 @@ class Scheduler:
                 freed = (mem_before - mem) if chunks else 0
                 st.futile = st.futile + 1 if freed < 64 * 1024 else 0
                 if v.phase == Phase.LLM_WAIT and keep is None:
-                    level.floor, level.sample = mem, True  # everything went
+                    # everything went: the next wait measures what the tool brings back
+                    level.floor, level.sample, level.tool_seen = mem, True, False
             elif result == "hot-kept":
                 st.done, st.kept_hot, st.finished_at = True, True, self.clock()
             elif result.startswith("stopped") or result.startswith("error"):

@@ -286,6 +286,8 @@ class WaitPlanner:
         age = max(0.0, now - sp.wait_start)
         if must:
             self._go_deep(name, sp, age)
+            if sp.ending and sp.predict:
+                sp.fire_at = now  # its end was announced: the working set comes back now
             return True
         if sp.ending:
             return False  # it ends soon: the hot set is what the tool will use

@@ -500,9 +500,11 @@ class Judge:
         self.ok = False
         self.asked: list[tuple[str, bool]] = []
         self.sched: Scheduler | None = None
+        self.locked = 0  # questions asked with the scheduler's lock held (must stay 0)
 
     def __call__(self, name: str, must: bool) -> bool:
-        assert self.sched is None or not self.sched._lock.locked()
+        if self.sched is not None and self.sched._lock.locked():
+            self.locked += 1
         self.asked.append((name, must))
         return self.ok
 
@@ -553,6 +555,7 @@ def test_a_wait_keeps_the_working_set_its_sandbox_measured_until_the_judge_lets_
     assert act.result == "floor" and r.mem("sb0") == 0
     st = r.sched.snapshot()["sb0"]
     assert st["deep"] and not st["kept_hot"]
+    assert judge.locked == 0
 
 
 def test_a_long_wait_measures_the_working_set_again(tmp_path: Path, clock: FakeClock) -> None:
@@ -638,5 +641,69 @@ def test_without_a_judge_every_wait_takes_everything(tmp_path: Path, clock: Fake
     r.hint("sb0", Phase.LLM_WAIT)
     r.sched.tick()
     tool_then_wait(r, "sb0", clock, 16 * MiB)
+    r.sched.tick()
+    assert r.mem("sb0") == 0
+
+
+def test_a_wait_after_an_idle_phase_learns_nothing_from_it(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    r, judge = judged(tmp_path, clock)
+    r.hint("sb0", Phase.LLM_WAIT)
+    r.sched.tick()  # everything goes
+    r.hint("sb0", Phase.IDLE)  # parked: compressed whole, no tool brought anything back
+    clock.advance(1.0)
+    r.sched.tick()
+    r.cgs["sb0"].set_memory(2 * MiB)
+    r.hint("sb0", Phase.LLM_WAIT)
+    clock.advance(1.0)
+    r.sched.tick()
+    assert r.sched.levels["sb0"].keep is None  # not the idle phase's compressed size
+    tool_then_wait(r, "sb0", clock, 16 * MiB)
+    (act,) = r.sched.tick().actions
+    assert act.result == "hot-kept" and r.sched.levels["sb0"].keep == 16 * MiB
+    assert judge.locked == 0
+
+
+def test_a_request_by_hand_takes_the_working_set(tmp_path: Path, clock: FakeClock) -> None:
+    r, judge = judged(tmp_path, clock)
+    r.hint("sb0", Phase.LLM_WAIT)
+    r.sched.tick()
+    tool_then_wait(r, "sb0", clock, 16 * MiB)
+    r.sched.tick()
+    assert r.mem("sb0") == 16 * MiB
+    r.sched.request_compress("sb0")
+    clock.advance(1.0)
+    r.sched.tick()
+    assert r.mem("sb0") == 0 and ("sb0", True) in judge.asked
+
+
+def test_a_kept_sandbox_that_grows_is_compressed_back_to_its_working_set(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    r, _ = judged(tmp_path, clock)
+    r.hint("sb0", Phase.LLM_WAIT)
+    r.sched.tick()
+    tool_then_wait(r, "sb0", clock, 16 * MiB)
+    r.sched.tick()
+    r.cgs["sb0"].set_memory(20 * MiB)  # something in it allocated while it waits
+    clock.advance(2.0)
+    r.sched.tick()
+    assert r.mem("sb0") == 16 * MiB
+
+
+def test_a_release_for_an_ended_wait_does_nothing(tmp_path: Path, clock: FakeClock) -> None:
+    r, _ = judged(tmp_path, clock)
+    r.hint("sb0", Phase.LLM_WAIT)
+    r.sched.tick()
+    tool_then_wait(r, "sb0", clock, 16 * MiB)
+    r.sched.tick()
+    gen = r.sched.snapshot()["sb0"]["generation"]
+    r.sched.release("sb0", gen - 2)  # meant for the wait before the last tool
+    clock.advance(1.0)
+    r.sched.tick()
+    assert r.mem("sb0") == 16 * MiB
+    r.sched.release("sb0", gen)
+    clock.advance(1.0)
     r.sched.tick()
     assert r.mem("sb0") == 0

@@ -460,3 +460,14 @@ def test_a_hot_set_taken_anyway_is_planned_for() -> None:
     start = p.tool_started("a", t + 3.0)
     assert start.reason != "kept"
     assert p.snapshot("a", t + 3.0)["deep"] == 1
+
+
+def test_a_working_set_taken_anyway_in_an_announced_wait_comes_back_at_once() -> None:
+    p = WaitPlanner(hot())
+    t = 0.0
+    for _ in range(3):
+        t = kept_wait(p, "a", t, 3.0)
+    p.wait_started("a", t)
+    assert not p.wait_ending("a", t + 1.0)  # kept: nothing to bring back
+    assert p.deep_ok("a", t + 1.2, must=True)  # memory pressure takes it anyway
+    assert p.due(t + 1.2) == [("a", Action.PREFETCH)]
