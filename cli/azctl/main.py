@@ -544,7 +544,8 @@ def policy_set(ctx: click.Context, assignments: tuple[str, ...], as_json: bool) 
     default=_PLAN.deep_min_remaining,
     show_default=True,
     help="Mean remaining wait (seconds, from the sandbox's or the fleet's earlier waits) from "
-    "which a waiting sandbox's working set is compressed too (no effect with --no-keep-hot).",
+    "which a waiting sandbox's working set is compressed too (no effect with --no-keep-hot or "
+    "--no-predict).",
 )
 @click.option(
     "--metrics-port",
