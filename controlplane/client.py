@@ -118,8 +118,7 @@ class DaemonClient:
                         continue  # pushed event on a subscribed connection
                     if reply.get("id") != rid and reply.get("id") is not None:
                         # the failure of a request sent without waiting
-                        self.async_errors.append({"id": reply.get("id"),
-                                                  **(reply.get("error") or {})})
+                        self._keep_async_error(reply)
                         continue
                     break
             except TimeoutError:
@@ -196,7 +195,11 @@ class DaemonClient:
             except ValueError:
                 continue
             if isinstance(reply, dict) and reply.get("ok") is False:
-                self.async_errors.append({"id": reply.get("id"), **(reply.get("error") or {})})
+                self._keep_async_error(reply)
+
+    def _keep_async_error(self, reply: dict[str, Any]) -> None:
+        """Record the failure of a request that was sent without waiting for its answer."""
+        self.async_errors.append({"id": reply.get("id"), **(reply.get("error") or {})})
 
     def phase(self, name: str, phase: str) -> dict[str, Any]:
         """Tell the daemon the sandbox's phase (tool, llm-wait, idle, unknown); its answer says

@@ -529,17 +529,10 @@ class Scheduler:
         """A done sandbox, still waiting: compress it again if a pass may free something."""
         if st.finished_at is None or self.clock() - st.finished_at < self.config.recheck:
             return
-        target = self._targets_by_name.get(v.name)
-        if target is None:
+        if v.name not in self._targets_by_name:
             return
-        try:
-            mem = target.cgroup.memory_current()
-        except errors.AzswapError:
-            return
-        if st.futile < 2 or mem > (st.mem_now or 0) + 256 * 1024:
+        if st.futile < 2 or self._grew_since_done(v.name, st):
             st.done = False
-        else:
-            st.finished_at = self.clock()  # look again after another recheck period
 
     def _still_wanted(self, name: str, generation: int) -> str:
         """'' while the sandbox should keep being compressed, else why not."""
@@ -585,7 +578,7 @@ class Scheduler:
                     result = f"stopped:{why}"
                     break
                 if keep is not None and mem <= keep:
-                    if self._ask_deep(v, st.forced or self._pressure):
+                    if self._ask_deep(v, self._pressure):
                         with self._lock:
                             st.deep = True
                         keep = None
