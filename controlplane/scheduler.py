@@ -107,6 +107,9 @@ class SchedulerConfig:
     floor_bytes: int = 0  # stop once memory.current <= this
     reclaim_nice: int = 10  # nice of each memory.reclaim write (compression runs in it); 0 = as is
     recheck: float = 1.0  # seconds after "done" to look at a still-waiting sandbox again
+    # once a wait's run stops at the kept working set, clear the kept pages' accessed bits:
+    # the next wait's reclaim then keeps what the next tool touched, not what older ones did
+    age_kept: bool = True
     manage_policy: bool = True
     fast_policy: dict[str, int] = field(
         default_factory=lambda: {"codec": int(Codec.LZ4), "sim_effort": 4}
@@ -157,6 +160,7 @@ class CompressState:
     last_result: str = ""  # how the last run ended (kept across phase changes)
     futile: int = 0  # passes in a row (this phase) that freed less than 64 KiB
     kept_hot: bool = False  # stopped at the learned working set (``HotLevel.keep``)
+    aged: int = 0  # waits after which the kept pages' accessed bits were cleared
     deep: bool = False  # the working set may go too (decided once per phase)
     # lifetime totals
     total_requested: int = 0
@@ -629,6 +633,8 @@ class Scheduler:
             elif result.startswith("stopped") or result.startswith("error"):
                 st.stop_reason = result
             summary = st.to_dict()
+        if result == "hot-kept" and c.age_kept:
+            self._age(v.name, cg, st)
         if self.notify is not None and result != "budget":
             self.notify({"event": "compress", "name": v.name, "result": result, "state": summary})
         return Action(
@@ -644,6 +650,17 @@ class Scheduler:
             cpu,
             result,
         )
+
+    def _age(self, name: str, cg: Cgroup, st: CompressState) -> None:
+        """Clear the accessed bits of the pages a wait kept (see SchedulerConfig.age_kept)."""
+        try:
+            n = cg.clear_referenced(self.proc_root)
+        except OSError as e:  # the cgroup went away: nothing kept to age
+            log.debug("aging %s: %s", name, e)
+            return
+        with self._lock:
+            st.aged += 1
+        log.debug("aging %s: accessed bits of %d processes cleared", name, n)
 
     def _rest(self, seconds: float, name: str, generation: int) -> None:
         """Sleep ``seconds`` (the throttle), waking early only if this sandbox's phase changes."""

@@ -539,6 +539,13 @@ def policy_set(ctx: click.Context, assignments: tuple[str, ...], as_json: bool) 
     "the wait is expected to last --deep-min-remaining more.",
 )
 @click.option(
+    "--no-age-kept",
+    is_flag=True,
+    help="Leave the accessed bits of the pages a wait keeps (by default they are cleared once "
+    "its compression stops at the working set, so that the next wait keeps what the next tool "
+    "used rather than what older tools did).",
+)
+@click.option(
     "--deep-min-remaining",
     type=click.FloatRange(0),
     default=_PLAN.deep_min_remaining,
@@ -569,6 +576,7 @@ def daemon(
     hint_prefetch: bool,
     no_predict: bool,
     no_keep_hot: bool,
+    no_age_kept: bool,
     deep_min_remaining: float,
     metrics_port: int | None,
     log_level: str,
@@ -578,7 +586,9 @@ def daemon(
     \b
     The agent loop it runs for every registered sandbox:
       llm-wait hint  compress the sandbox at once (--wait-cpu-budget, at nice 10)
-                     down to the working set its earlier waits measured;
+                     down to the working set its earlier waits measured
+                     (then clears the kept pages' accessed bits: the next
+                     wait keeps what the next tool touched);
       once the wait is expected to last --deep-min-remaining more (from its own
       or the fleet's earlier waits; 10 s when they know no wait that long), or at
       once if its waits' ends are announced (ending)
@@ -619,6 +629,7 @@ def daemon(
             wait_cpu_budget=wait_cpu_budget,
             chunk_bytes=parse_size(chunk),
             manage_policy=not no_policy,
+            age_kept=not no_age_kept,
         ),
     )
     mf = env.module_factory

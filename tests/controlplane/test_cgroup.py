@@ -59,3 +59,21 @@ def test_procs_of_a_vanished_cgroup_is_empty(tmp_path: Path) -> None:
     (tmp_path / "cgroup.procs").write_text("1\n42\n")
     assert cgroup.procs(tmp_path) == [1, 42]
     assert cgroup.procs(tmp_path / "gone") == []
+
+
+def test_clear_referenced_writes_1_for_every_process_of_the_cgroup_and_its_subgroups(
+    tmp_path: Path,
+) -> None:
+    root, proc = tmp_path / "cg", tmp_path / "proc"
+    (root / "sb" / "inner").mkdir(parents=True)
+    (root / "sb" / "cgroup.procs").write_text("10\n11\n")
+    (root / "sb" / "inner" / "cgroup.procs").write_text("12\n")
+    for pid in (10, 12):  # 11 exited after cgroup.procs was read: no /proc entry
+        (proc / str(pid)).mkdir(parents=True)
+        (proc / str(pid) / "clear_refs").write_text("")
+    (proc / "99").mkdir()  # not in the cgroup: untouched
+    (proc / "99" / "clear_refs").write_text("")
+    assert cgroup.Cgroup("/sb", root).clear_referenced(proc) == 2
+    assert (proc / "10" / "clear_refs").read_text() == "1"
+    assert (proc / "12" / "clear_refs").read_text() == "1"
+    assert (proc / "99" / "clear_refs").read_text() == ""

@@ -113,12 +113,13 @@ def test_a_hint_is_answered_while_the_module_is_slow(daemon: Running) -> None:
     sent, and a refusal is an event, not a failed hint."""
     import threading
 
-    gate = threading.Event()
+    gate, entered = threading.Event(), threading.Event()
     real = daemon.module.phase_set
     calls: list[str] = []
 
     def slow_phase_set(cgroup_id: int, phase: object) -> None:
         calls.append(str(phase))
+        entered.set()
         assert gate.wait(10.0)
         real(cgroup_id, phase)  # type: ignore[arg-type]
 
@@ -131,7 +132,11 @@ def test_a_hint_is_answered_while_the_module_is_slow(daemon: Running) -> None:
         assert c.phase("a", "llm-wait")["phase"] == "llm-wait"
         assert c.phase("a", "tool")["phase"] == "tool"
         assert c.phase("a", "llm-wait")["phase"] == "llm-wait"
-        assert calls  # the first copy is in the module's hands, blocked
+        # the first copy reaches the module (its thread may start after the answers) and blocks
+        assert entered.wait(10.0)
+        # and hints are answered while it is blocked there
+        assert c.phase("a", "tool")["phase"] == "tool"
+        assert c.phase("a", "llm-wait")["phase"] == "llm-wait"
         gate.set()
         assert daemon.d.module_phases.flush(5.0)
         assert daemon.module.owners[sb["cgroup_id"]].phase.label == "llm-wait"

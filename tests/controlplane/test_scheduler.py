@@ -707,3 +707,38 @@ def test_a_release_for_an_ended_wait_does_nothing(tmp_path: Path, clock: FakeClo
     clock.advance(1.0)
     r.sched.tick()
     assert r.mem("sb0") == 0
+
+
+def test_a_wait_kept_at_its_working_set_forgets_which_pages_were_used(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    r, _ = judged(tmp_path, clock)
+    (r.root / "sb" / "sb0" / "cgroup.procs").write_text("4242\n")
+    refs = r.proc / "4242" / "clear_refs"
+    refs.parent.mkdir()
+    refs.write_text("")
+    r.hint("sb0", Phase.LLM_WAIT)
+    (act,) = r.sched.tick().actions
+    assert act.result == "floor" and refs.read_text() == ""  # nothing kept: nothing to age
+    tool_then_wait(r, "sb0", clock, 16 * MiB)
+    (act,) = r.sched.tick().actions
+    # the next wait's reclaim sees as used only what the next tool touches
+    assert act.result == "hot-kept" and refs.read_text() == "1"
+    assert r.sched.snapshot()["sb0"]["aged"] == 1
+
+
+def test_aging_the_kept_pages_can_be_turned_off(tmp_path: Path, clock: FakeClock) -> None:
+    judge = Judge()
+    r = Rig(tmp_path, clock, memory=64 * MiB, grace=0.0, cpu_budget=1.0, chunk_bytes=4 * MiB,
+            deep=judge, age_kept=False)
+    judge.sched = r.sched
+    (r.root / "sb" / "sb0" / "cgroup.procs").write_text("4242\n")
+    refs = r.proc / "4242" / "clear_refs"
+    refs.parent.mkdir()
+    refs.write_text("")
+    r.hint("sb0", Phase.LLM_WAIT)
+    r.sched.tick()
+    tool_then_wait(r, "sb0", clock, 16 * MiB)
+    (act,) = r.sched.tick().actions
+    assert act.result == "hot-kept" and refs.read_text() == ""
+    assert r.sched.snapshot()["sb0"]["aged"] == 0
