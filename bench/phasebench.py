@@ -32,6 +32,8 @@ Regimes, each with fresh sandboxes and the same trajectories, on one azswap-lz4 
               template, a `llm-wait` hint at the start of every wait and a `tool` hint at its
               end.  The daemon's scheduler compresses, its prefetcher restores; the benchmark
               does neither.
+  daemon-alt  the daemon with --alt-daemon-arg options as well: an A/B of two settings on the
+              same trajectories in the same boot.
   daemon-stream
               the same, and the orchestrator also says when the model begins to stream its
               tool call (`ending`, the trajectory's stream_s before the wait's end), as an agent
@@ -78,7 +80,7 @@ from typing import Any
 from bench.kit.daemon import DaemonError, DaemonProcess
 
 MiB = float(1 << 20)
-REGIMES = ("none", "aggressive", "daemon", "daemon-stream")
+REGIMES = ("none", "aggressive", "daemon", "daemon-stream", "daemon-alt")
 HOSTS = ("idle", "loaded")
 STYLES = ("ml", "coding")
 WAIT_MIN, WAIT_MAX = 0.5, 20.0
@@ -273,6 +275,7 @@ class Config:
     seed: int = 1
     thp: str = "host"
     daemon_args: list[str] = field(default_factory=list)
+    alt_daemon_args: list[str] = field(default_factory=list)  # daemon-alt's, beside those
     daemon_timeout: float = 400.0  # to answer and trace: BPF compiles slowly under TCG
     sync_hints: bool = False  # wait for each hint's answer before going on
     rates: dict[str, float] = field(default_factory=dict)  # work units per second per style
@@ -408,7 +411,8 @@ def run_regime(regime: str, host: Host, style: str, cfg: Config, dev: Any,
         if regime.startswith("daemon"):
             from controlplane.client import DaemonClient
 
-            daemon = start_daemon(cfg.daemon_args, cfg.daemon_timeout)
+            args = cfg.daemon_args + (cfg.alt_daemon_args if regime == "daemon-alt" else [])
+            daemon = start_daemon(args, cfg.daemon_timeout)
             out["daemon"] = {"ready_s": round(daemon.ready_s, 1),
                              "start_cpu_s": daemon.cpu_seconds()}
             print(f"  daemon ready in {daemon.ready_s:.1f}s (prefetcher tracing)", flush=True)
@@ -566,7 +570,8 @@ def run_all(ns: argparse.Namespace, cfg: Config, dev: Any) -> list[dict[str, Any
         "loaded": Host("loaded", ns.loaded_sandboxes, ns.loaded_pages, False),
     }
     for style in ns.styles:
-        cfg.rates[style] = round(calibrate(style), 1)
+        if style not in cfg.rates:  # --rates pins it: the same work in every boot
+            cfg.rates[style] = round(calibrate(style), 1)
     print(f"swap device {dev.name}; THP {cfg.thp} (host: {thp_setting()}); "
           f"work units/s {cfg.rates}; wait scale {cfg.wait_scale}", flush=True)
     runs: list[dict[str, Any]] = []
@@ -609,6 +614,21 @@ def _list(choices: tuple[str, ...]) -> Any:
     return parse
 
 
+def _rates(s: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for item in (x for x in s.split(",") if x):
+        style, _, value = item.partition("=")
+        try:
+            rate = float(value)
+        except ValueError:
+            rate = 0.0
+        if style not in STYLES or not rate > 0:
+            raise argparse.ArgumentTypeError(
+                f"{item!r}: STYLE=UNITS with STYLE one of {', '.join(STYLES)} and UNITS > 0")
+        out[style] = rate
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     assert __doc__ is not None
     ap = argparse.ArgumentParser(prog="phasebench", description=__doc__.split("\n\n")[0],
@@ -617,7 +637,9 @@ def main(argv: list[str] | None = None) -> int:
     cpus = os.cpu_count() or 1
     ap.add_argument("--hosts", type=_list(HOSTS), default=list(HOSTS))
     ap.add_argument("--styles", type=_list(STYLES), default=list(STYLES))
-    ap.add_argument("--regimes", type=_list(REGIMES), default=list(REGIMES))
+    ap.add_argument("--regimes", type=_list(REGIMES),
+                    default=[r for r in REGIMES if r != "daemon-alt"],
+                    help="default: all but daemon-alt")
     ap.add_argument("--repeat", type=int, default=1, help="runs of every host and style")
     ap.add_argument("--sandboxes", type=int, default=4, help="sandboxes on the idle host")
     ap.add_argument("--loaded-sandboxes", type=int, default=2 * cpus + 2,
@@ -638,6 +660,11 @@ def main(argv: list[str] | None = None) -> int:
                          "sandboxes' pages (an easier setting, report it as such)")
     ap.add_argument("--daemon-arg", action="append", default=[], metavar="ARG",
                     help="an option for `azctl daemon` (repeat; e.g. --daemon-arg=--grace=0.1)")
+    ap.add_argument("--alt-daemon-arg", action="append", default=[], metavar="ARG",
+                    help="an option for the daemon-alt regime's daemon only (repeat)")
+    ap.add_argument("--rates", type=_rates, default={}, metavar="STYLE=UNITS,...",
+                    help="work units per second per style instead of calibrating them at the "
+                         "start (the same work in every boot; the JSON's config.rates)")
     ap.add_argument("--daemon-timeout", type=float, default=400.0,
                     help="seconds to wait for the daemon to answer with its prefetcher tracing "
                          "(its BPF program compiles in tens of seconds under TCG)")
@@ -659,6 +686,7 @@ def main(argv: list[str] | None = None) -> int:
 
     cfg = Config(cycles=ns.cycles, warmup=ns.warmup, hot=ns.hot, wait_scale=ns.wait_scale,
                  interval=ns.interval, seed=ns.seed, thp=ns.thp, daemon_args=ns.daemon_arg,
+                 alt_daemon_args=ns.alt_daemon_arg, rates=dict(ns.rates),
                  sync_hints=ns.sync_hints,
                  daemon_timeout=ns.daemon_timeout)
     t0 = time.monotonic()

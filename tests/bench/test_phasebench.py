@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import statistics
 
@@ -176,3 +177,34 @@ def test_tool_call_streaming_starts_within_the_last_half_of_each_wait() -> None:
     assert [(c.wait_s, c.work_s, c.hot) for c in cycles] == [
         (c.wait_s, c.work_s, c.hot) for c in again
     ]
+
+
+def test_rates_pinned_per_style_or_refused() -> None:
+    from bench.phasebench import _rates
+
+    assert _rates("ml=900,coding=40.5") == {"ml": 900.0, "coding": 40.5}
+    for bad in ("ml", "ml=0", "ml=-3", "gpu=10", "coding=x"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            _rates(bad)
+
+
+def test_calibration_takes_the_best_timing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A contended warm-up and a contended sample do not lower the rate."""
+    from bench import pagesandbox
+
+    now = [0.0]
+    # seconds per unit in each second of the fake clock: warm-up slow, then fast, a
+    # contended second, fast again
+    cost = [0.5, 0.01, 0.1, 0.01, 0.01]
+
+    class Unit:
+        def __init__(self, *a: object) -> None:
+            pass
+
+        def unit(self, n: int) -> None:
+            now[0] += cost[int(now[0])]
+
+    monkeypatch.setattr(pagesandbox, "Worker", Unit)
+    monkeypatch.setattr(pagesandbox.time, "perf_counter", lambda: now[0])
+    rate = pagesandbox.calibrate("ml", seconds=1.0, samples=3)
+    assert 90 < rate < 110
