@@ -228,6 +228,15 @@ def faults() -> tuple[int, int]:
     return int(f[7]), int(f[9])
 
 
+def runq_wait_ns() -> int:
+    """ns this thread was runnable but waiting for a CPU, so far (/proc/self/schedstat; 0
+    where the kernel keeps no schedstats)."""
+    try:
+        return int(Path("/proc/self/schedstat").read_text().split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
 def pswpin() -> int:
     """Pages read from swap, system-wide (/proc/vmstat)."""
     with open("/proc/vmstat") as f:
@@ -311,12 +320,15 @@ def _serve(conn: Connection, cgroup: Path | None, npages: int, seed: int, style:
         if cmd == "touch":
             idx, write_every, spin_s, units = args
             s0, (n0, m0), t0 = pswpin(), faults(), time.monotonic_ns()
+            r0, q0 = time.process_time_ns(), runq_wait_ns()
             bad, _ = pages.touch(idx, write_every)
+            tp = time.monotonic_ns()
             worker.run(units, done)
             done += units
             end = time.monotonic() + spin_s
             while time.monotonic() < end:  # CPU work for a fixed time (the older callers)
                 zlib.crc32(worker.pool[:4096])
+            r1, q1 = time.process_time_ns(), runq_wait_ns()
             t1, (n1, m1), s1 = time.monotonic_ns(), faults(), pswpin()
             conn.send(
                 {
@@ -327,6 +339,11 @@ def _serve(conn: Connection, cgroup: Path | None, npages: int, seed: int, style:
                     "t0_ns": t0,
                     "t1_ns": t1,
                     "seconds": (t1 - t0) / 1e9,
+                    # where the time went: reading the hot pages (their faults), on a CPU,
+                    # waiting for one (the rest was blocked: I/O, locks, a fault's wait)
+                    "pages_s": (tp - t0) / 1e9,
+                    "cpu_s": (r1 - r0) / 1e9,
+                    "runq_s": (q1 - q0) / 1e9,
                 }
             )
         elif cmd == "verify":

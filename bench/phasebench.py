@@ -43,20 +43,21 @@ Figures per regime: tool-phase latency (mean, p95; cycles after --warmup), end-t
 slowdown (tool mean / none's, same run), footprint (sum of the sandboxes' memory.current plus the
 device's pool and metadata, sampled every 0.1 s): its time average and peak, saved_mib (none's
 average minus this one's), keeps (saved / aggressive's saved, 0..1), major faults per tool phase,
-bad_pages (must be 0), and for the daemon its prefetch events, its CPU time at start (the BPF
-compile) and during the run (and of that, its memory.reclaim writes: the compression), its CPU time
-by thread at the end (``threads_cpu_s``: the daemon names its threads; "exited" is what ended
-threads used), and the wait planner's outcomes. Each regime also keeps its footprint timeline
-(every 0.5 s: monotonic time, the device's MiB, then each sandbox's memory.current in MiB, in the
-order of its cycles) beside its cycles (each tool phase's start "t" on the same clock, and
-"hint_s", how long its tool hint took to send, or with --sync-hints to answer: part of the
-tool's latency; by default hints are sent without waiting for the answer, as an agent loop on
-its hot path does, and a failed one fails the run). JSON: ``{"runs":
-[{"host", "style", "repeat", "regimes": {"none": R, "aggressive": R, "daemon": R}}]}``
-to --json (default $AZSWAP_OUT/phase.json); a table of min/median/max of slowdown and keeps per
-host, style and regime at the end.  Nothing here asserts a time; the exit status is non-zero
-when a page was wrong or the daemon died or never answered.
-"""
+bad_pages (must be 0), where a tool's time went (``tool_split_s``, means as the sandbox measured
+them: ``seconds`` in all, ``pages_s`` reading its hot pages, ``cpu_s`` on a CPU and ``runq_s``
+runnable but waiting for one; the rest it was blocked), and for the daemon its prefetch events, its
+CPU time at start (the BPF compile) and during the run (and of that, its memory.reclaim writes: the
+compression), its CPU time by thread at the end (``threads_cpu_s``: the daemon names its threads;
+"exited" is what ended threads used), and the wait planner's outcomes. Each regime also keeps its
+footprint timeline (every 0.5 s: monotonic time, the device's MiB, then each sandbox's
+memory.current in MiB, in the order of its cycles) beside its cycles (each tool phase's start "t"
+on the same clock, and "hint_s", how long its tool hint took to send, or with --sync-hints to
+answer: part of the tool's latency; by default hints are sent without waiting for the answer, as an
+agent loop on its hot path does, and a failed one fails the run). JSON: ``{"runs": [{"host",
+"style", "repeat", "regimes": {"none": R, "aggressive": R, "daemon": R}}]}`` to --json (default
+$AZSWAP_OUT/phase.json); a table of min/median/max of slowdown and keeps per host, style and regime
+at the end. Nothing here asserts a time; the exit status is non-zero when a page was wrong or the
+daemon died or never answered. """
 
 from __future__ import annotations
 
@@ -92,6 +93,9 @@ TIMELINE_EVERY = 5  # every 5th footprint sample (0.1 s apart) goes into a regim
 # the wait planner's per-sandbox counts (controlplane/waitplan.py), summed over the sandboxes
 PLAN_OUTCOMES = ("fired", "hits", "late", "early", "on_hint", "busy_waits", "endings", "deep",
                  "kept")
+# a tool phase's time as the sandbox measured it (seconds: all of it): reading its hot pages
+# (where most of its faults are), on a CPU, waiting for one (schedstat); the rest was blocked
+TOOL_SPLIT = ("seconds", "pages_s", "cpu_s", "runq_s")
 CONTRACT_KEYS = ("tool_mean_s", "tool_p95_s", "e2e_s", "slowdown", "saved_mib", "peak_mib",
                  "keeps", "bad_pages")
 
@@ -215,7 +219,8 @@ def compare(regimes: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 
 def spread(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per host, style and regime: min/median/max of slowdown and keeps over the runs."""
+    """Per host, style and regime: min/median/max of slowdown and keeps over the runs; the
+    medians of major faults per tool and of where a tool's time went."""
     groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
     for run in runs:
         for name, r in run["regimes"].items():
@@ -227,6 +232,10 @@ def spread(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         for k in ("slowdown", "keeps", "saved_mib"):
             xs = [r[k] for r in rs if r.get(k) is not None]
             row[k] = (min(xs), statistics.median(xs), max(xs)) if xs else None
+        row["majflt_per_tool"] = statistics.median(r.get("majflt_per_tool", 0.0) for r in rs)
+        splits = [r["tool_split_s"] for r in rs if r.get("tool_split_s")]
+        row["tool_split_s"] = {k: statistics.median(sp[k] for sp in splits)
+                               for k in TOOL_SPLIT} if splits else {}
         out.append(row)
     return out
 
@@ -242,11 +251,29 @@ def print_spread(rows: list[dict[str, Any]]) -> None:
             "saved MiB min/med/max", "bad pages")
     body = [(r["host"], r["style"], r["regime"], str(r["runs"]), mmm(r["slowdown"]),
              mmm(r["keeps"], pct=True), mmm(r["saved_mib"]), str(r["bad_pages"])) for r in rows]
+    _table("Tool phases through the daemon (spread over runs)", head, body)
+
+    def split(r: dict[str, Any]) -> tuple[str, ...]:
+        sp = r.get("tool_split_s") or {}
+        if not sp:
+            return ("-",) * 5
+        blocked = sp["seconds"] - sp["cpu_s"] - sp["runq_s"]
+        return tuple(f"{x:.3f}" for x in (sp["seconds"], sp["pages_s"], sp["cpu_s"],
+                                           sp["runq_s"], blocked))
+
+    head = ("host", "style", "regime", "major faults", "in sandbox s", "hot pages s", "on CPU s",
+            "CPU wait s", "blocked s")
+    body = [(r["host"], r["style"], r["regime"], f"{r.get('majflt_per_tool', 0.0):.0f}",
+             *split(r)) for r in rows]
+    _table("Where a tool's time went (medians over runs of each run's mean)", head, body)
+
+
+def _table(title: str, head: tuple[str, ...], body: list[tuple[str, ...]]) -> None:
     try:
         from rich.console import Console
         from rich.table import Table
 
-        t = Table(title="Tool phases through the daemon (spread over runs)")
+        t = Table(title=title)
         for h in head:
             t.add_column(h, justify="left" if h in head[:3] else "right")
         for b in body:
@@ -254,6 +281,7 @@ def print_spread(rows: list[dict[str, Any]]) -> None:
         Console(width=140).print(t)
     except ImportError:
         w = [max(len(x[i]) for x in (head, *body)) for i in range(len(head))]
+        print(title)
         for row in (head, *body):
             print("  ".join(c.ljust(w[i]) for i, c in enumerate(row)))
 
@@ -473,7 +501,9 @@ def run_regime(regime: str, host: Host, style: str, cfg: Config, dev: Any,
                     b.cycles.append({"wait_s": round(c.wait_s, 3), "work_s": round(c.work_s, 3),
                                      "hot": len(c.hot), "tool_s": round(b.tool_s[-1], 4),
                                      "majflt": int(r["majflt"]), "t": round(t0, 3),
-                                     "hint_s": round(hint_s, 4)})
+                                     "hint_s": round(hint_s, 4),
+                                     **{k: round(float(r.get(k, 0.0)), 4)
+                                        for k in TOOL_SPLIT}})
                     b.bad += int(r["bad"])
                 if client is not None:
                     client.phase(b.name, "idle")  # waits: a hint that failed is known now
@@ -517,6 +547,9 @@ def run_regime(regime: str, host: Host, style: str, cfg: Config, dev: Any,
         tool = [s for b in boxes for s in b.tool_s[cfg.warmup:]]
         maj = [m for b in boxes for m in b.majflt[cfg.warmup:]]
         out = {**regime_figures(tool, e2e, footprint, bad, maj), **out}
+        counted = [c for b in boxes for c in b.cycles[cfg.warmup:]]
+        out["tool_split_s"] = {k: round(statistics.fmean(float(c.get(k, 0.0)) for c in counted), 4)
+                               for k in TOOL_SPLIT} if counted else {}
         out["template_mib"] = (round(statistics.fmean(template_mem) / MiB, 2)
                                if template_mem else 0.0)
         out["pgmajfault"] = sum(cgroups.stat(b.cg).get("pgmajfault", 0) for b in boxes)

@@ -28,6 +28,7 @@ from bench.phasebench import (
     WORK_MAX,
     WORK_MIN,
     compare,
+    print_spread,
     regime_figures,
     spread,
     trajectory,
@@ -123,6 +124,10 @@ def test_page_sandbox_process_verifies(style: str) -> None:
         for c in trajectory(style, 2, 3, 3, 256):
             r = sb.touch(c.hot, write_every=8, units=2)
             assert r["bad"] == 0
+            # the time split as the sandbox measured it (schedstat: on a CPU, waiting for one)
+            assert 0 < r["pages_s"] <= r["seconds"]
+            assert r["cpu_s"] > 0 and r["runq_s"] >= 0
+            assert r["cpu_s"] + r["runq_s"] <= r["seconds"] * 1.05 + 0.01
         assert sb.verify() == 0
     finally:
         sb.stop()
@@ -163,6 +168,22 @@ def test_spread_and_contract_shape() -> None:
     assert (lo, med, hi) == pytest.approx((1.1, 1.2, 1.3))
     assert rows["daemon"]["keeps"] == pytest.approx((0.8, 0.9, 1.0))
     assert rows["daemon"]["bad_pages"] == 1 and rows["none"]["bad_pages"] == 0
+
+
+def test_spread_gives_the_median_time_split_and_prints_it(capsys: pytest.CaptureFixture[str]
+                                                          ) -> None:
+    runs = []
+    for rep, runq in enumerate((0.1, 0.3, 0.2)):
+        regs = compare({"none": _r(0.2, 100), "aggressive": _r(0.5, 40)})
+        regs["aggressive"]["tool_split_s"] = {"seconds": 0.5, "pages_s": 0.2, "cpu_s": 0.1,
+                                              "runq_s": runq}
+        runs.append({"host": "idle", "style": "ml", "repeat": rep, "regimes": regs})
+    rows = {r["regime"]: r for r in spread(runs)}
+    assert rows["aggressive"]["tool_split_s"]["runq_s"] == pytest.approx(0.2)
+    assert rows["none"]["tool_split_s"] == {}
+    print_spread(list(rows.values()))
+    out = capsys.readouterr().out
+    assert "blocked s" in out and "0.200" in out  # blocked: 0.5 - 0.1 - 0.2
 
 
 def test_tool_call_streaming_starts_within_the_last_half_of_each_wait() -> None:
