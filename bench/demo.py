@@ -150,7 +150,7 @@ def _phase_table(ph: dict[str, Any]) -> Table:
                 "saved MiB", "keeps", "major faults / tool phase", "pages verified"):
         t.add_column(col, justify="left" if col == "regime" else "right")
     labels = {"none": "no compression", "aggressive": "aggressive, blind to phases",
-              "daemon": "azctl daemon (phase hints, scheduler, prefetcher)",
+              "daemon": "azctl daemon (phase hints, scheduler, kept working sets)",
               "daemon-stream": "azctl daemon, tool-call streaming announced (ending)"}
     for key, label in labels.items():
         m = run.get("regimes", {}).get(key)

@@ -340,7 +340,7 @@ def start_daemon(args: list[str], timeout: float) -> DaemonProcess:
     logs = Path(os.environ.get("AZSWAP_OUT", tempfile.gettempdir())) / "phase-daemon-logs"
     d = DaemonProcess(*args, log_path=logs / f"daemon-{time.strftime('%H%M%S')}-{os.getpid()}.log")
     try:
-        d.wait_ready(timeout=timeout, tracing="--no-prefetch" not in args)
+        d.wait_ready(timeout=timeout, tracing="--prefetch" in args)
     except DaemonError as e:
         with contextlib.suppress(DaemonError):
             d.stop()

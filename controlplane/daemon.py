@@ -71,7 +71,7 @@ class DaemonConfig:
     sys_block: Path = SYS_BLOCK
     state_dir: Path = RUN_DIR
     allowed_uids: frozenset[int] = frozenset({0})
-    prefetch: bool = True
+    prefetch: bool = False  # the eBPF fault tracer and restore prefetch (azctl --prefetch)
     follow_events: bool = True
     metrics_port: int | None = None
     reconcile_interval: float = 10.0  # seconds between checks that the module still has ours

@@ -519,7 +519,15 @@ def policy_set(ctx: click.Context, assignments: tuple[str, ...], as_json: bool) 
     "--interval", type=click.FloatRange(0.05), default=_SCHED.interval, show_default=True
 )
 @click.option("--no-policy", is_flag=True, help="Never switch the store policy fast/dense.")
-@click.option("--no-prefetch", is_flag=True, help="Do not prefetch sandboxes' working sets.")
+@click.option(
+    "--prefetch/--no-prefetch",
+    default=False,
+    show_default=True,
+    help="Trace swap-in faults (eBPF) to learn each sandbox's working set and bring it back "
+    "before a wait's predicted end.  Off by default: with working sets kept through short "
+    "waits, the tracer's cost on every fault (paid by the tools, as CPU time and waits for a "
+    "CPU) outweighed what prefetch saved in the phase benchmark.",
+)
 @click.option(
     "--hint-prefetch",
     is_flag=True,
@@ -572,7 +580,7 @@ def daemon(
     chunk: str,
     interval: float,
     no_policy: bool,
-    no_prefetch: bool,
+    prefetch: bool,
     hint_prefetch: bool,
     no_predict: bool,
     no_keep_hot: bool,
@@ -593,9 +601,9 @@ def daemon(
       or the fleet's earlier waits; 10 s when they know no wait that long), or at
       once if its waits' ends are announced (ending)
                      compress the working set too;
-      before the wait's predicted end, or when it is announced
+      with --prefetch, before the wait's predicted end, or when it is announced
                      stop compressing and prefetch its learned working set;
-      tool hint      compression stops; pages not prefetched fault back on use;
+      tool hint      compression stops; pages not resident fault back on use;
       idle hint      compress the whole sandbox after --grace (it is parked);
       no hints       inferred idle (cgroup CPU/PSI) after --idle-grace, compressed too.
     """
@@ -615,7 +623,7 @@ def daemon(
         cgroup_root=env.cgroup_root,
         sys_block=env.sys_block,
         state_dir=env.state_dir,
-        prefetch=not no_prefetch,
+        prefetch=prefetch,
         predict=not no_predict,
         hint_prefetch=hint_prefetch,
         metrics_port=metrics_port,

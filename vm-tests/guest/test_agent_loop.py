@@ -68,7 +68,7 @@ def test_daemon_prefetches_before_the_predicted_end_of_each_wait() -> None:
     sb = PageSandbox(cg.path, NPAGES, 11)
     hot = random.Random(2).sample(range(NPAGES), HOT)
     cycles: list[dict[str, Any]] = []
-    d = DaemonProcess("--interval", "0.2", "--no-policy", "--no-keep-hot")
+    d = DaemonProcess("--interval", "0.2", "--no-policy", "--no-keep-hot", "--prefetch")
     try:
         d.wait_ready(tracing=True)
         with d.client() as c:
@@ -123,7 +123,7 @@ def test_short_waits_keep_the_working_set_and_compress_the_rest() -> None:
     drift = HOT // 10  # pages of the hot set replaced every tool phase
     cycles: list[dict[str, Any]] = []
     # no prefetcher (its BPF compile takes a minute under TCG): the keeping is the scheduler's
-    d = DaemonProcess("--interval", "0.2", "--no-policy", "--no-prefetch")
+    d = DaemonProcess("--interval", "0.2", "--no-policy")
     try:
         d.wait_ready()
         with d.client() as c:

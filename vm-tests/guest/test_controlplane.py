@@ -98,7 +98,7 @@ def test_controlplane_end_to_end(dev0: ag.Dev, azpages: Any, workers: list) -> N
     figures: dict[str, Any] = {}
 
     d = start_daemon(
-        "--grace", "0", "--interval", "0.2", "--cpu-budget", "1.0", "--chunk", "8M", "--no-prefetch"
+        "--grace", "0", "--interval", "0.2", "--cpu-budget", "1.0", "--chunk", "8M"
     )
     try:
         c = DaemonClient(SOCK)
@@ -289,7 +289,7 @@ def test_controlplane_end_to_end(dev0: ag.Dev, azpages: Any, workers: list) -> N
     log(f"SIGTERM: daemon exited {rc} in {took:.2f}s")
 
     # -- restart: the registry comes back from the module (+ names from the state file) -------
-    d = start_daemon("--grace", "0", "--interval", "0.2", "--chunk", "8M", "--no-prefetch")
+    d = start_daemon("--grace", "0", "--interval", "0.2", "--chunk", "8M")
     try:
         c = DaemonClient(SOCK)
         sbs = {s["name"]: s for s in c.list()["sandboxes"]}
@@ -333,7 +333,7 @@ def test_controlplane_end_to_end(dev0: ag.Dev, azpages: Any, workers: list) -> N
 
     # -- without the state file the module alone rebuilds the registry -------------------------
     (RUN / "state-dev0.json").unlink()
-    d = start_daemon("--no-prefetch")
+    d = start_daemon()
     try:
         names = {s["name"]: s["cgroup_id"] for s in DaemonClient(SOCK).list()["sandboxes"]}
         assert names == {"sb1": cg1.id, "sb2": cg2.id}  # named after their cgroup directories
