@@ -334,13 +334,19 @@ def _rel(cg: Path) -> str:
     return "/" + str(cg.relative_to(CGROOT))
 
 
+def _prefetch_on(args: list[str]) -> bool:
+    """Does `azctl daemon ARGS` run the prefetcher (the last of --prefetch/--no-prefetch)?"""
+    flags = [a for a in args if a in ("--prefetch", "--no-prefetch")]
+    return bool(flags) and flags[-1] == "--prefetch"
+
+
 def start_daemon(args: list[str], timeout: float) -> DaemonProcess:
     """The shipped daemon, answering and its prefetcher tracing (unless told not to prefetch);
     its log where the host can read it after the guest run ($AZSWAP_OUT/phase-daemon-logs/)."""
     logs = Path(os.environ.get("AZSWAP_OUT", tempfile.gettempdir())) / "phase-daemon-logs"
     d = DaemonProcess(*args, log_path=logs / f"daemon-{time.strftime('%H%M%S')}-{os.getpid()}.log")
     try:
-        d.wait_ready(timeout=timeout, tracing="--prefetch" in args)
+        d.wait_ready(timeout=timeout, tracing=_prefetch_on(args))
     except DaemonError as e:
         with contextlib.suppress(DaemonError):
             d.stop()
@@ -443,7 +449,7 @@ def run_regime(regime: str, host: Host, style: str, cfg: Config, dev: Any,
             daemon = start_daemon(args, cfg.daemon_timeout)
             out["daemon"] = {"ready_s": round(daemon.ready_s, 1),
                              "start_cpu_s": daemon.cpu_seconds()}
-            print(f"  daemon ready in {daemon.ready_s:.1f}s (prefetcher tracing)", flush=True)
+            print(f"  daemon ready in {daemon.ready_s:.1f}s", flush=True)
             sock = daemon.socket
             try:
                 with DaemonClient(sock, timeout=120) as c:

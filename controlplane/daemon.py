@@ -38,7 +38,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -303,7 +303,8 @@ class Daemon:
             notify=self.publish,
             deep=self._deep_ok if c.predict and c.plan.keep_hot else None,
         )
-        self.planner = WaitPlanner(c.plan)
+        # without the prefetcher nothing brings an announced wait's working set back early
+        self.planner = WaitPlanner(replace(c.plan, restores=c.plan.restores and c.prefetch))
         self._plan_lock = threading.Lock()
         self.op_times = OpTimes(self.clock)  # service time per request kind (stats: "ops")
         self.module_phases = PhaseForwarder(self._module_phase, self._module_phase_failed)

@@ -160,7 +160,7 @@ class CompressState:
     last_result: str = ""  # how the last run ended (kept across phase changes)
     futile: int = 0  # passes in a row (this phase) that freed less than 64 KiB
     kept_hot: bool = False  # stopped at the learned working set (``HotLevel.keep``)
-    aged: int = 0  # waits after which the kept pages' accessed bits were cleared
+    aged: int = 0  # 1 once this wait's kept pages' accessed bits were cleared (once a wait)
     deep: bool = False  # the working set may go too (decided once per phase)
     # lifetime totals
     total_requested: int = 0
@@ -633,7 +633,9 @@ class Scheduler:
             elif result.startswith("stopped") or result.startswith("error"):
                 st.stop_reason = result
             summary = st.to_dict()
-        if result == "hot-kept" and c.age_kept:
+        # once per wait (a kept sandbox that grows runs again), and not once a tool began
+        if (result == "hot-kept" and c.age_kept and not st.aged
+                and not self._still_wanted(v.name, v.generation)):
             self._age(v.name, cg, st)
         if self.notify is not None and result != "budget":
             self.notify({"event": "compress", "name": v.name, "result": result, "state": summary})

@@ -101,6 +101,9 @@ class PlanConfig:
     deep_min_remaining: float = 4.0  # mean remaining wait (s) from which the hot set goes
     deep_after: float = 10.0  # wait age (s) from which it goes when the history has no say
     announced_share: float = 0.5  # of the last judge_waits waits announced: hot set goes at once
+    # a prefetcher brings an announced wait's working set back (without one, the announcement
+    # cannot, and an announced wait keeps its working set like any other)
+    restores: bool = True
 
     def validate(self) -> None:
         if self.history < 1 or self.fleet_history < 1 or self.min_samples < 1:
@@ -258,7 +261,7 @@ class WaitPlanner:
         if sp.deep:
             if sp.predict:
                 sp.fire_at = self._plan(name, 0.0)
-        elif sp.predict and self._announced(sp):
+        elif sp.predict and self.config.restores and self._announced(sp):
             self._go_deep(name, sp, 0.0)
         return sp.fire_at
 

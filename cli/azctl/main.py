@@ -30,8 +30,8 @@ Examples:
   azctl daemon &                       start the control plane (root)
   azctl sandbox add sb1 --cgroup /sandboxes/sb1 --group 1
   azctl phase sb1 llm-wait             compress while it waits for the model
-  azctl ending sb1                     the model streams its tool call: prefetch now
-  azctl phase sb1 tool                 stop compressing, prefetch its working set
+  azctl ending sb1                     the model streams its tool call: stop compressing
+  azctl phase sb1 tool                 stop compressing (the tool faults back the rest)
   azctl template add base --group 1 --from-file /srv/vm/base.mem
   azctl stats --json | jq .totals.ratio
   azctl --direct status                the module itself, when no daemon runs
@@ -361,7 +361,7 @@ def template_ls(ctx: click.Context, as_json: bool) -> None:
 @json_opt
 @click.pass_context
 def phase(ctx: click.Context, name: str, phase: str, as_json: bool) -> None:
-    """Hint that sandbox NAME entered PHASE (llm-wait compresses, tool stops and prefetches)."""
+    """Hint that sandbox NAME entered PHASE (llm-wait compresses, tool stops compressing)."""
     r = _env(ctx).client("phase").phase(name, phase)
     _done(as_json, r, f"{name}: {r['phase']}")
 
@@ -372,7 +372,8 @@ def phase(ctx: click.Context, name: str, phase: str, as_json: bool) -> None:
 @click.pass_context
 def ending(ctx: click.Context, name: str, as_json: bool) -> None:
     """Hint that sandbox NAME's LLM wait ends soon (the model is streaming its tool call):
-    its working set is prefetched now and the wait is not compressed again."""
+    the wait is not compressed again, and with `azctl daemon --prefetch` its working set is
+    prefetched now."""
     r = _env(ctx).client("ending").ending(name)
     _done(as_json, r, f"{name}: {'prefetching' if r['prefetch'] else 'nothing to prefetch'}")
 

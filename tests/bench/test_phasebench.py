@@ -229,3 +229,12 @@ def test_calibration_takes_the_best_timing(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setattr(pagesandbox.time, "perf_counter", lambda: now[0])
     rate = pagesandbox.calibrate("ml", seconds=1.0, samples=3)
     assert 90 < rate < 110
+
+
+def test_the_last_prefetch_flag_wins() -> None:
+    from bench.phasebench import _prefetch_on
+
+    assert not _prefetch_on(["--grace", "0"])
+    assert _prefetch_on(["--prefetch"])
+    assert not _prefetch_on(["--prefetch", "--no-prefetch"])
+    assert _prefetch_on(["--no-prefetch", "--prefetch"])

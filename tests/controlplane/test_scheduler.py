@@ -742,3 +742,25 @@ def test_aging_the_kept_pages_can_be_turned_off(tmp_path: Path, clock: FakeClock
     (act,) = r.sched.tick().actions
     assert act.result == "hot-kept" and refs.read_text() == ""
     assert r.sched.snapshot()["sb0"]["aged"] == 0
+
+
+def test_a_kept_wait_is_aged_once_though_it_is_compressed_again(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    r, _ = judged(tmp_path, clock)
+    (r.root / "sb" / "sb0" / "cgroup.procs").write_text("4242\n")
+    refs = r.proc / "4242" / "clear_refs"
+    refs.parent.mkdir()
+    refs.write_text("")
+    r.hint("sb0", Phase.LLM_WAIT)
+    r.sched.tick()
+    tool_then_wait(r, "sb0", clock, 16 * MiB)
+    (act,) = r.sched.tick().actions
+    assert act.result == "hot-kept" and refs.read_text() == "1"
+    refs.write_text("")
+    # it grows while it waits: compressed back to its level, the bits left as they are now
+    r.cgs["sb0"].set_memory(20 * MiB)
+    clock.advance(2.0)
+    (act,) = r.sched.tick().actions
+    assert act.result == "hot-kept" and r.mem("sb0") == 16 * MiB and refs.read_text() == ""
+    assert r.sched.snapshot()["sb0"]["aged"] == 1

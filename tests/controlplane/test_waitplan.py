@@ -430,6 +430,15 @@ def test_announced_waits_let_the_hot_set_go_at_once() -> None:
     assert p.due(t + 1.0) == [("a", Action.PREFETCH)]
 
 
+def test_announced_waits_keep_the_hot_set_when_nothing_can_bring_it_back() -> None:
+    p = WaitPlanner(hot(restores=False))  # the daemon without its prefetcher
+    p.wait_started("a", 0.0)
+    p.wait_ending("a", 1.0)
+    p.tool_started("a", 1.5)
+    p.wait_started("a", 3.0)
+    assert not p.deep_ok("a", 3.0)  # announced like the first, kept like any short wait
+
+
 def test_announced_waits_on_a_busy_host_keep_the_hot_set() -> None:
     p = WaitPlanner(hot())
     p.wait_started("a", 0.0)
