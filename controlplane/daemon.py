@@ -8,11 +8,14 @@ One process (``azctl daemon``), these threads:
 * the scheduler: ``Scheduler.run()``, one tick a second, woken early by hints;
 * the module event listener: follows the ``events`` netlink group (changes made by other netlink
   clients) and forwards them to subscribers;
-* the wait planner (controlplane/waitplan.py): predicts when each LLM wait ends and, that long
-  before it, holds the scheduler and starts the sandbox's prefetch; a wait that goes on past a
-  prefetch is released for compression again;
-* prefetch workers: one short-lived thread per planned prefetch, and per tool hint that found
-  the working set not brought back (that one at a lower priority, in parallel with the tool).
+* the wait planner (controlplane/waitplan.py): learns each sandbox's waits and tells the
+  scheduler when a waiting sandbox's working set may go; with the prefetcher (``prefetch``, the
+  eBPF fault tracer) it also predicts when each LLM wait ends and, that long before it, holds
+  the scheduler and starts the sandbox's prefetch; a wait that goes on past a prefetch is
+  released for compression again;
+* prefetch workers (with the prefetcher only): one short-lived thread per planned prefetch, and
+  with ``hint_prefetch`` per tool hint that found the working set not brought back (that one at
+  a lower priority, in parallel with the tool).
 
 The socket is root-only twice over: the file is 0600 in a 0700 directory, and every connection's
 peer credentials (SO_PEERCRED) are checked against ``allowed_uids`` (root only by default).
@@ -303,8 +306,13 @@ class Daemon:
             notify=self.publish,
             deep=self._deep_ok if c.predict and c.plan.keep_hot else None,
         )
-        # without the prefetcher nothing brings an announced wait's working set back early
-        self.planner = WaitPlanner(replace(c.plan, restores=c.plan.restores and c.prefetch))
+        if (c.hint_prefetch or not c.predict) and not c.prefetch and prefetcher is None:
+            raise errors.InvalidValue("hint_prefetch and predict=False need the prefetcher")
+        # without a prefetcher the planner plans no prefetch (start() also tells it when the
+        # prefetcher asked for could not start)
+        self.planner = WaitPlanner(
+            replace(c.plan, restores=c.plan.restores and (c.prefetch or prefetcher is not None))
+        )
         self._plan_lock = threading.Lock()
         self.op_times = OpTimes(self.clock)  # service time per request kind (stats: "ops")
         self.module_phases = PhaseForwarder(self._module_phase, self._module_phase_failed)
@@ -783,6 +791,9 @@ class Daemon:
         self.bind()
         if self._load_prefetcher:
             self.prefetcher = load_prefetcher(self.config.prefetch)
+            if isinstance(self.prefetcher, NoopPrefetcher):
+                with self._plan_lock:
+                    self.planner.config.restores = False
         assert self._server is not None
         self.module_phases.start()
         self._spawn("server", self._server.serve_forever, 0.2)

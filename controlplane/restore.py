@@ -1,14 +1,15 @@
 """The interface between the scheduler and the prefetcher (controlplane/prefetch.py, ebpf owner).
 
-On a tool hint the daemon calls ``prefetcher.restore(sandbox)`` (in a background thread, so the
-hint's reply is not delayed) to bring the sandbox's recorded working set back before the tool
-touches it; ``azctl prefetch SANDBOX`` calls it by hand.  ``restore`` returns a small dict of
-figures (pages requested, bytes, seconds...) or None; it must not raise for "nothing recorded
-yet".
+Before the predicted or announced end of a wait, or on a tool hint with ``hint_prefetch``, the
+daemon calls ``prefetcher.restore(sandbox)`` (in a background thread, so no hint's reply is
+delayed) to bring the sandbox's recorded working set back before the tool touches it; ``azctl
+prefetch SANDBOX`` calls it by hand.  ``restore`` returns a small dict of figures (pages
+requested, bytes, seconds...) or None; it must not raise for "nothing recorded yet".
 
-:func:`load_prefetcher` builds ``controlplane.prefetch.make_prefetcher()``; when the prefetcher
-cannot start (no BPF, no tracer) the daemon runs with the no-op one and says why in the log and
-in every restore result.
+:func:`load_prefetcher` builds ``controlplane.prefetch.make_prefetcher()`` when the daemon runs
+with ``--prefetch``; without it, or when the prefetcher cannot start (no BPF, no tracer), the
+daemon runs with the no-op one, plans no prefetch and says why in the log and in every restore
+result.
 """
 
 from __future__ import annotations

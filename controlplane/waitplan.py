@@ -61,6 +61,10 @@ The control law, per sandbox:
   is this wait's prefetch planned: the pages a prefetch brings back are the working set's.  A
   tool after a wait that kept it faults in little more than the pages its working set drifted
   to.
+* Without a prefetcher (``restores`` off: the daemon without ``--prefetch``) nothing is
+  planned: no prefetch is due, the scheduler is never held for one, an announced end only
+  keeps a working set that has not gone yet, and a tool after a wait whose working set went
+  faults it back in.
 * Never worse than compressing blind: without a prediction the tool faults in what it touches,
   and the scheduler never compresses during a tool phase.
 """
@@ -191,7 +195,8 @@ class ToolStart:
 
     prefetch: bool  # start a prefetch now (nothing brought the working set back in this wait)
     # "predicted" | "in-flight" | "no-prediction" | "not-fired" | "recompressed" | "kept" (the
-    # hot set never went: nothing to bring back)
+    # hot set never went: nothing to bring back) | "compressed" (it went and, without a
+    # prefetcher, nothing brought it back)
     reason: str
     wait_s: float | None
 
@@ -289,7 +294,7 @@ class WaitPlanner:
         age = max(0.0, now - sp.wait_start)
         if must:
             self._go_deep(name, sp, age)
-            if sp.ending and sp.predict:
+            if sp.ending and sp.predict and c.restores:
                 sp.fire_at = now  # its end was announced: the working set comes back now
             return True
         if sp.ending:
@@ -306,6 +311,8 @@ class WaitPlanner:
     def _plan(self, name: str, since: float) -> float | None:
         sp = self._get(name)
         assert sp.wait_start is not None
+        if not self.config.restores:
+            return None  # nothing would bring the working set back
         at = fire_time(self.samples(name), since, self.lead(name), sp.threshold)
         return None if at is None else sp.wait_start + at
 
@@ -342,6 +349,10 @@ class WaitPlanner:
             sp.kept += 1
             sp.wait_start = sp.fire_at = sp.recompress_at = sp.prefetched_at = None
             return ToolStart(False, "kept", wait)
+        if not self.config.restores:
+            # the working set went and nothing brings it back: the tool faults it in
+            sp.wait_start = sp.fire_at = sp.recompress_at = sp.prefetched_at = None
+            return ToolStart(False, "compressed", wait)
         if sp.prefetching:
             out = ToolStart(False, "in-flight", wait)
         elif sp.prefetched_at is not None and not sp.recompressed:
@@ -371,8 +382,8 @@ class WaitPlanner:
         sp.ending = True
         sp.endings += 1
         sp.recompress_at = None
-        if not sp.deep:
-            return False  # the hot set stayed: nothing to bring back
+        if not sp.deep or not self.config.restores:
+            return False  # the hot set stayed, or nothing would bring it back
         if sp.prefetching or (sp.prefetched_at is not None and not sp.recompressed):
             return False
         if self.busy and not self.config.predict_when_busy:

@@ -532,14 +532,16 @@ def policy_set(ctx: click.Context, assignments: tuple[str, ...], as_json: bool) 
 @click.option(
     "--hint-prefetch",
     is_flag=True,
-    help="On a tool hint that found nothing prefetched in its wait, prefetch beside the tool "
-    "(default: the tool faults its pages in; a racing prefetch measured slower).",
+    help="With --prefetch: on a tool hint that found nothing prefetched in its wait, prefetch "
+    "beside the tool (default: the tool faults its pages in; a racing prefetch measured "
+    "slower).",
 )
 @click.option(
     "--no-predict",
     is_flag=True,
-    help="Prefetch on the tool hint only, instead of before the end of each LLM wait as "
-    "predicted from the sandbox's earlier waits.",
+    help="With --prefetch: prefetch on the tool hint only, instead of before the end of each "
+    "LLM wait as predicted from the sandbox's earlier waits (the working set is then "
+    "compressed at once with the rest).",
 )
 @click.option(
     "--no-keep-hot",
@@ -599,11 +601,13 @@ def daemon(
                      (then clears the kept pages' accessed bits: the next
                      wait keeps what the next tool touched);
       once the wait is expected to last --deep-min-remaining more (from its own
-      or the fleet's earlier waits; 10 s when they know no wait that long), or at
-      once if its waits' ends are announced (ending)
+      or the fleet's earlier waits; 10 s when they know no wait that long)
                      compress the working set too;
-      with --prefetch, before the wait's predicted end, or when it is announced
-                     stop compressing and prefetch its learned working set;
+      with --prefetch (eBPF fault tracer), before the wait's predicted end or
+      when it is announced (azctl ending)
+                     stop compressing and prefetch its learned working set
+                     (a sandbox whose ends are announced loses its working
+                     set at once, and the announcement brings it back);
       tool hint      compression stops; pages not resident fault back on use;
       idle hint      compress the whole sandbox after --grace (it is parked);
       no hints       inferred idle (cgroup CPU/PSI) after --idle-grace, compressed too.
@@ -611,6 +615,9 @@ def daemon(
     from controlplane.daemon import Daemon, DaemonConfig
     from controlplane.sysfs import parse_size
 
+    for flag, given in (("--hint-prefetch", hint_prefetch), ("--no-predict", no_predict)):
+        if given and not prefetch:
+            raise click.UsageError(f"{flag} needs --prefetch (it changes when the prefetcher runs)")
     env = _env(ctx)
     need_root("azctl daemon")
     logging.basicConfig(

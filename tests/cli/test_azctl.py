@@ -198,6 +198,49 @@ def test_daemon_options_default_to_the_scheduler_config() -> None:
     assert parse_size(d["chunk"]) == c.chunk_bytes
 
 
+def _daemon_config(offline: World, monkeypatch: pytest.MonkeyPatch, *args: str):
+    """Run ``azctl daemon ARGS`` up to the daemon's construction; returns (result, config)."""
+    import azctl.main
+
+    import controlplane.daemon
+
+    seen: list[object] = []
+
+    class Built:
+        def __init__(self, cfg: object, module_factory: object = None) -> None:
+            seen.append(cfg)
+
+        def run(self) -> None:
+            pass
+
+    monkeypatch.setattr(controlplane.daemon, "Daemon", Built)
+    monkeypatch.setattr(azctl.main, "need_root", lambda what: None)
+    r = offline.run("daemon", *args)
+    return r, (seen[0] if seen else None)
+
+
+def test_daemon_flags_reach_its_config(offline: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    r, cfg = _daemon_config(offline, monkeypatch)
+    assert r.exit_code == 0, r.output
+    assert not cfg.prefetch and cfg.predict and not cfg.hint_prefetch
+    assert cfg.scheduler.age_kept and cfg.plan.keep_hot
+    r, cfg = _daemon_config(offline, monkeypatch, "--prefetch", "--hint-prefetch", "--no-predict",
+                            "--no-age-kept", "--no-keep-hot", "--deep-min-remaining", "2.5")
+    assert r.exit_code == 0, r.output
+    assert cfg.prefetch and not cfg.predict and cfg.hint_prefetch
+    assert not cfg.scheduler.age_kept and not cfg.plan.keep_hot
+    assert cfg.plan.deep_min_remaining == 2.5
+
+
+@pytest.mark.parametrize("flag", ["--hint-prefetch", "--no-predict"])
+def test_daemon_refuses_prefetch_options_without_the_prefetcher(
+    offline: World, monkeypatch: pytest.MonkeyPatch, flag: str
+) -> None:
+    r, cfg = _daemon_config(offline, monkeypatch, flag)
+    assert r.exit_code == 2 and cfg is None
+    assert f"{flag} needs --prefetch" in r.output
+
+
 def test_template_from_file_streams_in_bounded_batches(world: World, tmp_path: Path) -> None:
     layout = [1] * 20 + [0] * 5 + [2] * 3 + [0] * 2 + [3]
     img = _image(tmp_path / "img", layout)

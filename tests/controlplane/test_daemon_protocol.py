@@ -22,6 +22,7 @@ import pytest
 from controlplane import errors
 from controlplane.client import DaemonClient
 from controlplane.daemon import MAX_LINE, Daemon, DaemonConfig
+from controlplane.restore import NoopPrefetcher
 from controlplane.scheduler import SchedulerConfig
 from controlplane.waitplan import PlanConfig
 from tests.fakes import (
@@ -814,8 +815,11 @@ def test_the_scheduler_asks_the_planner_before_a_waits_hot_set_goes(tmp_path: Pa
             assert c.stats("a")["phase"]["plan"]["deep"] == 2
     finally:
         d.stop()
-    for kw in ({"plan": PlanConfig(keep_hot=False)}, {"predict": False}):
+    for kw in ({"plan": PlanConfig(keep_hot=False)}, {"predict": False, "prefetch": True}):
         assert Daemon(config(tmp_path, **kw), module_factory=lambda: fm).scheduler.deep is None
+    for kw in ({"predict": False}, {"hint_prefetch": True}):  # they change the prefetcher's runs
+        with pytest.raises(errors.InvalidValue):
+            Daemon(config(tmp_path, **kw), module_factory=lambda: fm)
 
 
 def test_a_request_sent_without_waiting_is_answered_only_if_it_fails(daemon: Running) -> None:
@@ -830,3 +834,20 @@ def test_a_request_sent_without_waiting_is_answered_only_if_it_fails(daemon: Run
     s.sendall(b'{"id": 1, "op": "ping", "reply": false}\n{"id": 2, "op": "ping"}\n')
     assert json.loads(f.readline())["id"] == 2  # nothing for the first
     s.close()
+
+
+def test_a_prefetcher_that_could_not_start_plans_no_prefetch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import controlplane.daemon
+
+    fm = FakeModule(tmp_path / "cg")
+    monkeypatch.setattr(controlplane.daemon, "load_prefetcher", lambda enabled: NoopPrefetcher())
+    d = Daemon(config(tmp_path, prefetch=True), module_factory=lambda: fm)
+    assert d.planner.config.restores  # asked for
+    d.start()
+    try:
+        assert not d.planner.config.restores  # none came up: nothing would bring pages back
+    finally:
+        d.stop()
+    assert not Daemon(config(tmp_path), module_factory=lambda: fm).planner.config.restores

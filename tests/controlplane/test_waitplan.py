@@ -480,3 +480,21 @@ def test_a_working_set_taken_anyway_in_an_announced_wait_comes_back_at_once() ->
     assert not p.wait_ending("a", t + 1.0)  # kept: nothing to bring back
     assert p.deep_ok("a", t + 1.2, must=True)  # memory pressure takes it anyway
     assert p.due(t + 1.2) == [("a", Action.PREFETCH)]
+
+
+@pytest.mark.parametrize("keep_hot", [False, True])
+def test_without_a_prefetcher_nothing_is_planned(keep_hot: bool) -> None:
+    p = WaitPlanner(hot(restores=False, keep_hot=keep_hot))
+    t = 0.0
+    for _ in range(6):  # a history that predicts the next wait's end
+        at = p.wait_started("a", t)
+        assert at is None and p.next_due() is None
+        assert p.deep_ok("a", t + 1.0, must=True)  # the working set goes
+        assert not p.wait_ending("a", t + 2.0)  # announced: still nothing to bring it back
+        assert p.due(t + 2.5) == [] and p.next_due() is None
+        start = p.tool_started("a", t + 3.0)
+        assert not start.prefetch and start.reason == "compressed"
+        t += 4.0
+    snap = p.snapshot("a", t)
+    assert snap["fired"] == snap["hits"] == snap["late"] == snap["on_hint"] == 0
+    assert snap["waits"] == 6 and snap["endings"] == 6
