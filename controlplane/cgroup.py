@@ -205,17 +205,49 @@ class Cgroup:
         subgroups, write 1 to /proc/PID/clear_refs, which clears the page-table accessed bits
         and the pages' referenced flags.  Reclaim afterwards sees as recently used only what
         is touched from now on.  Returns the processes done; one that exits meanwhile, or whose
-        file cannot be written, is skipped."""
+        file cannot be written, is skipped.
+
+        A pid read from cgroup.procs may be reused by another process before it is written:
+        each process's /proc directory is opened once, and its clear_refs written through that
+        handle only if its /proc/PID/cgroup (read through the same handle, so of the same
+        process) still names this cgroup or a subgroup.  The root cgroup is refused: it would
+        age every process on the host."""
+        if self.path == "/":
+            raise errors.InvalidValue("the root cgroup's pages are not aged (every process)")
         done = 0
         for d, _, _ in os.walk(self.dir):
             for pid in procs(d):
-                try:
-                    with open(proc / str(pid) / "clear_refs", "w") as f:
-                        f.write("1")
-                    done += 1
-                except OSError:
-                    continue
+                done += self._clear_refs(proc / str(pid))
         return done
+
+    def _holds(self, proc_cgroup: str) -> bool:
+        """Does a /proc/PID/cgroup text put the process in this cgroup or below it?"""
+        for line in proc_cgroup.splitlines():
+            if line.startswith("0::"):
+                p = line[3:].strip()
+                return p == self.path or p.startswith(self.path + "/")
+        return False
+
+    def _clear_refs(self, pid_dir: Path) -> int:
+        try:
+            dfd = os.open(pid_dir, os.O_RDONLY | os.O_DIRECTORY)
+        except OSError:
+            return 0  # exited
+        try:
+            fd = os.open("cgroup", os.O_RDONLY, dir_fd=dfd)
+            with open(fd, closefd=True) as f:
+                if not self._holds(f.read()):
+                    return 0  # moved away, or the pid was reused by another process
+            fd = os.open("clear_refs", os.O_WRONLY, dir_fd=dfd)
+            try:
+                os.write(fd, b"1")
+            finally:
+                os.close(fd)
+            return 1
+        except OSError:
+            return 0
+        finally:
+            os.close(dfd)
 
     def reclaim(self, nbytes: int) -> bool:
         """Write ``nbytes`` to memory.reclaim.  True when the kernel reclaimed it all; False when

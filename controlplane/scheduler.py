@@ -660,8 +660,12 @@ class Scheduler:
         except OSError as e:  # the cgroup went away: nothing kept to age
             log.debug("aging %s: %s", name, e)
             return
-        with self._lock:
-            st.aged += 1
+        except errors.AzswapError as e:  # the root cgroup
+            log.warning("aging %s: %s", name, e)
+            return
+        if n:  # else no process was left to age (a later run of this wait tries again)
+            with self._lock:
+                st.aged += 1
         log.debug("aging %s: accessed bits of %d processes cleared", name, n)
 
     def _rest(self, seconds: float, name: str, generation: int) -> None:

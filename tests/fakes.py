@@ -223,6 +223,16 @@ def make_proc(
     return root
 
 
+def make_process(proc: Path, pid: int, cgroup_path: str) -> Path:
+    """A fake /proc/PID with a cgroup file (v2) naming ``cgroup_path`` and an empty clear_refs;
+    returns the clear_refs file."""
+    d = proc / str(pid)
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "cgroup").write_text(f"0::{cgroup_path}\n")
+    (d / "clear_refs").write_text("")
+    return d / "clear_refs"
+
+
 def make_cgroup(root: Path, path: str, *, memory: int = 256 << 20, cpu_usec: int = 0) -> Path:
     """A fake cgroup v2 directory with the files the control plane reads and writes."""
     d = root / path.strip("/")

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from controlplane import cgroup, errors
+from tests.fakes import make_process
 
 
 def test_cgroup_paths_in_registry_form() -> None:
@@ -66,14 +67,22 @@ def test_clear_referenced_writes_1_for_every_process_of_the_cgroup_and_its_subgr
 ) -> None:
     root, proc = tmp_path / "cg", tmp_path / "proc"
     (root / "sb" / "inner").mkdir(parents=True)
-    (root / "sb" / "cgroup.procs").write_text("10\n11\n")
+    (root / "sb" / "cgroup.procs").write_text("10\n11\n13\n")
     (root / "sb" / "inner" / "cgroup.procs").write_text("12\n")
-    for pid in (10, 12):  # 11 exited after cgroup.procs was read: no /proc entry
-        (proc / str(pid)).mkdir(parents=True)
-        (proc / str(pid) / "clear_refs").write_text("")
-    (proc / "99").mkdir()  # not in the cgroup: untouched
-    (proc / "99" / "clear_refs").write_text("")
+    refs = {pid: make_process(proc, pid, path) for pid, path in (
+        (10, "/sb"), (12, "/sb/inner"),  # 11 exited after cgroup.procs was read
+        (13, "/other"),  # 13 exited and its pid went to a process elsewhere
+        (99, "/sb"))}  # not listed in cgroup.procs: untouched
     assert cgroup.Cgroup("/sb", root).clear_referenced(proc) == 2
-    assert (proc / "10" / "clear_refs").read_text() == "1"
-    assert (proc / "12" / "clear_refs").read_text() == "1"
-    assert (proc / "99" / "clear_refs").read_text() == ""
+    assert [refs[p].read_text() for p in (10, 12, 13, 99)] == ["1", "1", "", ""]
+    make_process(proc, 10, "/sbx")  # a sibling whose name starts the same is not below it
+    refs[10].write_text("")
+    assert cgroup.Cgroup("/sb", root).clear_referenced(proc) == 1 and refs[10].read_text() == ""
+
+
+def test_clear_referenced_refuses_the_root_cgroup(tmp_path: Path) -> None:
+    (tmp_path / "cgroup.procs").write_text("1\n")
+    refs = make_process(tmp_path / "proc", 1, "/")
+    with pytest.raises(errors.InvalidValue):
+        cgroup.Cgroup("/", tmp_path).clear_referenced(tmp_path / "proc")
+    assert refs.read_text() == ""

@@ -12,7 +12,7 @@ from controlplane import errors
 from controlplane.netlink import Phase
 from controlplane.phase import PhaseConfig, PhaseModel
 from controlplane.scheduler import MiB, Scheduler, SchedulerConfig, Target
-from tests.fakes import FakeCgroup, FakeClock, make_cgroup, make_proc
+from tests.fakes import FakeCgroup, FakeClock, make_cgroup, make_proc, make_process
 
 
 class Rig:
@@ -714,9 +714,7 @@ def test_a_wait_kept_at_its_working_set_forgets_which_pages_were_used(
 ) -> None:
     r, _ = judged(tmp_path, clock)
     (r.root / "sb" / "sb0" / "cgroup.procs").write_text("4242\n")
-    refs = r.proc / "4242" / "clear_refs"
-    refs.parent.mkdir()
-    refs.write_text("")
+    refs = make_process(r.proc, 4242, "/sb/sb0")
     r.hint("sb0", Phase.LLM_WAIT)
     (act,) = r.sched.tick().actions
     assert act.result == "floor" and refs.read_text() == ""  # nothing kept: nothing to age
@@ -733,9 +731,7 @@ def test_aging_the_kept_pages_can_be_turned_off(tmp_path: Path, clock: FakeClock
             deep=judge, age_kept=False)
     judge.sched = r.sched
     (r.root / "sb" / "sb0" / "cgroup.procs").write_text("4242\n")
-    refs = r.proc / "4242" / "clear_refs"
-    refs.parent.mkdir()
-    refs.write_text("")
+    refs = make_process(r.proc, 4242, "/sb/sb0")
     r.hint("sb0", Phase.LLM_WAIT)
     r.sched.tick()
     tool_then_wait(r, "sb0", clock, 16 * MiB)
@@ -749,9 +745,7 @@ def test_a_kept_wait_is_aged_once_though_it_is_compressed_again(
 ) -> None:
     r, _ = judged(tmp_path, clock)
     (r.root / "sb" / "sb0" / "cgroup.procs").write_text("4242\n")
-    refs = r.proc / "4242" / "clear_refs"
-    refs.parent.mkdir()
-    refs.write_text("")
+    refs = make_process(r.proc, 4242, "/sb/sb0")
     r.hint("sb0", Phase.LLM_WAIT)
     r.sched.tick()
     tool_then_wait(r, "sb0", clock, 16 * MiB)
@@ -764,3 +758,17 @@ def test_a_kept_wait_is_aged_once_though_it_is_compressed_again(
     (act,) = r.sched.tick().actions
     assert act.result == "hot-kept" and r.mem("sb0") == 16 * MiB and refs.read_text() == ""
     assert r.sched.snapshot()["sb0"]["aged"] == 1
+
+
+def test_a_kept_wait_with_no_process_to_age_is_not_counted_aged(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    r, _ = judged(tmp_path, clock)
+    (r.root / "sb" / "sb0" / "cgroup.procs").write_text("4242\n")
+    refs = make_process(r.proc, 4242, "/elsewhere")  # the pid now belongs to another cgroup
+    r.hint("sb0", Phase.LLM_WAIT)
+    r.sched.tick()
+    tool_then_wait(r, "sb0", clock, 16 * MiB)
+    (act,) = r.sched.tick().actions
+    assert act.result == "hot-kept" and refs.read_text() == ""
+    assert r.sched.snapshot()["sb0"]["aged"] == 0
