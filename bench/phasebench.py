@@ -236,6 +236,9 @@ def spread(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         splits = [r["tool_split_s"] for r in rs if r.get("tool_split_s")]
         row["tool_split_s"] = {k: statistics.median(sp[k] for sp in splits)
                                for k in TOOL_SPLIT} if splits else {}
+        if splits:  # the median of each run's own blocked time, not a difference of medians
+            row["tool_split_s"]["blocked_s"] = statistics.median(
+                sp["seconds"] - sp["cpu_s"] - sp["runq_s"] for sp in splits)
         out.append(row)
     return out
 
@@ -257,9 +260,8 @@ def print_spread(rows: list[dict[str, Any]]) -> None:
         sp = r.get("tool_split_s") or {}
         if not sp:
             return ("-",) * 5
-        blocked = sp["seconds"] - sp["cpu_s"] - sp["runq_s"]
         return tuple(f"{x:.3f}" for x in (sp["seconds"], sp["pages_s"], sp["cpu_s"],
-                                           sp["runq_s"], blocked))
+                                           sp["runq_s"], sp["blocked_s"]))
 
     head = ("host", "style", "regime", "major faults", "in sandbox s", "hot pages s", "on CPU s",
             "CPU wait s", "blocked s")

@@ -173,17 +173,21 @@ def test_spread_and_contract_shape() -> None:
 def test_spread_gives_the_median_time_split_and_prints_it(capsys: pytest.CaptureFixture[str]
                                                           ) -> None:
     runs = []
-    for rep, runq in enumerate((0.1, 0.3, 0.2)):
+    # blocked per run 0.3, 0.02, 0.01: median 0.020; the difference of the medians would be
+    # 0.600 - 0.200 - 0.300 = 0.100
+    for rep, (secs, runq) in enumerate(((0.6, 0.1), (0.52, 0.3), (0.71, 0.5))):
         regs = compare({"none": _r(0.2, 100), "aggressive": _r(0.5, 40)})
-        regs["aggressive"]["tool_split_s"] = {"seconds": 0.5, "pages_s": 0.2, "cpu_s": 0.1,
+        regs["aggressive"]["tool_split_s"] = {"seconds": secs, "pages_s": 0.2, "cpu_s": 0.2,
                                               "runq_s": runq}
         runs.append({"host": "idle", "style": "ml", "repeat": rep, "regimes": regs})
     rows = {r["regime"]: r for r in spread(runs)}
-    assert rows["aggressive"]["tool_split_s"]["runq_s"] == pytest.approx(0.2)
+    sp = rows["aggressive"]["tool_split_s"]
+    assert sp["runq_s"] == pytest.approx(0.3) and sp["blocked_s"] == pytest.approx(0.02)
     assert rows["none"]["tool_split_s"] == {}
     print_spread(list(rows.values()))
     out = capsys.readouterr().out
-    assert "blocked s" in out and "0.200" in out  # blocked: 0.5 - 0.1 - 0.2
+    row = next(ln for ln in out.splitlines() if "aggressive" in ln and "0.600" in ln)
+    assert "blocked s" in out and "0.020" in row and "0.100" not in row
 
 
 def test_tool_call_streaming_starts_within_the_last_half_of_each_wait() -> None:
