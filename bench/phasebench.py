@@ -33,7 +33,7 @@ Regimes, each with fresh sandboxes and the same trajectories, on one azswap-lz4 
               end.  The daemon's scheduler compresses, its prefetcher restores; the benchmark
               does neither.
   daemon-alt  the daemon with --alt-daemon-arg options as well: an A/B of two settings on the
-              same trajectories in the same boot.
+              same trajectories in the same boot (daemon-alt-stream: with `ending` as below).
   daemon-stream
               the same, and the orchestrator also says when the model begins to stream its
               tool call (`ending`, the trajectory's stream_s before the wait's end), as an agent
@@ -81,7 +81,8 @@ from typing import Any
 from bench.kit.daemon import DaemonError, DaemonProcess
 
 MiB = float(1 << 20)
-REGIMES = ("none", "aggressive", "daemon", "daemon-stream", "daemon-alt")
+REGIMES = ("none", "aggressive", "daemon", "daemon-stream", "daemon-alt", "daemon-alt-stream")
+ALT_REGIMES = ("daemon-alt", "daemon-alt-stream")  # not run unless asked for
 HOSTS = ("idle", "loaded")
 STYLES = ("ml", "coding")
 WAIT_MIN, WAIT_MAX = 0.5, 20.0
@@ -342,13 +343,25 @@ def _prefetch_on(args: list[str]) -> bool:
     return bool(flags) and flags[-1] == "--prefetch"
 
 
+def _tracing(args: list[str]) -> bool:
+    """Does `azctl daemon ARGS` run the eBPF fault tracer (a prefetcher learning from faults,
+    the last --prefetch-from's default)?"""
+    source = "faults"
+    for i, a in enumerate(args):
+        if a == "--prefetch-from" and i + 1 < len(args):
+            source = args[i + 1]
+        elif a.startswith("--prefetch-from="):
+            source = a.partition("=")[2]
+    return _prefetch_on(args) and source == "faults"
+
+
 def start_daemon(args: list[str], timeout: float) -> DaemonProcess:
     """The shipped daemon, answering and its prefetcher tracing (unless told not to prefetch);
     its log where the host can read it after the guest run ($AZSWAP_OUT/phase-daemon-logs/)."""
     logs = Path(os.environ.get("AZSWAP_OUT", tempfile.gettempdir())) / "phase-daemon-logs"
     d = DaemonProcess(*args, log_path=logs / f"daemon-{time.strftime('%H%M%S')}-{os.getpid()}.log")
     try:
-        d.wait_ready(timeout=timeout, tracing=_prefetch_on(args))
+        d.wait_ready(timeout=timeout, tracing=_tracing(args))
     except DaemonError as e:
         with contextlib.suppress(DaemonError):
             d.stop()
@@ -447,7 +460,7 @@ def run_regime(regime: str, host: Host, style: str, cfg: Config, dev: Any,
         if regime.startswith("daemon"):
             from controlplane.client import DaemonClient
 
-            args = cfg.daemon_args + (cfg.alt_daemon_args if regime == "daemon-alt" else [])
+            args = cfg.daemon_args + (cfg.alt_daemon_args if regime in ALT_REGIMES else [])
             daemon = start_daemon(args, cfg.daemon_timeout)
             out["daemon"] = {"ready_s": round(daemon.ready_s, 1),
                              "start_cpu_s": daemon.cpu_seconds()}
@@ -478,7 +491,7 @@ def run_regime(regime: str, host: Host, style: str, cfg: Config, dev: Any,
         elif regime == "aggressive":
             regs = _module_registrations(cgs["template"], boxes)
 
-        announce = regime == "daemon-stream"
+        announce = regime.endswith("-stream")
 
         def hint(client: Any, name: str, phase: str) -> None:
             # an agent loop does not wait for the daemon's answer (a failure is read later)
@@ -679,8 +692,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hosts", type=_list(HOSTS), default=list(HOSTS))
     ap.add_argument("--styles", type=_list(STYLES), default=list(STYLES))
     ap.add_argument("--regimes", type=_list(REGIMES),
-                    default=[r for r in REGIMES if r != "daemon-alt"],
-                    help="default: all but daemon-alt")
+                    default=[r for r in REGIMES if r not in ALT_REGIMES],
+                    help="default: all but daemon-alt and daemon-alt-stream")
     ap.add_argument("--repeat", type=int, default=1, help="runs of every host and style")
     ap.add_argument("--sandboxes", type=int, default=4, help="sandboxes on the idle host")
     ap.add_argument("--loaded-sandboxes", type=int, default=2 * cpus + 2,
@@ -702,7 +715,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--daemon-arg", action="append", default=[], metavar="ARG",
                     help="an option for `azctl daemon` (repeat; e.g. --daemon-arg=--grace=0.1)")
     ap.add_argument("--alt-daemon-arg", action="append", default=[], metavar="ARG",
-                    help="an option for the daemon-alt regime's daemon only (repeat)")
+                    help="an option for the daemon-alt regimes' daemon only (repeat)")
     ap.add_argument("--rates", type=_rates, default={}, metavar="STYLE=UNITS,...",
                     help="work units per second per style instead of calibrating them at the "
                          "start (the same work in every boot; the JSON's config.rates)")

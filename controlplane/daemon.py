@@ -53,6 +53,7 @@ from controlplane.optimes import OpTimes
 from controlplane.phase import PhaseConfig, PhaseModel
 from controlplane.priority import lower_thread_priority, name_this_thread
 from controlplane.registry import RUN_DIR, ModuleBackend, Registry, Sandbox, state_path
+from controlplane.residentset import ResidentSetPrefetcher
 from controlplane.restore import NoopPrefetcher, Prefetcher, load_prefetcher
 from controlplane.scheduler import Scheduler, SchedulerConfig, Target
 from controlplane.sysfs import SYS_BLOCK, Device
@@ -63,6 +64,7 @@ log = logging.getLogger("azswap.daemon")
 PROTOCOL_VERSION = 1
 SOCKET_PATH = RUN_DIR / "azswap.sock"
 MAX_LINE = 64 * 1024  # bytes per request line, newline included
+PREFETCH_FROM = ("faults", "resident")  # DaemonConfig.prefetch_from
 
 
 @dataclass
@@ -74,7 +76,10 @@ class DaemonConfig:
     sys_block: Path = SYS_BLOCK
     state_dir: Path = RUN_DIR
     allowed_uids: frozenset[int] = frozenset({0})
-    prefetch: bool = False  # the eBPF fault tracer and restore prefetch (azctl --prefetch)
+    prefetch: bool = False  # restore prefetch (azctl --prefetch)
+    # how the prefetcher learns a working set: "faults" (the eBPF fault tracer) or "resident"
+    # (what is resident when a wait's compression reached it; controlplane/residentset.py)
+    prefetch_from: str = "faults"
     follow_events: bool = True
     metrics_port: int | None = None
     reconcile_interval: float = 10.0  # seconds between checks that the module still has ours
@@ -305,13 +310,18 @@ class Daemon:
             policy_setter=lambda pol: self.module.policy_set(**pol),
             notify=self.publish,
             deep=self._deep_ok if c.predict and c.plan.keep_hot else None,
+            kept=self._kept,
         )
         if (c.hint_prefetch or not c.predict) and not c.prefetch and prefetcher is None:
             raise errors.InvalidValue("hint_prefetch and predict=False need the prefetcher")
+        if c.prefetch_from not in PREFETCH_FROM:
+            raise errors.InvalidValue(f"prefetch_from must be one of {', '.join(PREFETCH_FROM)}")
+        resident = c.prefetch_from == "resident" and c.prefetch
         # without a prefetcher the planner plans no prefetch (start() also tells it when the
         # prefetcher asked for could not start)
         self.planner = WaitPlanner(
-            replace(c.plan, restores=c.plan.restores and (c.prefetch or prefetcher is not None))
+            replace(c.plan, restores=c.plan.restores and (c.prefetch or prefetcher is not None),
+                    deep_after_kept=c.plan.deep_after_kept or resident)
         )
         self._plan_lock = threading.Lock()
         self.op_times = OpTimes(self.clock)  # service time per request kind (stats: "ops")
@@ -407,6 +417,7 @@ class Daemon:
             plan = self.planner.snapshot(sb.name, self.clock())
             self.planner.forget(sb.name)
             self._wait_gen.pop(sb.name, None)
+        restore.forget(self.prefetcher, sb.name)
         log.info("plan of %s: %s", sb.name, " ".join(f"{k}={v}" for k, v in plan.items()))
         self.publish({"event": "unregister", "name": sb.name, "cgroup_id": sb.cgroup_id})
         return sb.to_dict()
@@ -491,6 +502,8 @@ class Daemon:
             if not self.scheduler.wait_run_ended(sb.name, self.config.run_end_wait_s):
                 log.info("prefetch %s: a reclaim write still runs; prefetching anyway", sb.name)
             res = self.prefetcher.restore(sb)
+            if isinstance(res, dict) and res.get("prefetched_pages"):
+                self.scheduler.restored(sb.name)  # its next tool is no measure of a working set
             self.publish(
                 {"event": "prefetch", "name": sb.name, "planned": planned, "result": res}
             )
@@ -551,6 +564,21 @@ class Daemon:
             if left > 0:
                 self._plan_wake.wait(left)
             self._plan_wake.clear()
+
+    def _kept(self, name: str) -> None:
+        """The scheduler's news (its thread): a wait's compression stopped at the working set.
+        A prefetcher that learns from residency records it now; an announced sandbox's working
+        set may go next (WaitPlanner.kept_level)."""
+        try:
+            sb = self.registry.sandbox(name)
+        except errors.AzswapError:
+            return  # unregistered meanwhile
+        restore.learn(self.prefetcher, sb)
+        with self._plan_lock:
+            deep = self.planner.kept_level(name, self.clock())
+        if deep:
+            self.scheduler.wake()
+            self._plan_wake.set()
 
     def _deep_ok(self, name: str, must: bool) -> bool:
         """The scheduler's question: may this waiting sandbox's hot set go now?  (``must``: it
@@ -789,7 +817,11 @@ class Daemon:
         """Recover, bind and start every thread (returns; see :meth:`run` for the foreground)."""
         self.recover()
         self.bind()
-        if self._load_prefetcher:
+        c = self.config
+        if self._load_prefetcher and c.prefetch and c.prefetch_from == "resident":
+            self.prefetcher = ResidentSetPrefetcher(cgroup_root=c.cgroup_root,
+                                                    proc_root=c.proc_root)
+        elif self._load_prefetcher:
             self.prefetcher = load_prefetcher(self.config.prefetch)
             if isinstance(self.prefetcher, NoopPrefetcher):
                 with self._plan_lock:

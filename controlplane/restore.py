@@ -31,6 +31,9 @@ class Prefetcher(Protocol):
 # Optional methods the daemon calls when the prefetcher has them:
 #   record_phase_change(sandbox: Sandbox, phase: str) -> object   on every non-tool hint
 #       (a tool hint calls restore(), which records the tool phase itself)
+#   learn(sandbox: Sandbox) -> object   when a wait's compression stopped at the working set
+#       (what is resident then is the working set: controlplane/residentset.py)
+#   forget(name: str) -> None           when the sandbox is unregistered
 #   close() -> None                                              on daemon shutdown
 
 
@@ -41,6 +44,24 @@ def phase_changed(p: Prefetcher, sandbox: Sandbox, phase: str) -> None:
             fn(sandbox, phase)
         except Exception as e:  # best effort: never in the way of a hint
             log.warning("prefetch: phase %s of %s: %s", phase, sandbox.name, e)
+
+
+def learn(p: Prefetcher, sandbox: Sandbox) -> None:
+    fn = getattr(p, "learn", None)
+    if fn is not None:
+        try:
+            fn(sandbox)
+        except Exception as e:  # best effort: never in the way of compression
+            log.warning("prefetch: learning %s: %s", sandbox.name, e)
+
+
+def forget(p: Prefetcher, name: str) -> None:
+    fn = getattr(p, "forget", None)
+    if fn is not None:
+        try:
+            fn(name)
+        except Exception as e:
+            log.warning("prefetch: forget %s: %s", name, e)
 
 
 def status(p: Prefetcher) -> str:

@@ -269,6 +269,7 @@ class Scheduler:
         policy_setter: Callable[[dict[str, int]], None] | None = None,
         notify: Callable[[dict[str, Any]], None] | None = None,
         deep: Callable[[str, bool], bool] | None = None,
+        kept: Callable[[str], None] | None = None,
     ) -> None:
         self.phases = phases
         self.targets = targets
@@ -283,6 +284,9 @@ class Scheduler:
         # may a hinted wait's hot set go now? deep(name, must): must=True says it goes anyway
         # (None: always; see "The hot set stays while the wait is short")
         self.deep = deep
+        # told (without the scheduler's lock) when a wait's compression stopped at the
+        # working set: what is resident then is the working set (a prefetcher learns it)
+        self.kept = kept
         self.levels: dict[str, HotLevel] = {}
         self._pressure = False  # host memory pressure as this tick read it
         self._wake = threading.Event()
@@ -362,6 +366,15 @@ class Scheduler:
         """A compress request for ``name`` that no tick has picked up yet."""
         with self._lock:
             return name in self._force_pending
+
+    def restored(self, name: str) -> None:
+        """A prefetch brought the sandbox's working set back in its wait: what its next tool
+        leaves resident is no measure of what a tool uses (the prefetch brought pages it may
+        not touch), so the next wait keeps the level learned before."""
+        with self._lock:
+            level = self.levels.get(name)
+            if level is not None:
+                level.sample = False
 
     def forget(self, name: str) -> None:
         with self._lock:
@@ -633,6 +646,12 @@ class Scheduler:
             elif result.startswith("stopped") or result.startswith("error"):
                 st.stop_reason = result
             summary = st.to_dict()
+        if (result == "hot-kept" and self.kept is not None
+                and not self._still_wanted(v.name, v.generation)):
+            try:
+                self.kept(v.name)
+            except Exception:  # a listener that fails must not stop compression
+                log.exception("kept-level listener for %s failed", v.name)
         # once per wait (a kept sandbox that grows runs again), and not once a tool began
         if (result == "hot-kept" and c.age_kept and not st.aged
                 and not self._still_wanted(v.name, v.generation)):

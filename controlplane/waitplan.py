@@ -55,7 +55,9 @@ The control law, per sandbox:
   the wait is still expected to last.  The working set goes once that mean remaining wait
   (over the recorded waits longer than the current age) reaches ``deep_min_remaining`` seconds,
   or at once for a sandbox whose recent waits were announced while its waits are predicted
-  (``wait_ending``: the announcement brings it back ahead of the tool), or at ``deep_after``
+  (``wait_ending``: the announcement brings it back ahead of the tool; with
+  ``deep_after_kept``, once the compression reached it, :meth:`WaitPlanner.kept_level`), or
+  at ``deep_after``
   seconds when the history says nothing about waits that long; or when the scheduler takes it
   anyway (``must``: host memory pressure, a request by hand, nothing measured yet).  Only then
   is this wait's prefetch planned: the pages a prefetch brings back are the working set's.  A
@@ -108,6 +110,10 @@ class PlanConfig:
     # a prefetcher brings an announced wait's working set back (without one, the announcement
     # cannot, and an announced wait keeps its working set like any other)
     restores: bool = True
+    # an announced wait's working set goes once the wait's compression reached it
+    # (kept_level()), not at once: a prefetcher that learns the working set from what is
+    # resident then (controlplane/residentset.py) sees it
+    deep_after_kept: bool = False
 
     def validate(self) -> None:
         if self.history < 1 or self.fleet_history < 1 or self.min_samples < 1:
@@ -175,6 +181,7 @@ class SandboxPlan:
     ending: bool = False  # the orchestrator said this wait ends soon (the model streams)
     deep: bool = True  # this wait's hot set may go (keep_hot: once deep_ok() said so)
     predict: bool = False  # this wait may have a planned prefetch (not paused, not busy)
+    after_kept: bool = False  # announced: the working set goes once compression reached it
     announced: deque[bool] = field(default_factory=lambda: deque(maxlen=8))  # per wait
     # counts, for the stats
     waits_seen: int = 0
@@ -255,7 +262,7 @@ class WaitPlanner:
         sp.wait_start, sp.prefetching, sp.fires = now, False, 0
         sp.prefetched_at = sp.recompress_at = None
         sp.recompressed = sp.went_on = sp.ending = False
-        sp.fire_at, sp.predict = None, False
+        sp.fire_at, sp.predict, sp.after_kept = None, False, False
         if sp.paused > 0:
             sp.paused -= 1
         elif self.busy and not self.config.predict_when_busy:
@@ -267,7 +274,10 @@ class WaitPlanner:
             if sp.predict:
                 sp.fire_at = self._plan(name, 0.0)
         elif sp.predict and self.config.restores and self._announced(sp):
-            self._go_deep(name, sp, 0.0)
+            if self.config.deep_after_kept:
+                sp.after_kept = True  # see kept_level()
+            else:
+                self._go_deep(name, sp, 0.0)
         return sp.fire_at
 
     def _announced(self, sp: SandboxPlan) -> bool:
@@ -307,6 +317,16 @@ class WaitPlanner:
         if ok:
             self._go_deep(name, sp, age)
         return ok
+
+    def kept_level(self, name: str, now: float) -> bool:
+        """The scheduler compressed this waiting sandbox down to its working set (and the
+        prefetcher learnt it).  Returns whether the working set goes now: in a wait of an
+        announced sandbox (``deep_after_kept``) whose end was not announced yet."""
+        sp = self._sb.get(name)
+        if sp is None or sp.wait_start is None or sp.deep or not sp.after_kept or sp.ending:
+            return False
+        self._go_deep(name, sp, max(0.0, now - sp.wait_start))
+        return True
 
     def _plan(self, name: str, since: float) -> float | None:
         sp = self._get(name)

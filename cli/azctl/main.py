@@ -524,10 +524,21 @@ def policy_set(ctx: click.Context, assignments: tuple[str, ...], as_json: bool) 
     "--prefetch/--no-prefetch",
     default=False,
     show_default=True,
-    help="Trace swap-in faults (eBPF) to learn each sandbox's working set and bring it back "
-    "before a wait's predicted end.  Off by default: with working sets kept through short "
-    "waits, the tracer's cost on every fault (paid by the tools, as CPU time and waits for a "
-    "CPU) outweighed what prefetch saved in the phase benchmark.",
+    help="Learn each sandbox's working set (see --prefetch-from) and bring it back before a "
+    "wait's predicted or announced end.  Off by default: with working sets kept through "
+    "short waits, the fault tracer's cost on every fault (paid by the tools, as CPU time and "
+    "waits for a CPU) outweighed what prefetch saved in the phase benchmark.",
+)
+@click.option(
+    "--prefetch-from",
+    type=click.Choice(["faults", "resident"]),
+    default="faults",
+    show_default=True,
+    help="With --prefetch: how a sandbox's working set is learned.  faults: the eBPF fault "
+    "tracer records what each tool faults in (bcc).  resident: what is resident when a wait's "
+    "compression has reached the working set (/proc/PID/pagemap; no tracer, no cost on any "
+    "fault); a sandbox whose ends are announced then loses its working set too, and gets it "
+    "back on the announcement.",
 )
 @click.option(
     "--hint-prefetch",
@@ -584,6 +595,7 @@ def daemon(
     interval: float,
     no_policy: bool,
     prefetch: bool,
+    prefetch_from: str,
     hint_prefetch: bool,
     no_predict: bool,
     no_keep_hot: bool,
@@ -603,8 +615,8 @@ def daemon(
       once the wait is expected to last --deep-min-remaining more (from its own
       or the fleet's earlier waits; 10 s when they know no wait that long)
                      compress the working set too;
-      with --prefetch (eBPF fault tracer), before the wait's predicted end or
-      when it is announced (azctl ending)
+      with --prefetch, before the wait's predicted end or when it is announced
+      (azctl ending)
                      stop compressing and prefetch its learned working set
                      (a sandbox whose ends are announced loses its working
                      set at once, and the announcement brings it back);
@@ -615,7 +627,8 @@ def daemon(
     from controlplane.daemon import Daemon, DaemonConfig
     from controlplane.sysfs import parse_size
 
-    for flag, given in (("--hint-prefetch", hint_prefetch), ("--no-predict", no_predict)):
+    for flag, given in (("--hint-prefetch", hint_prefetch), ("--no-predict", no_predict),
+                        ("--prefetch-from", prefetch_from != "faults")):
         if given and not prefetch:
             raise click.UsageError(f"{flag} needs --prefetch (it changes when the prefetcher runs)")
     env = _env(ctx)
@@ -632,6 +645,7 @@ def daemon(
         sys_block=env.sys_block,
         state_dir=env.state_dir,
         prefetch=prefetch,
+        prefetch_from=prefetch_from,
         predict=not no_predict,
         hint_prefetch=hint_prefetch,
         metrics_port=metrics_port,

@@ -242,3 +242,12 @@ def test_the_last_prefetch_flag_wins() -> None:
     assert _prefetch_on(["--prefetch"])
     assert not _prefetch_on(["--prefetch", "--no-prefetch"])
     assert _prefetch_on(["--no-prefetch", "--prefetch"])
+
+
+def test_the_daemon_traces_faults_only_when_its_prefetcher_learns_from_them() -> None:
+    from bench.phasebench import _tracing
+
+    assert _tracing(["--prefetch"]) and not _tracing([])
+    assert not _tracing(["--prefetch", "--prefetch-from", "resident"])
+    assert not _tracing(["--prefetch-from=resident", "--prefetch"])
+    assert _tracing(["--prefetch-from=resident", "--prefetch", "--prefetch-from", "faults"])

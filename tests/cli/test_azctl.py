@@ -224,21 +224,25 @@ def test_daemon_flags_reach_its_config(offline: World, monkeypatch: pytest.Monke
     assert r.exit_code == 0, r.output
     assert not cfg.prefetch and cfg.predict and not cfg.hint_prefetch
     assert cfg.scheduler.age_kept and cfg.plan.keep_hot
+    assert cfg.prefetch_from == "faults"
     r, cfg = _daemon_config(offline, monkeypatch, "--prefetch", "--hint-prefetch", "--no-predict",
-                            "--no-age-kept", "--no-keep-hot", "--deep-min-remaining", "2.5")
+                            "--no-age-kept", "--no-keep-hot", "--deep-min-remaining", "2.5",
+                            "--prefetch-from", "resident")
     assert r.exit_code == 0, r.output
     assert cfg.prefetch and not cfg.predict and cfg.hint_prefetch
+    assert cfg.prefetch_from == "resident"
     assert not cfg.scheduler.age_kept and not cfg.plan.keep_hot
     assert cfg.plan.deep_min_remaining == 2.5
 
 
-@pytest.mark.parametrize("flag", ["--hint-prefetch", "--no-predict"])
+@pytest.mark.parametrize("flags", [["--hint-prefetch"], ["--no-predict"],
+                                   ["--prefetch-from", "resident"]])
 def test_daemon_refuses_prefetch_options_without_the_prefetcher(
-    offline: World, monkeypatch: pytest.MonkeyPatch, flag: str
+    offline: World, monkeypatch: pytest.MonkeyPatch, flags: list[str]
 ) -> None:
-    r, cfg = _daemon_config(offline, monkeypatch, flag)
+    r, cfg = _daemon_config(offline, monkeypatch, *flags)
     assert r.exit_code == 2 and cfg is None
-    assert f"{flag} needs --prefetch" in r.output
+    assert f"{flags[0]} needs --prefetch" in r.output
 
 
 def test_template_from_file_streams_in_bounded_batches(world: World, tmp_path: Path) -> None:

@@ -851,3 +851,33 @@ def test_a_prefetcher_that_could_not_start_plans_no_prefetch(
     finally:
         d.stop()
     assert not Daemon(config(tmp_path), module_factory=lambda: fm).planner.config.restores
+
+
+def test_the_resident_set_prefetcher_learns_when_a_wait_keeps_its_working_set(
+    tmp_path: Path,
+) -> None:
+    from controlplane.residentset import ResidentSetPrefetcher
+
+    make_cgroup(tmp_path / "cg", "/sb/a")
+    fm = FakeModule(tmp_path / "cg")
+    d = Daemon(config(tmp_path, prefetch=True, prefetch_from="resident"),
+               module_factory=lambda: fm)
+    assert d.planner.config.deep_after_kept and d.planner.config.restores
+    assert d.scheduler.kept is not None
+    d.scheduler.run = lambda: None  # type: ignore[method-assign]  # the test drives it
+    d.start()
+    try:
+        assert isinstance(d.prefetcher, ResidentSetPrefetcher)
+        learned: list[str] = []
+        d.prefetcher.learn = lambda sb: learned.append(sb.name)  # type: ignore[method-assign]
+        with DaemonClient(d.config.socket_path) as c:
+            c.register("a", "/sb/a", 1)
+            assert c.ping()["prefetch"] == "resident set"
+            d._kept("a")  # as the scheduler reports a wait kept at its working set
+            assert learned == ["a"]
+            d._kept("gone")  # unregistered meanwhile: nothing
+            assert learned == ["a"]
+    finally:
+        d.stop()
+    with pytest.raises(errors.InvalidValue):
+        Daemon(config(tmp_path, prefetch_from="nosuch"), module_factory=lambda: fm)

@@ -772,3 +772,38 @@ def test_a_kept_wait_with_no_process_to_age_is_not_counted_aged(
     (act,) = r.sched.tick().actions
     assert act.result == "hot-kept" and refs.read_text() == ""
     assert r.sched.snapshot()["sb0"]["aged"] == 0
+
+
+def test_a_wait_stopped_at_its_working_set_is_reported_to_the_listener(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    r, _ = judged(tmp_path, clock)
+    told: list[tuple[str, int]] = []
+    r.sched.kept = lambda name: told.append((name, r.mem(name)))
+    r.hint("sb0", Phase.LLM_WAIT)
+    (act,) = r.sched.tick().actions
+    assert act.result == "floor" and told == []  # everything went: no working set kept
+    tool_then_wait(r, "sb0", clock, 16 * MiB)
+    (act,) = r.sched.tick().actions
+    # told while the working set is still resident (a prefetcher records it then)
+    assert act.result == "hot-kept" and told == [("sb0", 16 * MiB)]
+
+
+def test_a_wait_whose_working_set_a_prefetch_brought_back_does_not_measure_the_next_level(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    r, judge = judged(tmp_path, clock)
+    r.hint("sb0", Phase.LLM_WAIT)
+    r.sched.tick()  # everything goes (nothing learned yet)
+    tool_then_wait(r, "sb0", clock, 16 * MiB)
+    r.sched.tick()
+    assert r.sched.levels["sb0"].keep == 16 * MiB
+    judge.ok = True  # this wait's working set goes too...
+    clock.advance(1.0)
+    r.sched.tick()
+    assert r.mem("sb0") == 0
+    r.sched.restored("sb0")  # ...and a prefetch brings back 24 MiB, 8 of them never used
+    tool_then_wait(r, "sb0", clock, 24 * MiB)
+    judge.ok = False
+    r.sched.tick()
+    assert r.sched.levels["sb0"].keep == 16 * MiB  # the level learnt before stays

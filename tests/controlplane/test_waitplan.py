@@ -498,3 +498,35 @@ def test_without_a_prefetcher_nothing_is_planned(keep_hot: bool) -> None:
     snap = p.snapshot("a", t)
     assert snap["fired"] == snap["hits"] == snap["late"] == snap["on_hint"] == 0
     assert snap["waits"] == 6 and snap["endings"] == 6
+
+
+def test_an_announced_working_set_goes_once_compression_reached_it_with_deep_after_kept() -> None:
+    p = WaitPlanner(hot(deep_after_kept=True))
+    p.wait_started("a", 0.0)
+    p.wait_ending("a", 1.0)
+    p.tool_started("a", 1.5)
+    assert not p.kept_level("a", 2.0)  # no wait in progress
+    p.wait_started("a", 3.0)  # announced like the first
+    assert not p.deep_ok("a", 3.0)  # not at once: compression first reaches the working set
+    assert p.kept_level("a", 3.4)  # then it goes (the prefetcher has learnt it)
+    assert p.deep_ok("a", 3.5)
+    assert not p.kept_level("a", 3.6)  # once
+    assert p.wait_ending("a", 4.0)  # and the announcement brings it back
+    assert p.due(4.0) == [("a", Action.PREFETCH)]
+
+
+def test_deep_after_kept_leaves_unannounced_and_ending_waits_alone() -> None:
+    p = WaitPlanner(hot(deep_after_kept=True))
+    t = 0.0
+    for _ in range(3):
+        t = kept_wait(p, "a", t, 3.0)
+    p.wait_started("a", t)
+    assert not p.kept_level("a", t + 0.5)  # not announced: deep_min_remaining decides
+    p.tool_started("a", t + 1.0)
+    p2 = WaitPlanner(hot(deep_after_kept=True))
+    p2.wait_started("b", 0.0)
+    p2.wait_ending("b", 1.0)
+    p2.tool_started("b", 1.5)
+    p2.wait_started("b", 3.0)
+    p2.wait_ending("b", 3.2)  # it ends before compression reached the working set
+    assert not p2.kept_level("b", 3.4)
