@@ -11,8 +11,8 @@
    their own memory cgroups and pushed to swap with memory.reclaim on each system in turn, then
    faulted back and verified (bench.swapbench); then sandboxes started from a template
    alternate tool phases and LLM waits on an idle host, with no compression, aggressive
-   compression blind to phases, and the shipped daemon (`azctl daemon`: phase hints, its
-   scheduler and prefetcher) (bench.phasebench, small sizes).
+   compression blind to phases, and the shipped daemon (`azctl daemon` as installed: phase
+   hints and its scheduler) (bench.phasebench, small sizes).
 3. Two tables of what was measured in this run: sandbox-owned memory, bytes stored, the
    metadata spent on them, the net reduction (owned / (stored + metadata)) and its ratio to
    zram-lz4's; tool-phase slowdown and memory saved per regime.

@@ -30,8 +30,8 @@ Regimes, each with fresh sandboxes and the same trajectories, on one azswap-lz4 
               directory): the template registered with template_add and reclaimed once (its
               pages become bases), the sandboxes registered with their trust group and the
               template, a `llm-wait` hint at the start of every wait and a `tool` hint at its
-              end.  The daemon's scheduler compresses, its prefetcher restores; the benchmark
-              does neither.
+              end.  The daemon's scheduler compresses (and with --prefetch its prefetcher
+              restores); the benchmark does neither.
   daemon-alt  the daemon with --alt-daemon-arg options as well: an A/B of two settings on the
               same trajectories in the same boot (daemon-alt-stream: with `ending` as below).
   daemon-stream
@@ -356,7 +356,7 @@ def _tracing(args: list[str]) -> bool:
 
 
 def start_daemon(args: list[str], timeout: float) -> DaemonProcess:
-    """The shipped daemon, answering and its prefetcher tracing (unless told not to prefetch);
+    """The shipped daemon, answering (and its fault tracer tracing, when it has one);
     its log where the host can read it after the guest run ($AZSWAP_OUT/phase-daemon-logs/)."""
     logs = Path(os.environ.get("AZSWAP_OUT", tempfile.gettempdir())) / "phase-daemon-logs"
     d = DaemonProcess(*args, log_path=logs / f"daemon-{time.strftime('%H%M%S')}-{os.getpid()}.log")
@@ -720,8 +720,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="work units per second per style instead of calibrating them at the "
                          "start (the same work in every boot; the JSON's config.rates)")
     ap.add_argument("--daemon-timeout", type=float, default=400.0,
-                    help="seconds to wait for the daemon to answer with its prefetcher tracing "
-                         "(its BPF program compiles in tens of seconds under TCG)")
+                    help="seconds to wait for the daemon to answer (and, with --prefetch, for "
+                         "its fault tracer: its BPF program compiles in tens of seconds under "
+                         "TCG)")
     ap.add_argument("--sync-hints", action="store_true",
                     help="wait for the daemon's answer to each phase hint before going on "
                          "(default: send it and go on, as an agent loop on its hot path)")

@@ -6,7 +6,7 @@
         az.register("sb1", cgroup="/sandboxes/sb1", group=1)
         az.phase("sb1", "llm-wait")      # compress while the model thinks
         ...
-        az.phase("sb1", "tool")          # stop compressing, prefetch its working set
+        az.phase("sb1", "tool")          # stop compressing (the tool faults its pages in)
         print(az.stats("sb1")["ratio"])
         az.hint("sb1", "llm-wait")       # the same, without waiting for the answer
 
@@ -213,7 +213,8 @@ class DaemonClient:
 
     def ending(self, name: str) -> dict[str, Any]:
         """The sandbox's LLM wait ends soon (the model has begun to stream its tool call): the
-        daemon brings its working set back now. Returns at once."""
+        wait keeps the working set it still has and, with ``azctl daemon --prefetch``, the
+        daemon brings back what went (reply ``prefetch``: whether it does). Returns at once."""
         return dict(self.request("ending", name=name))
 
     def compress(self, name: str, wait: float = 0.0) -> dict[str, Any]:

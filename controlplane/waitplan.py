@@ -26,7 +26,7 @@ The control law, per sandbox:
       hazard(e) = #(waits in (e, e + lead]) / #(waits > e)  >=  threshold
 
   If no such e exists (the history says nothing about waits this long), the planner does not
-  fire: the tool hint then prefetches in parallel with the tool, as before any learning.
+  fire: the tool faults its pages in (``hint_prefetch``: a prefetch beside it).
 * Recompress: a wait that is still going ``recompress_after`` seconds after a prefetch finished
   was longer than predicted.  If the history says it will probably go on for a while yet (the
   median remaining wait of the longer ones, at least ``recompress_min_remaining`` seconds), the

@@ -7,11 +7,12 @@ Each sandbox is a memory cgroup (made by your runtime: runc, Firecracker's jaile
 --scope ...).  The loop registers the sandboxes with the azswap daemon (`azctl daemon`, socket
 /run/azswap/azswap.sock), then for every step of every sandbox:
 
-    llm-wait hint  -> the daemon compresses the sandbox while the model thinks, at once, and
-                      prefetches its working set just before the wait's predicted end
+    llm-wait hint  -> the daemon compresses the sandbox while the model thinks, at once, down
+                      to the working set its tools use (that too if the wait lasts; with
+                      `azctl daemon --prefetch` it is brought back before the wait's end)
     the LLM call   -> here a sleep of --llm-seconds; yours is a request to a model server
-    tool hint      -> compression stops at once; the working set is prefetched now if the
-                      prediction did not bring it back yet
+    tool hint      -> compression stops at once; the tool faults back what it touches that
+                      went
     the tool call  -> here --tool run inside the sandbox's cgroup
 
 and unregisters them at the end, also on errors and Ctrl-C.  Orchestrators copy the
