@@ -325,7 +325,10 @@ class WaitPlanner:
         sp = self._sb.get(name)
         if sp is None or sp.wait_start is None or sp.deep or not sp.after_kept or sp.ending:
             return False
-        self._go_deep(name, sp, max(0.0, now - sp.wait_start))
+        # no prediction: the announcement brings the working set back (a predicted prefetch
+        # would fire before it as often as not, and hold memory for nothing)
+        sp.deep = True
+        sp.deep_waits += 1
         return True
 
     def _plan(self, name: str, since: float) -> float | None:

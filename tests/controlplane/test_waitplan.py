@@ -506,13 +506,22 @@ def test_an_announced_working_set_goes_once_compression_reached_it_with_deep_aft
     p.wait_ending("a", 1.0)
     p.tool_started("a", 1.5)
     assert not p.kept_level("a", 2.0)  # no wait in progress
-    p.wait_started("a", 3.0)  # announced like the first
-    assert not p.deep_ok("a", 3.0)  # not at once: compression first reaches the working set
-    assert p.kept_level("a", 3.4)  # then it goes (the prefetcher has learnt it)
-    assert p.deep_ok("a", 3.5)
-    assert not p.kept_level("a", 3.6)  # once
-    assert p.wait_ending("a", 4.0)  # and the announcement brings it back
-    assert p.due(4.0) == [("a", Action.PREFETCH)]
+    t = 3.0
+    for _ in range(4):  # announced like the first: enough waits to predict from
+        p.wait_started("a", t)
+        assert not p.deep_ok("a", t)  # not at once: compression first reaches the working set
+        assert p.kept_level("a", t + 0.4)  # then it goes (the prefetcher has learnt it)
+        assert p.deep_ok("a", t + 0.5)
+        # no predicted prefetch before the announcement: it brings the working set back
+        assert p.next_due() is None
+        assert not p.kept_level("a", t + 0.6)  # once
+        assert p.wait_ending("a", t + 1.0)
+        assert p.due(t + 1.0) == [("a", Action.PREFETCH)]
+        token = p.prefetch_started("a")
+        p.prefetch_done("a", token, 0.2, t + 1.2)
+        assert p.tool_started("a", t + 1.5).reason == "predicted"
+        t += 3.0
+    assert p.snapshot("a", t)["hits"] == 4
 
 
 def test_deep_after_kept_leaves_unannounced_and_ending_waits_alone() -> None:
