@@ -11,7 +11,7 @@ import pytest
 from controlplane import errors
 from controlplane.netlink import Phase
 from controlplane.phase import PhaseConfig, PhaseModel
-from controlplane.scheduler import MiB, Scheduler, SchedulerConfig, Target
+from controlplane.scheduler import Action, MiB, Scheduler, SchedulerConfig, Target
 from tests.fakes import FakeCgroup, FakeClock, make_cgroup, make_proc, make_process
 
 
@@ -709,6 +709,20 @@ def test_a_release_for_an_ended_wait_does_nothing(tmp_path: Path, clock: FakeClo
     assert r.mem("sb0") == 0
 
 
+def wait_kept_after_a_tool(r: Rig, clock: FakeClock, cgroup_of_pid: str = "/sb/sb0"
+                           ) -> tuple[Action, Path]:
+    """sb0 (one process, pid 4242, in ``cgroup_of_pid`` by its /proc entry) waits, everything
+    goes, a tool brings 16 MiB back, and the next wait stops at that level; returns that run's
+    action and the process's clear_refs file."""
+    (r.root / "sb" / "sb0" / "cgroup.procs").write_text("4242\n")
+    refs = make_process(r.proc, 4242, cgroup_of_pid)
+    r.hint("sb0", Phase.LLM_WAIT)
+    r.sched.tick()
+    tool_then_wait(r, "sb0", clock, 16 * MiB)
+    (act,) = r.sched.tick().actions
+    return act, refs
+
+
 def test_a_wait_kept_at_its_working_set_forgets_which_pages_were_used(
     tmp_path: Path, clock: FakeClock
 ) -> None:
@@ -730,12 +744,7 @@ def test_aging_the_kept_pages_can_be_turned_off(tmp_path: Path, clock: FakeClock
     r = Rig(tmp_path, clock, memory=64 * MiB, grace=0.0, cpu_budget=1.0, chunk_bytes=4 * MiB,
             deep=judge, age_kept=False)
     judge.sched = r.sched
-    (r.root / "sb" / "sb0" / "cgroup.procs").write_text("4242\n")
-    refs = make_process(r.proc, 4242, "/sb/sb0")
-    r.hint("sb0", Phase.LLM_WAIT)
-    r.sched.tick()
-    tool_then_wait(r, "sb0", clock, 16 * MiB)
-    (act,) = r.sched.tick().actions
+    act, refs = wait_kept_after_a_tool(r, clock)
     assert act.result == "hot-kept" and refs.read_text() == ""
     assert r.sched.snapshot()["sb0"]["aged"] == 0
 
@@ -744,12 +753,7 @@ def test_a_kept_wait_is_aged_once_though_it_is_compressed_again(
     tmp_path: Path, clock: FakeClock
 ) -> None:
     r, _ = judged(tmp_path, clock)
-    (r.root / "sb" / "sb0" / "cgroup.procs").write_text("4242\n")
-    refs = make_process(r.proc, 4242, "/sb/sb0")
-    r.hint("sb0", Phase.LLM_WAIT)
-    r.sched.tick()
-    tool_then_wait(r, "sb0", clock, 16 * MiB)
-    (act,) = r.sched.tick().actions
+    act, refs = wait_kept_after_a_tool(r, clock)
     assert act.result == "hot-kept" and refs.read_text() == "1"
     refs.write_text("")
     # it grows while it waits: compressed back to its level, the bits left as they are now
@@ -764,12 +768,8 @@ def test_a_kept_wait_with_no_process_to_age_is_not_counted_aged(
     tmp_path: Path, clock: FakeClock
 ) -> None:
     r, _ = judged(tmp_path, clock)
-    (r.root / "sb" / "sb0" / "cgroup.procs").write_text("4242\n")
-    refs = make_process(r.proc, 4242, "/elsewhere")  # the pid now belongs to another cgroup
-    r.hint("sb0", Phase.LLM_WAIT)
-    r.sched.tick()
-    tool_then_wait(r, "sb0", clock, 16 * MiB)
-    (act,) = r.sched.tick().actions
+    # the pid now belongs to another cgroup
+    act, refs = wait_kept_after_a_tool(r, clock, cgroup_of_pid="/elsewhere")
     assert act.result == "hot-kept" and refs.read_text() == ""
     assert r.sched.snapshot()["sb0"]["aged"] == 0
 
