@@ -17,7 +17,14 @@ working set the sandbox measured and take only what its tool stopped using, so t
 fault in little more than the pages their working set drifted to.  Checked: the first tool
 faults its whole hot set back; the later ones at most 30% of it on average (50% each); the
 waits kept their hot sets (the planner's `kept`) while the rest of the sandbox was in swap;
-every page verifies."""
+every page verifies.
+
+The resident-set prefetch (`--prefetch --prefetch-from resident`, no tracer) with announced
+ends: each wait compresses the sandbox down to its working set, records what is resident, then
+compresses that too; the announcement (`ending`) brings it back mapped.  Checked: the first
+tool (nothing recorded) faults its whole hot set back; in the later waits the sandbox was in
+swap before the announcement and the tool takes at most a fifth of those major faults; every
+page verifies."""
 
 from __future__ import annotations
 
@@ -168,3 +175,70 @@ def test_short_waits_keep_the_working_set_and_compress_the_rest() -> None:
         # the rest stayed in swap: at least half of the pages no tool touched
         assert cyc["swapped_before_tool"] >= (NPAGES - 2 * HOT) * 4096 // 2, cyc
     assert plan["kept"] >= 6, plan
+
+
+def test_announced_waits_bring_back_the_resident_working_set() -> None:
+    import azswap_guest as ag
+    from swapdev import Cg, session_swap
+
+    from bench.kit.daemon import DaemonProcess
+    from bench.pagesandbox import PageSandbox
+
+    kind = session_swap()
+    assert kind == "azswap", f"this test needs azswap, the swap device that came up is {kind}"
+    ag.assert_azswap_swap()
+    cg = Cg("resident")
+    sb = PageSandbox(cg.path, NPAGES, 13)
+    hot = random.Random(4).sample(range(NPAGES), HOT)
+    cycles: list[dict[str, Any]] = []
+    d = DaemonProcess("--interval", "0.2", "--no-policy", "--prefetch",
+                      "--prefetch-from", "resident")
+
+    def compressed(c: Any, generation: int) -> bool:
+        st = c.stats("resident").get("compress", {})
+        return bool(st.get("generation") == generation and st.get("deep")
+                    and st.get("last_result") in ("done", "floor"))
+
+    def prefetched(c: Any, fired_before: int) -> bool:
+        plan = c.stats("resident")["phase"]["plan"]
+        return bool(plan["fired"] > fired_before and not plan["prefetching"])
+
+    def until(what: str, cond: Any, timeout: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not cond():
+            assert time.monotonic() < deadline, f"timed out waiting for {what}"
+            time.sleep(0.2)
+
+    try:
+        assert d.wait_ready()["prefetch"] == "resident set"  # no tracer to wait for
+        with d.client() as c:
+            c.register("resident", cg.rel, 1)
+            sb.touch(hot, write_every=8)
+            for i in range(6):
+                fired = c.stats("resident")["phase"]["plan"]["fired"]
+                gen = c.phase("resident", "llm-wait")["generation"]
+                # the whole sandbox goes: at once in the first wait (nothing measured), after
+                # the working set was recorded in the others (their ends are announced)
+                until("the wait's compression", lambda gen=gen: compressed(c, gen))
+                swapped = int(cg.get("memory.swap.current"))
+                ending = c.ending("resident")
+                until("the announced prefetch", lambda fired=fired: prefetched(c, fired), 60.0)
+                c.phase("resident", "tool")
+                r = sb.touch(hot, write_every=8)
+                assert r["bad"] == 0, f"cycle {i}: {r['bad']} pages corrupt"
+                cycles.append({"cycle": i, "majflt": int(r["majflt"]),
+                               "swapped_before_ending": swapped, "ending": ending})
+            plan = c.stats("resident")["phase"]["plan"]
+            c.unregister("resident")
+        assert sb.verify() == 0
+    finally:
+        rc = finish(d, sb, cg, cycles)
+    assert rc == 0, d.log_tail()
+    # the first wait's prefetch had nothing recorded: its tool faulted the hot set back
+    assert cycles[0]["majflt"] >= 0.8 * HOT, cycles[0]
+    for cyc in cycles[1:]:
+        # the working set went with the rest, and the announcement brought it back mapped
+        assert cyc["swapped_before_ending"] >= (NPAGES - HOT // 4) * 4096 * 3 // 4, cyc
+        assert cyc["ending"]["prefetch"], cyc
+        assert cyc["majflt"] <= 0.2 * HOT, cyc
+    assert plan["hits"] >= 5 and plan["deep"] == 6, plan
