@@ -214,11 +214,11 @@ class Cgroup:
         age every process on the host."""
         if self.path == "/":
             raise errors.InvalidValue("the root cgroup's pages are not aged (every process)")
-        done = 0
-        for d, _, _ in os.walk(self.dir):
-            for pid in procs(d):
-                done += self._clear_refs(proc / str(pid))
-        return done
+        return sum(self._clear_refs(proc / str(pid)) for pid in self.subtree_procs())
+
+    def subtree_procs(self) -> list[int]:
+        """The pids in this cgroup and its subgroups (as their cgroup.procs list them now)."""
+        return [pid for d, _, _ in os.walk(self.dir) for pid in procs(d)]
 
     def _holds(self, proc_cgroup: str) -> bool:
         """Does a /proc/PID/cgroup text put the process in this cgroup or below it?"""

@@ -9,8 +9,9 @@ One process (``azctl daemon``), these threads:
 * the module event listener: follows the ``events`` netlink group (changes made by other netlink
   clients) and forwards them to subscribers;
 * the wait planner (controlplane/waitplan.py): learns each sandbox's waits and tells the
-  scheduler when a waiting sandbox's working set may go; with the prefetcher (``prefetch``, the
-  eBPF fault tracer) it also predicts when each LLM wait ends and, that long before it, holds
+  scheduler when a waiting sandbox's working set may go; with a prefetcher (``prefetch``: the
+  eBPF fault tracer's, or with ``prefetch_from`` "resident" one that records what is resident
+  when a wait's compression reaches the working set) it also predicts when each LLM wait ends and, that long before it, holds
   the scheduler and starts the sandbox's prefetch; a wait that goes on past a prefetch is
   released for compression again;
 * prefetch workers (with the prefetcher only): one short-lived thread per planned prefetch, and
@@ -317,6 +318,9 @@ class Daemon:
         if c.prefetch_from not in PREFETCH_FROM:
             raise errors.InvalidValue(f"prefetch_from must be one of {', '.join(PREFETCH_FROM)}")
         resident = c.prefetch_from == "resident" and c.prefetch
+        if resident and not (c.predict and c.plan.keep_hot):
+            # without the planner's say no wait stops at the working set: nothing is learnt
+            raise errors.InvalidValue("prefetch_from resident needs predict and keep_hot")
         # without a prefetcher the planner plans no prefetch (start() also tells it when the
         # prefetcher asked for could not start)
         self.planner = WaitPlanner(

@@ -45,7 +45,6 @@ import ctypes
 import errno
 import logging
 import os
-import struct
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -53,7 +52,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from controlplane import cgroup
+from controlplane import cgroup, pagemap
 from controlplane.priority import name_this_thread
 from ebpf.events import PAGE_SIZE, FaultEvent, FaultRecords
 
@@ -66,8 +65,6 @@ SYS_PROCESS_MADVISE = 440
 SYS_PROCESS_VM_READV = 310
 MADV_WILLNEED = 3
 IOV_MAX = 1024
-PM_SWAP = 1 << 62
-PM_PRESENT = 1 << 63
 
 
 
@@ -257,19 +254,7 @@ def madvise_ranges(pidfd: int, ranges: Sequence[Range],
 
 def swapped_out(pid: int, pages: Sequence[int], proc: Path = Path("/proc")) -> set[int]:
     """The addresses among ``pages`` whose PTE is a swap entry now (pagemap bit 62)."""
-    out: set[int] = set()
-    try:
-        fd = os.open(proc / str(pid) / "pagemap", os.O_RDONLY)
-    except OSError:
-        return out
-    try:
-        for addr in pages:
-            raw = os.pread(fd, 8, (addr // PAGE_SIZE) * 8)
-            if len(raw) == 8 and struct.unpack("<Q", raw)[0] & PM_SWAP:
-                out.add(addr)
-    finally:
-        os.close(fd)
-    return out
+    return set(pagemap.swapped(pid, pages, proc))
 
 
 # -- the prefetcher --------------------------------------------------------------------------------

@@ -28,20 +28,26 @@ import contextlib
 import errno
 import logging
 import os
-import struct
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from array import array
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from controlplane import cgroup
+from controlplane import errors
 from controlplane.cgroup import CGROUP_ROOT, PROC_ROOT, Cgroup
-from controlplane.prefetch import (
+from controlplane.pagemap import (
     PAGE_SIZE,
+    PM_FILE,
     PM_PRESENT,
-    PM_SWAP,
+    private_writable,
+    scan,
+    swapped,
+)
+from controlplane.prefetch import (
+    IOV_MAX,
     Range,
     coalesce,
     madvise_ranges,
@@ -53,97 +59,75 @@ from controlplane.prefetch import (
 
 log = logging.getLogger("azswap.residentset")
 
-PM_FILE = 1 << 61  # a file page or a shared anonymous one
-SCAN_ENTRIES = 1 << 16  # pagemap entries read per pread (512 KiB)
-
 
 @dataclass
 class ResidentSetConfig:
-    max_pages: int = 1 << 18  # pages recorded per sandbox (1 GiB)
+    max_pages: int = 1 << 18  # pages recorded per sandbox (1 GiB; 8 bytes each here)
+    max_scan_pages: int = 1 << 22  # pagemap entries read per learn (16 GiB of mappings)
     max_bytes: int = 1 << 30  # bytes brought back per restore
-    max_seconds: float = 5.0  # per restore, checked between calls
+    max_seconds: float = 5.0  # per restore, checked between calls (IOV_MAX pages each)
 
     def validate(self) -> None:
-        if self.max_pages < 1 or self.max_bytes < PAGE_SIZE or self.max_seconds <= 0:
-            raise ValueError("max_pages >= 1, max_bytes >= one page, max_seconds > 0")
+        if (self.max_pages < 1 or self.max_scan_pages < 1 or self.max_bytes < PAGE_SIZE
+                or self.max_seconds <= 0):
+            raise ValueError("max_pages, max_scan_pages >= 1, max_bytes >= one page, "
+                             "max_seconds > 0")
 
 
-def private_writable(maps_text: str) -> Iterator[tuple[int, int]]:
-    """(start, end) of the private writable mappings in a /proc/PID/maps text."""
-    for line in maps_text.splitlines():
-        f = line.split(maxsplit=5)
-        if len(f) < 5 or len(f[1]) < 4 or f[1][1] != "w" or f[1][3] != "p":
-            continue
-        if len(f) == 6 and f[5].strip() in ("[vvar]", "[vsyscall]", "[vdso]"):
-            continue
-        lo, _, hi = f[0].partition("-")
-        with contextlib.suppress(ValueError):
-            yield int(lo, 16), int(hi, 16)
+def start_time(stat_text: str) -> int:
+    """A process's start time (clock ticks after boot) from its /proc/PID/stat line: with its
+    pid, it names one process for as long as the machine runs."""
+    return int(stat_text.rsplit(")", 1)[1].split()[19])
 
 
-def pagemap_pages(fd: int, start: int, end: int, want: int, reject: int,
-                  limit: int) -> list[int]:
-    """The page addresses in [start, end) whose pagemap entry (open file ``fd``) has every bit
-    of ``want`` and none of ``reject``; at most ``limit``."""
-    out: list[int] = []
-    page = start // PAGE_SIZE
-    last = end // PAGE_SIZE
-    while page < last and len(out) < limit:
-        n = min(SCAN_ENTRIES, last - page)
-        raw = os.pread(fd, 8 * n, 8 * page)
-        got = len(raw) // 8
-        if got == 0:
-            break
-        for i, e in enumerate(struct.unpack(f"<{got}Q", raw[:8 * got])):
-            if e & want == want and not e & reject:
-                out.append((page + i) * PAGE_SIZE)
-                if len(out) >= limit:
-                    break
-        page += got
-    return out
+@dataclass
+class Recorded:
+    """A process's part of a working set: its identity and its pages."""
+
+    start: int  # start_time(): the pid names the same process at restore
+    pages: array  # type: ignore[type-arg]  # ascending page addresses ('Q')
+    scanned: int = 0  # pagemap entries read to find them
 
 
-def resident_anon(pid: int, proc: Path = PROC_ROOT, limit: int = 1 << 18) -> list[int]:
+def resident_anon(pid: int, proc: Path = PROC_ROOT, limit: int = 1 << 18,
+                  scan_budget: int = 1 << 22) -> Recorded | None:
     """The present anonymous pages of a process's private writable mappings (at most
-    ``limit``); empty when it exited."""
+    ``limit``, reading at most ``scan_budget`` pagemap entries), all read through one handle
+    on its /proc directory (one process, even if its pid is reused meanwhile); None when it
+    exited."""
     try:
-        maps = (proc / str(pid) / "maps").read_text()
-        fd = os.open(proc / str(pid) / "pagemap", os.O_RDONLY)
+        dfd = os.open(proc / str(pid), os.O_RDONLY | os.O_DIRECTORY)
     except OSError:
-        return []
-    out: list[int] = []
+        return None
     try:
-        for lo, hi in private_writable(maps):
-            out += pagemap_pages(fd, lo, hi, PM_PRESENT, PM_FILE, limit - len(out))
-            if len(out) >= limit:
-                break
-    except OSError:
-        return []  # exited while read
+        with open(os.open("stat", os.O_RDONLY, dir_fd=dfd)) as f:
+            started = start_time(f.read())
+        with open(os.open("maps", os.O_RDONLY, dir_fd=dfd)) as f:
+            maps = f.read()
+        fd = os.open("pagemap", os.O_RDONLY, dir_fd=dfd)
+        out = array("Q")
+        scanned = 0
+        try:
+            for lo, hi in private_writable(maps):
+                hi = min(hi, lo + (scan_budget - scanned) * PAGE_SIZE)
+                scanned += (hi - lo) // PAGE_SIZE
+                out.extend(scan(fd, lo, hi, PM_PRESENT, PM_FILE, limit - len(out)))
+                if len(out) >= limit or scanned >= scan_budget:
+                    break
+        finally:
+            os.close(fd)
+        return Recorded(started, out, scanned)
+    except (OSError, ValueError, IndexError):
+        return None  # exited while read
     finally:
-        os.close(fd)
-    return out
+        os.close(dfd)
 
 
-def swapped_now(pid: int, pages: Sequence[int], proc: Path = PROC_ROOT) -> list[int]:
-    """Those of ``pages`` (ascending) whose entry is a swap entry now, read a run at a time."""
+def started_at(pid: int, proc: Path = PROC_ROOT) -> int | None:
     try:
-        fd = os.open(proc / str(pid) / "pagemap", os.O_RDONLY)
-    except OSError:
-        return []
-    out: list[int] = []
-    try:
-        for rg in coalesce([(pid, a) for a in pages]):
-            out += pagemap_pages(fd, rg.start, rg.start + rg.length, PM_SWAP, 0, rg.pages)
-    except OSError:
-        return []
-    finally:
-        os.close(fd)
-    return out
-
-
-def subtree_procs(directory: Path) -> list[int]:
-    """The pids of a cgroup and its subgroups."""
-    return [pid for d, _, _ in os.walk(directory) for pid in cgroup.procs(d)]
+        return start_time((proc / str(pid) / "stat").read_text())
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 class ResidentSetPrefetcher:
@@ -168,32 +152,47 @@ class ResidentSetPrefetcher:
         self.clock = clock
         self._touch, self._madvise, self._pidfd = touch, madvise, open_pidfd
         self._can_populate = True  # False after EPERM: no ptrace access, willneed from then on
-        self._sets: dict[str, dict[int, list[int]]] = {}
-        self._last: dict[str, dict[str, Any]] = {}
+        self._sets: dict[str, dict[int, Recorded]] = {}
+        self._forgets: dict[str, int] = {}  # forget() calls per name: a learn racing one loses
         self._mu = threading.Lock()
         self.status = "resident set"
 
     def _cgroup(self, sandbox: Any) -> Cgroup | None:
+        """The sandbox's cgroup; None without a path, or for the root cgroup (every process on
+        the host is no sandbox's working set)."""
         path = getattr(sandbox, "cgroup_path", None)
-        return Cgroup(path, self.cgroup_root) if path else None
+        if not path:
+            return None
+        cg = Cgroup(path, self.cgroup_root)
+        return None if cg.path == "/" else cg
 
     def learn(self, sandbox: Any) -> int:
         """Record what is resident of the sandbox now, as its working set; returns the pages."""
         cg = self._cgroup(sandbox)
         if cg is None:
             return 0
-        left = self.cfg.max_pages
-        found: dict[int, list[int]] = {}
-        for pid in subtree_procs(cg.dir):
-            if left <= 0:
-                break
-            pages = resident_anon(pid, self.proc, left)
-            if pages:
-                found[pid] = pages
-                left -= len(pages)
         with self._mu:
-            self._sets[sandbox.name] = found
-        return sum(len(p) for p in found.values())
+            forgets = self._forgets.get(sandbox.name, 0)
+        left, scan_left = self.cfg.max_pages, self.cfg.max_scan_pages
+        found: dict[int, Recorded] = {}
+        for pid in cg.subtree_procs():
+            if left <= 0 or scan_left <= 0:
+                break
+            rec = resident_anon(pid, self.proc, left, scan_left)
+            if rec is None:
+                continue
+            scan_left -= rec.scanned
+            if len(rec.pages):
+                found[pid] = rec
+                left -= len(rec.pages)
+        n = sum(len(r.pages) for r in found.values())
+        if left <= 0 or scan_left <= 0:
+            log.info("learning %s: %d pages recorded, the limit (max_pages, max_scan_pages)",
+                     sandbox.name, n)
+        with self._mu:
+            if self._forgets.get(sandbox.name, 0) == forgets:  # not unregistered meanwhile
+                self._sets[sandbox.name] = found
+        return n
 
     def restore(self, sandbox: Any) -> dict[str, Any]:
         """Bring back the recorded pages that are swapped out now; never raises for "nothing
@@ -203,35 +202,34 @@ class ResidentSetPrefetcher:
         if not learned:
             return {"prefetched_pages": 0, "reason": "nothing learned yet"}
         cg = self._cgroup(sandbox)
-        live = set(subtree_procs(cg.dir)) if cg is not None else set()
+        live = set(cg.subtree_procs()) if cg is not None else set()
         t0 = self.clock()
-        res: dict[str, Any] = {"restore_set_pages": sum(len(p) for p in learned.values()),
-                               "prefetched_pages": 0, "prefetched_bytes": 0, "calls": 0,
-                               "method": "populate" if self._can_populate else "willneed",
-                               "stopped": ""}
-        for pid, pages in learned.items():
-            if pid not in live:
-                continue  # exited, or moved out (a reused pid is not in the cgroup either)
-            room = (self.cfg.max_bytes - res["prefetched_bytes"]) // PAGE_SIZE
-            if room <= 0:
-                res["stopped"] = "budget-bytes"
-                break
-            if self.clock() - t0 >= self.cfg.max_seconds:
-                res["stopped"] = "budget-time"
-                break
-            ranges = coalesce([(pid, a) for a in swapped_now(pid, pages, self.proc)[:room]])
-            done, calls = self._bring(pid, ranges)
-            res["prefetched_bytes"] += done
-            res["calls"] += calls
+        res: dict[str, Any] = {
+            "restore_set_pages": sum(len(r.pages) for r in learned.values()),
+            "prefetched_pages": 0, "prefetched_bytes": 0, "calls": 0, "stopped": ""}
+        for pid, rec in learned.items():
+            # exited, moved out, or the pid now names another process
+            if pid not in live or started_at(pid, self.proc) != rec.start:
+                continue
+            todo = swapped(pid, rec.pages, self.proc)
+            while todo and not res["stopped"]:
+                room = (self.cfg.max_bytes - res["prefetched_bytes"]) // PAGE_SIZE
+                if room <= 0:
+                    res["stopped"] = "budget-bytes"
+                elif self.clock() - t0 >= self.cfg.max_seconds:
+                    res["stopped"] = "budget-time"
+                else:
+                    batch, todo = todo[:min(room, IOV_MAX)], todo[min(room, IOV_MAX):]
+                    done, calls = self._bring(pid, coalesce([(pid, a) for a in batch]))
+                    res["prefetched_bytes"] += done
+                    res["calls"] += calls
         res["prefetched_pages"] = res["prefetched_bytes"] // PAGE_SIZE
         res["method"] = "populate" if self._can_populate else "willneed"
-        if cg is not None:
+        if cg is not None and res["prefetched_pages"]:
             # what came back and is not touched goes first at the next wait's level
-            with contextlib.suppress(OSError, ValueError):
+            with contextlib.suppress(OSError, errors.AzswapError):
                 cg.clear_referenced(self.proc)
         res["seconds"] = round(self.clock() - t0, 4)
-        with self._mu:
-            self._last[sandbox.name] = res
         return res
 
     def _bring(self, pid: int, ranges: list[Range]) -> tuple[int, int]:
@@ -264,8 +262,8 @@ class ResidentSetPrefetcher:
     def forget(self, name: str) -> None:
         with self._mu:
             self._sets.pop(name, None)
-            self._last.pop(name, None)
+            self._forgets[name] = self._forgets.get(name, 0) + 1
 
     def learned_pages(self, name: str) -> int:
         with self._mu:
-            return sum(len(p) for p in self._sets.get(name, {}).values())
+            return sum(len(r.pages) for r in self._sets.get(name, {}).values())

@@ -7,7 +7,8 @@ prefetch SANDBOX`` calls it by hand.  ``restore`` returns a small dict of figure
 requested, bytes, seconds...) or None; it must not raise for "nothing recorded yet".
 
 :func:`load_prefetcher` builds ``controlplane.prefetch.make_prefetcher()`` when the daemon runs
-with ``--prefetch``; without it, or when the prefetcher cannot start (no BPF, no tracer), the
+with ``--prefetch`` (``--prefetch-from resident``: controlplane/residentset.py, no tracer, built
+by the daemon itself); without it, or when the prefetcher cannot start (no BPF, no tracer), the
 daemon runs with the no-op one, plans no prefetch and says why in the log and in every restore
 result.
 """

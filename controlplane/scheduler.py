@@ -211,6 +211,7 @@ class HotLevel:
     sample: bool = False  # the next wait's start measures the working set...
     tool_seen: bool = False  # ...if a tool phase ran since (it brought the working set back)
     keep: int | None = None  # memory.current to leave in a wait that keeps its hot set
+    restored: bool = False  # a prefetch brought the last wait's working set back: no sample
 
 
 @dataclass
@@ -374,7 +375,7 @@ class Scheduler:
         with self._lock:
             level = self.levels.get(name)
             if level is not None:
-                level.sample = False
+                level.restored = True
 
     def forget(self, name: str) -> None:
         with self._lock:
@@ -438,14 +439,18 @@ class Scheduler:
             if (self.deep is None or v.phase != Phase.LLM_WAIT
                     or (st0 is not None and st0.generation == v.generation and st0.deep)):
                 continue
-            if (level.sample and level.tool_seen
-                    and (st0 is None or st0.generation != v.generation)):
+            new_wait = st0 is None or st0.generation != v.generation
+            if new_wait and level.sample and level.tool_seen and level.restored:
+                level.sample = False  # what its tool left resident includes restored pages
+            elif new_wait and level.sample and level.tool_seen:
                 # a new wait after one that took everything and a tool since: what the tool
                 # brought back is what a tool uses (nothing learned if it is no more)
                 with contextlib.suppress(errors.AzswapError):
                     mem = targets[name].cgroup.memory_current()
                     level.keep = mem if mem > max(level.floor or 0, c.floor_bytes) else None
                     level.sample = False
+            if new_wait:
+                level.restored = False
             must = pressure or name in forced or level.keep is None
             deep_now[name] = self._ask_deep(v, must)
         candidates: list[PhaseView] = []

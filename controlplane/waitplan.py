@@ -182,6 +182,7 @@ class SandboxPlan:
     deep: bool = True  # this wait's hot set may go (keep_hot: once deep_ok() said so)
     predict: bool = False  # this wait may have a planned prefetch (not paused, not busy)
     after_kept: bool = False  # announced: the working set goes once compression reached it
+    kept_reached: bool = False  # this wait's compression reached the working set
     announced: deque[bool] = field(default_factory=lambda: deque(maxlen=8))  # per wait
     # counts, for the stats
     waits_seen: int = 0
@@ -262,7 +263,7 @@ class WaitPlanner:
         sp.wait_start, sp.prefetching, sp.fires = now, False, 0
         sp.prefetched_at = sp.recompress_at = None
         sp.recompressed = sp.went_on = sp.ending = False
-        sp.fire_at, sp.predict, sp.after_kept = None, False, False
+        sp.fire_at, sp.predict, sp.after_kept, sp.kept_reached = None, False, False, False
         if sp.paused > 0:
             sp.paused -= 1
         elif self.busy and not self.config.predict_when_busy:
@@ -309,6 +310,10 @@ class WaitPlanner:
             return True
         if sp.ending:
             return False  # it ends soon: the hot set is what the tool will use
+        if c.deep_after_kept and not sp.kept_reached:
+            return False  # not before the prefetcher has recorded it (kept_level())
+        if sp.after_kept:
+            return False  # announced: kept_level() let it go, or the end is near
         longer = [w for w in self.samples(name) if w > age]
         if longer:
             ok = statistics.fmean(longer) - age >= c.deep_min_remaining
@@ -321,9 +326,14 @@ class WaitPlanner:
     def kept_level(self, name: str, now: float) -> bool:
         """The scheduler compressed this waiting sandbox down to its working set (and the
         prefetcher learnt it).  Returns whether the working set goes now: in a wait of an
-        announced sandbox (``deep_after_kept``) whose end was not announced yet."""
+        announced sandbox (``deep_after_kept``) whose end was not announced yet.  With
+        ``deep_after_kept`` no wait's working set goes before this (unless it must): what is
+        resident then is what a prefetcher that learns from residency records."""
         sp = self._sb.get(name)
-        if sp is None or sp.wait_start is None or sp.deep or not sp.after_kept or sp.ending:
+        if sp is None or sp.wait_start is None:
+            return False
+        sp.kept_reached = True
+        if sp.deep or not sp.after_kept or sp.ending:
             return False
         # no prediction: the announcement brings the working set back (a predicted prefetch
         # would fire before it as often as not, and hold memory for nothing)

@@ -223,12 +223,14 @@ def make_proc(
     return root
 
 
-def make_process(proc: Path, pid: int, cgroup_path: str) -> Path:
-    """A fake /proc/PID with a cgroup file (v2) naming ``cgroup_path`` and an empty clear_refs;
-    returns the clear_refs file."""
+def make_process(proc: Path, pid: int, cgroup_path: str, start_time: int = 100) -> Path:
+    """A fake /proc/PID with a cgroup file (v2) naming ``cgroup_path``, a stat line with
+    ``start_time`` and an empty clear_refs; returns the clear_refs file."""
     d = proc / str(pid)
     d.mkdir(parents=True, exist_ok=True)
     (d / "cgroup").write_text(f"0::{cgroup_path}\n")
+    rest = " ".join(["S"] + ["0"] * 18 + [str(start_time)] + ["0"] * 30)
+    (d / "stat").write_text(f"{pid} (python3 (tool)) {rest}\n")
     (d / "clear_refs").write_text("")
     return d / "clear_refs"
 

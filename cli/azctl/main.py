@@ -619,7 +619,8 @@ def daemon(
       (azctl ending)
                      stop compressing and prefetch its learned working set
                      (a sandbox whose ends are announced loses its working
-                     set at once, and the announcement brings it back);
+                     set at once, or with --prefetch-from resident once it
+                     was recorded, and the announcement brings it back);
       tool hint      compression stops; pages not resident fault back on use;
       idle hint      compress the whole sandbox after --grace (it is parked);
       no hints       inferred idle (cgroup CPU/PSI) after --idle-grace, compressed too.
@@ -627,10 +628,14 @@ def daemon(
     from controlplane.daemon import Daemon, DaemonConfig
     from controlplane.sysfs import parse_size
 
+    from_given = ctx.get_parameter_source("prefetch_from") != click.core.ParameterSource.DEFAULT
     for flag, given in (("--hint-prefetch", hint_prefetch), ("--no-predict", no_predict),
-                        ("--prefetch-from", prefetch_from != "faults")):
+                        ("--prefetch-from", from_given)):
         if given and not prefetch:
             raise click.UsageError(f"{flag} needs --prefetch (it changes when the prefetcher runs)")
+    if prefetch_from == "resident" and (no_predict or no_keep_hot):
+        raise click.UsageError("--prefetch-from resident learns when a wait stops at the working "
+                               "set: not with --no-predict or --no-keep-hot")
     env = _env(ctx)
     need_root("azctl daemon")
     logging.basicConfig(

@@ -226,23 +226,34 @@ def test_daemon_flags_reach_its_config(offline: World, monkeypatch: pytest.Monke
     assert cfg.scheduler.age_kept and cfg.plan.keep_hot
     assert cfg.prefetch_from == "faults"
     r, cfg = _daemon_config(offline, monkeypatch, "--prefetch", "--hint-prefetch", "--no-predict",
-                            "--no-age-kept", "--no-keep-hot", "--deep-min-remaining", "2.5",
-                            "--prefetch-from", "resident")
+                            "--no-age-kept", "--no-keep-hot", "--deep-min-remaining", "2.5")
     assert r.exit_code == 0, r.output
     assert cfg.prefetch and not cfg.predict and cfg.hint_prefetch
-    assert cfg.prefetch_from == "resident"
     assert not cfg.scheduler.age_kept and not cfg.plan.keep_hot
     assert cfg.plan.deep_min_remaining == 2.5
+    r, cfg = _daemon_config(offline, monkeypatch, "--prefetch", "--prefetch-from", "resident")
+    assert r.exit_code == 0, r.output
+    assert cfg.prefetch_from == "resident"
 
 
 @pytest.mark.parametrize("flags", [["--hint-prefetch"], ["--no-predict"],
-                                   ["--prefetch-from", "resident"]])
+                                   ["--prefetch-from", "resident"],
+                                   ["--prefetch-from", "faults"]])
 def test_daemon_refuses_prefetch_options_without_the_prefetcher(
     offline: World, monkeypatch: pytest.MonkeyPatch, flags: list[str]
 ) -> None:
     r, cfg = _daemon_config(offline, monkeypatch, *flags)
     assert r.exit_code == 2 and cfg is None
     assert f"{flags[0]} needs --prefetch" in r.output
+
+
+@pytest.mark.parametrize("flag", ["--no-predict", "--no-keep-hot"])
+def test_daemon_refuses_a_resident_set_it_could_not_learn(
+    offline: World, monkeypatch: pytest.MonkeyPatch, flag: str
+) -> None:
+    r, cfg = _daemon_config(offline, monkeypatch, "--prefetch", "--prefetch-from", "resident",
+                            flag)
+    assert r.exit_code == 2 and cfg is None and flag in r.output
 
 
 def test_template_from_file_streams_in_bounded_batches(world: World, tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ import textwrap
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -331,6 +332,7 @@ def test_daemon_not_running() -> None:
 DAEMON_SCRIPT = """
 import functools, sys, logging
 from pathlib import Path
+from typing import Any
 logging.basicConfig(level=logging.INFO)
 from controlplane.daemon import Daemon, DaemonConfig
 from controlplane.scheduler import SchedulerConfig
@@ -881,3 +883,70 @@ def test_the_resident_set_prefetcher_learns_when_a_wait_keeps_its_working_set(
         d.stop()
     with pytest.raises(errors.InvalidValue):
         Daemon(config(tmp_path, prefetch_from="nosuch"), module_factory=lambda: fm)
+
+
+def test_a_restore_that_brought_pages_back_is_told_to_the_scheduler(tmp_path: Path) -> None:
+    make_cgroup(tmp_path / "cg", "/sb/a")
+    fm = FakeModule(tmp_path / "cg")
+
+    class Brings:
+        pages = 0
+
+        def restore(self, sb: object) -> dict[str, int]:
+            return {"prefetched_pages": self.pages}
+
+    pf = Brings()
+    d = Daemon(config(tmp_path), module_factory=lambda: fm, prefetcher=pf)
+    told: list[str] = []
+    d.scheduler.restored = told.append  # type: ignore[method-assign]
+    d.scheduler.run = lambda: None  # type: ignore[method-assign]
+    d.start()
+    try:
+        with DaemonClient(d.config.socket_path) as c:
+            c.register("a", "/sb/a", 1)
+            sb = d.registry.sandbox("a")
+            for pf.pages in (0, 5):
+                with d._plan_lock:
+                    token = d.planner.prefetch_started("a")
+                d._restore(sb, token)
+    finally:
+        d.stop()
+    assert told == ["a"]  # only the restore that brought pages back
+
+
+def test_an_announced_sandbox_s_working_set_goes_once_it_is_learnt(tmp_path: Path) -> None:
+    make_cgroup(tmp_path / "cg", "/sb/a")
+    fm = FakeModule(tmp_path / "cg")
+
+    class Learns:
+        def __init__(self) -> None:
+            self.learnt: list[str] = []
+
+        def learn(self, sb: Any) -> None:
+            self.learnt.append(sb.name)
+
+        def restore(self, sb: object) -> dict[str, int]:
+            return {"prefetched_pages": 0}
+
+    pf = Learns()
+    d = Daemon(config(tmp_path, plan=PlanConfig(deep_after_kept=True)),
+               module_factory=lambda: fm, prefetcher=pf)
+    woken: list[bool] = []
+    d.scheduler.run = lambda: None  # type: ignore[method-assign]
+    d.scheduler.wake = lambda: woken.append(True)  # type: ignore[method-assign]
+    d.start()
+    try:
+        with DaemonClient(d.config.socket_path) as c:
+            c.register("a", "/sb/a", 1)
+            for _ in range(2):
+                c.phase("a", "llm-wait")
+                c.ending("a")
+                c.phase("a", "tool")
+            c.phase("a", "llm-wait")  # its ends are announced
+            assert not d.planner.deep_ok("a", d.clock())  # not before it was learnt
+            woken.clear()
+            d._kept("a")  # the scheduler reports the wait kept at its working set
+            assert pf.learnt == ["a"] and woken
+            assert d.planner.deep_ok("a", d.clock())  # now it goes
+    finally:
+        d.stop()

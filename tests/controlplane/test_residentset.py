@@ -11,16 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from controlplane.prefetch import PAGE_SIZE, PM_PRESENT, PM_SWAP
+from controlplane.pagemap import PAGE_SIZE, PM_FILE, PM_PRESENT, PM_SWAP, private_writable
 from controlplane.registry import Sandbox
-from controlplane.residentset import (
-    PM_FILE,
-    ResidentSetConfig,
-    ResidentSetPrefetcher,
-    private_writable,
-    resident_anon,
-)
-from tests.fakes import make_process
+from controlplane.residentset import ResidentSetConfig, ResidentSetPrefetcher, resident_anon
+from tests.fakes import FakeClock, make_process
 
 HEAP = 0x55D0C0000000
 LIB = 0x7F0000000000
@@ -177,7 +171,10 @@ def test_resident_anon_reads_this_process_s_own_pagemap() -> None:
         import ctypes
 
         base = ctypes.addressof(ctypes.c_char.from_buffer(m))
-        pages = set(resident_anon(os.getpid()))
+        rec = resident_anon(os.getpid())
+        if rec is None:
+            pytest.skip("/proc/self/pagemap cannot be read here")
+        pages = set(rec.pages)
         mine = sorted((a - base) // PAGE_SIZE for a in pages if base <= a < base + len(m))
         assert mine == [0, 3, 4, 9]
     finally:
@@ -190,3 +187,68 @@ def test_resident_anon_reads_this_process_s_own_pagemap() -> None:
 def test_config_is_validated() -> None:
     with pytest.raises(ValueError):
         ResidentSetConfig(max_pages=0).validate()
+
+
+def test_a_reused_pid_is_not_restored(tmp_path: Path) -> None:
+    w = World(tmp_path)
+    p = w.prefetcher()
+    write_pagemap(w.proc / "10", {heap(0): PM_PRESENT})
+    p.learn(w.sb)
+    write_pagemap(w.proc / "10", {heap(0): PM_SWAP})
+    make_process(w.proc, 10, "/sb", start_time=555)  # 10 exited; a new process got its pid
+    assert p.restore(w.sb)["prefetched_pages"] == 0 and w.touched == []
+
+
+def test_the_root_cgroup_is_no_working_set(tmp_path: Path) -> None:
+    w = World(tmp_path)
+    (w.root / "cgroup.procs").write_text("10\n")
+    write_pagemap(w.proc / "10", {heap(0): PM_PRESENT})
+    p = w.prefetcher()
+    root = Sandbox("host", 1, 1, "/")
+    assert p.learn(root) == 0
+    assert p.restore(root)["prefetched_pages"] == 0
+
+
+def test_learning_stops_at_max_pages(tmp_path: Path) -> None:
+    w = World(tmp_path)
+    write_pagemap(w.proc / "10", {heap(k): PM_PRESENT for k in range(6)})
+    write_pagemap(w.proc / "11", {heap(k): PM_PRESENT for k in range(6)})
+    p = w.prefetcher(config=ResidentSetConfig(max_pages=4))
+    assert p.learn(w.sb) == 4
+
+
+def test_restore_stops_at_its_time_budget(tmp_path: Path) -> None:
+    w = World(tmp_path)
+    clock = FakeClock()
+
+    def slow_touch(pid: int, addrs: Sequence[int]) -> int:
+        clock.advance(3.0)
+        return w.touch(pid, addrs)
+
+    p = w.prefetcher(clock=clock, touch=slow_touch,
+                     config=ResidentSetConfig(max_seconds=5.0))
+    # 3 x 1024 pages: three calls of IOV_MAX pages, the budget spent after two
+    (w.proc / "10" / "maps").write_text(f"{HEAP:x}-{heap(3 * 1024):x} rw-p 00000000 00:00 0\n")
+    write_pagemap(w.proc / "10", {heap(k): PM_PRESENT for k in range(3 * 1024)})
+    p.learn(w.sb)
+    write_pagemap(w.proc / "10", {heap(k): PM_SWAP for k in range(3 * 1024)})
+    res = p.restore(w.sb)
+    assert res["stopped"] == "budget-time" and res["prefetched_pages"] == 2 * 1024
+
+
+def test_a_learn_racing_an_unregister_keeps_nothing(tmp_path: Path, monkeypatch:
+                                                    pytest.MonkeyPatch) -> None:
+    from controlplane.cgroup import Cgroup
+
+    w = World(tmp_path)
+    write_pagemap(w.proc / "10", {heap(0): PM_PRESENT})
+    p = w.prefetcher()
+    real = Cgroup.subtree_procs
+
+    def unregistered_meanwhile(self: Cgroup) -> list[int]:
+        p.forget("sb")
+        return real(self)
+
+    monkeypatch.setattr(Cgroup, "subtree_procs", unregistered_meanwhile)
+    assert p.learn(w.sb) == 1
+    assert p.learned_pages("sb") == 0

@@ -539,3 +539,29 @@ def test_deep_after_kept_leaves_unannounced_and_ending_waits_alone() -> None:
     p2.wait_started("b", 3.0)
     p2.wait_ending("b", 3.2)  # it ends before compression reached the working set
     assert not p2.kept_level("b", 3.4)
+
+
+def test_with_deep_after_kept_no_working_set_goes_before_it_was_reached() -> None:
+    for announced in (False, True):
+        p = WaitPlanner(hot(deep_after_kept=True))
+        t = 0.0
+        for _ in range(4):  # long waits: the normal rule would let the working set go at once
+            p.wait_started("a", t)
+            p.deep_ok("a", t, must=True)
+            if announced:
+                p.wait_ending("a", t + 20.0)
+            t += 21.0
+            p.tool_started("a", t)
+        p.wait_started("a", t)
+        assert not p.deep_ok("a", t + 0.1)  # the prefetcher has not recorded it yet
+        assert p.next_due() is None
+        # then: announced, it goes now with no predicted prefetch (the announcement brings it
+        # back); not announced, by the normal rule (these waits are long), planned as usual
+        assert p.kept_level("a", t + 0.2) == announced
+        assert p.deep_ok("a", t + 0.3)
+        assert (p.next_due() is None) == announced
+        # a new sandbox of a fleet with long waits: the same
+        p.wait_started("b", t)
+        assert not p.deep_ok("b", t + 0.1)
+        assert not p.kept_level("b", t + 0.2)  # its own waits were never announced
+        assert p.deep_ok("b", t + 0.3)
