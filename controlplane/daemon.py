@@ -11,9 +11,9 @@ One process (``azctl daemon``), these threads:
 * the wait planner (controlplane/waitplan.py): learns each sandbox's waits and tells the
   scheduler when a waiting sandbox's working set may go; with a prefetcher (``prefetch``: the
   eBPF fault tracer's, or with ``prefetch_from`` "resident" one that records what is resident
-  when a wait's compression reaches the working set) it also predicts when each LLM wait ends and, that long before it, holds
-  the scheduler and starts the sandbox's prefetch; a wait that goes on past a prefetch is
-  released for compression again;
+  when a wait's compression reaches the working set) it also predicts when each LLM wait
+  ends and, that long before it (or on its announced end), holds the scheduler and starts the
+  sandbox's prefetch; a wait that goes on past a prefetch is released for compression again;
 * prefetch workers (with the prefetcher only): one short-lived thread per planned prefetch, and
   with ``hint_prefetch`` per tool hint that found the working set not brought back (that one at
   a lower priority, in parallel with the tool).
