@@ -826,7 +826,7 @@ class Daemon:
             self.prefetcher = ResidentSetPrefetcher(cgroup_root=c.cgroup_root,
                                                     proc_root=c.proc_root)
         elif self._load_prefetcher:
-            self.prefetcher = load_prefetcher(self.config.prefetch)
+            self.prefetcher = load_prefetcher(c.prefetch)
             if isinstance(self.prefetcher, NoopPrefetcher):
                 with self._plan_lock:
                     self.planner.config.restores = False

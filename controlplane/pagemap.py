@@ -12,9 +12,13 @@ import contextlib
 import os
 import struct
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
-PAGE_SIZE = 4096
+from ebpf.events import PAGE_SIZE
+
+Page = tuple[int, int]  # (pid, page-aligned virtual address)
+
 PM_PRESENT = 1 << 63
 PM_SWAP = 1 << 62
 PM_FILE = 1 << 61
@@ -36,15 +40,38 @@ def private_writable(maps_text: str) -> Iterator[tuple[int, int]]:
             yield int(lo, 16), int(hi, 16)
 
 
-def runs(pages: Sequence[int]) -> list[tuple[int, int]]:
-    """Ascending page addresses as (start, pages) runs of adjacent pages."""
-    out: list[tuple[int, int]] = []
-    for a in sorted(pages):
-        if out and out[-1][0] + out[-1][1] * PAGE_SIZE == a:
-            out[-1] = (out[-1][0], out[-1][1] + 1)
-        elif not out or a >= out[-1][0] + out[-1][1] * PAGE_SIZE:
-            out.append((a, 1))
-    return out
+@dataclass(frozen=True)
+class Range:
+    pid: int
+    start: int
+    length: int  # bytes
+
+    @property
+    def pages(self) -> int:
+        return self.length // PAGE_SIZE
+
+
+def coalesce(pages: Sequence[Page], max_gap: int = 0) -> list[Range]:
+    """Adjacent pages of one process merged into ranges (gaps of up to ``max_gap`` pages
+    bridged), the ranges ordered by their earliest page in ``pages``."""
+    rank: dict[Page, int] = {}
+    for i, pg in enumerate(pages):
+        rank.setdefault(pg, i)
+    out: list[tuple[int, Range]] = []
+    cur: list[int] | None = None  # pid, start, end, first rank
+    for pid, addr in sorted(rank):
+        r = rank[(pid, addr)]
+        if cur and cur[0] == pid and addr <= cur[2] + max_gap * PAGE_SIZE:
+            cur[2] = addr + PAGE_SIZE
+            cur[3] = min(cur[3], r)
+            continue
+        if cur:
+            out.append((cur[3], Range(cur[0], cur[1], cur[2] - cur[1])))
+        cur = [pid, addr, addr + PAGE_SIZE, r]
+    if cur:
+        out.append((cur[3], Range(cur[0], cur[1], cur[2] - cur[1])))
+    out.sort(key=lambda t: t[0])
+    return [rg for _, rg in out]
 
 
 def scan(fd: int, start: int, end: int, want: int, reject: int, limit: int) -> list[int]:
@@ -76,8 +103,8 @@ def swapped(pid: int, pages: Sequence[int], proc: Path = PROC_ROOT) -> list[int]
         return []
     out: list[int] = []
     try:
-        for start, n in runs(pages):
-            out += scan(fd, start, start + n * PAGE_SIZE, PM_SWAP, 0, n)
+        for rg in sorted(coalesce([(pid, a) for a in pages]), key=lambda rg: rg.start):
+            out += scan(fd, rg.start, rg.start + rg.length, PM_SWAP, 0, rg.pages)
     except OSError:
         return []
     finally:

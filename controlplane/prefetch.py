@@ -53,12 +53,12 @@ from pathlib import Path
 from typing import Any
 
 from controlplane import cgroup, pagemap
+from controlplane.pagemap import Page, Range, coalesce
 from controlplane.priority import name_this_thread
 from ebpf.events import PAGE_SIZE, FaultEvent, FaultRecords
 
 log = logging.getLogger("azswap.prefetch")
 
-Page = tuple[int, int]  # (pid, page-aligned virtual address)
 
 SYS_PIDFD_OPEN = 434
 SYS_PROCESS_MADVISE = 440
@@ -101,40 +101,6 @@ def learn_restore_set(cycles: Sequence[Sequence[Page]], min_weight: float = 0.34
         scored = scored[:max_pages]
     scored.sort(key=lambda s: (s.rank, -s.weight, s.page))
     return scored
-
-
-@dataclass(frozen=True)
-class Range:
-    pid: int
-    start: int
-    length: int  # bytes
-
-    @property
-    def pages(self) -> int:
-        return self.length // PAGE_SIZE
-
-
-def coalesce(pages: Sequence[Page], max_gap: int = 0) -> list[Range]:
-    """Adjacent pages of one process merged into ranges (gaps of up to ``max_gap`` pages
-    bridged), the ranges ordered by their earliest page in ``pages``."""
-    rank: dict[Page, int] = {}
-    for i, pg in enumerate(pages):
-        rank.setdefault(pg, i)
-    out: list[tuple[int, Range]] = []
-    cur: list[int] | None = None  # pid, start, end, first rank
-    for pid, addr in sorted(rank):
-        r = rank[(pid, addr)]
-        if cur and cur[0] == pid and addr <= cur[2] + max_gap * PAGE_SIZE:
-            cur[2] = addr + PAGE_SIZE
-            cur[3] = min(cur[3], r)
-            continue
-        if cur:
-            out.append((cur[3], Range(cur[0], cur[1], cur[2] - cur[1])))
-        cur = [pid, addr, addr + PAGE_SIZE, r]
-    if cur:
-        out.append((cur[3], Range(cur[0], cur[1], cur[2] - cur[1])))
-    out.sort(key=lambda t: t[0])
-    return [rg for _, rg in out]
 
 
 def batches(pages: Sequence[Page], batch_pages: int) -> Iterable[list[Page]]:

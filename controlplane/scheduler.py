@@ -651,16 +651,15 @@ class Scheduler:
             elif result.startswith("stopped") or result.startswith("error"):
                 st.stop_reason = result
             summary = st.to_dict()
-        if (result == "hot-kept" and self.kept is not None
-                and not self._still_wanted(v.name, v.generation)):
-            try:
-                self.kept(v.name)
-            except Exception:  # a listener that fails must not stop compression
-                log.exception("kept-level listener for %s failed", v.name)
-        # once per wait (a kept sandbox that grows runs again), and not once a tool began
-        if (result == "hot-kept" and c.age_kept and not st.aged
-                and not self._still_wanted(v.name, v.generation)):
-            self._age(v.name, cg, st)
+        # stopped at the working set, and no tool began meanwhile
+        if result == "hot-kept" and not self._still_wanted(v.name, v.generation):
+            if self.kept is not None:
+                try:
+                    self.kept(v.name)
+                except Exception:  # a listener that fails must not stop compression
+                    log.exception("kept-level listener for %s failed", v.name)
+            if c.age_kept and not st.aged:  # once per wait (a kept sandbox that grows runs again)
+                self._age(v.name, cg, st)
         if self.notify is not None and result != "budget":
             self.notify({"event": "compress", "name": v.name, "result": result, "state": summary})
         return Action(

@@ -312,8 +312,6 @@ class WaitPlanner:
             return False  # it ends soon: the hot set is what the tool will use
         if c.deep_after_kept and not sp.kept_reached:
             return False  # not before the prefetcher has recorded it (kept_level())
-        if sp.after_kept:
-            return False  # announced: kept_level() let it go, or the end is near
         longer = [w for w in self.samples(name) if w > age]
         if longer:
             ok = statistics.fmean(longer) - age >= c.deep_min_remaining
