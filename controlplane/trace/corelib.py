@@ -113,6 +113,8 @@ class Stats(ctypes.Structure):
         ("tnode_bytes", u64),
         ("base_cache_bytes", u64),
         ("template_lost", u64),
+        ("packs", u64),
+        ("packed_pages", u64),
     ]
 
 
@@ -200,6 +202,7 @@ def load_lib(path: str | os.PathLike[str] | None = None) -> ctypes.CDLL:
             ctypes.c_int, [vp, u32, ctypes.POINTER(OwnerStats), u32, ctypes.POINTER(u32)]
         ),
         "az_store_drain": (None, [vp]),
+        "az_store_pack": (ctypes.c_int, [vp, vp, u64, u64, ctypes.POINTER(u64)]),
         "az_kind_name": (cp, [ctypes.c_int]),
         "az_store_debug_corrupt": (ctypes.c_int, [vp, u64, u32, ctypes.c_uint8]),
         "az_store_debug_corrupt_link": (ctypes.c_int, [vp, u64, ctypes.c_uint8]),
@@ -360,6 +363,18 @@ class Store:
 
     def drain(self) -> None:
         self.lib.az_store_drain(self._s)
+
+    def pack(self, first: int = 0, nr: int | None = None) -> int:
+        """Pack slots [first, first + nr) (all from ``first`` by default): runs of adjacent
+        PLAIN pages of one sandbox become multi-page objects. Returns the slots packed."""
+        if nr is None:
+            nr = self.nr_slots - first
+        packed = u64(0)
+        _check(
+            self.lib.az_store_pack(self._s, self._ctx.ptr, first, nr, ctypes.byref(packed)),
+            f"pack [{first}, {first + nr})",
+        )
+        return int(packed.value)
 
     # -- configuration -----------------------------------------------------
     def set_mem_limit(self, nbytes: int) -> None:

@@ -19,6 +19,9 @@ Strategies (cumulative mechanisms):
     max-effort-lz4   everything with maximum search effort (sim_effort 64, delta_max_pct 100),
                      lz4 (not a ceiling: it can store more than the default)
     max-effort-zstd  the same with zstd level 3
+    xdelta-packed    xdelta, then the store's pack pass over every slot (runs of up to 4
+                     adjacent PLAIN pages of one sandbox become one object: az_store_pack)
+    all-packed       all, then the pack pass
     (limit-lz4 and limit-zstd are deprecated names of the two above)
 
 Every replay also reports the stream reference ("stream-ref", not a store strategy): the
@@ -78,6 +81,7 @@ class Strategy:
     register: bool
     policy: dict[str, int]
     alias_of: str = ""  # a deprecated name of that strategy
+    pack: bool = False  # the pack pass over every slot after the puts
 
 
 _ALL = {"dedup": 1, "tdelta": 1, "xdelta": 1}
@@ -106,6 +110,10 @@ _CANONICAL = (
         True,
         {"codec": CODEC_ZSTD, "level": 3, **_MAX},
     ),
+    Strategy("xdelta-packed", "xdelta, packed", True, {"codec": CODEC_LZ4, **_ALL}, pack=True),
+    Strategy(
+        "all-packed", "all, packed", True, {"codec": CODEC_ZSTD, "level": 3, **_ALL}, pack=True
+    ),
 )
 # Deprecated names: accepted on the command line (mapped, with a note on stderr) and here, for
 # scripts that look them up in STRATEGIES (their results keep the old name).
@@ -113,7 +121,9 @@ ALIASES = {"limit-lz4": "max-effort-lz4", "limit-zstd": "max-effort-zstd"}
 STRATEGIES: dict[str, Strategy] = {s.name: s for s in _CANONICAL}
 for _old, _new in ALIASES.items():
     _s = STRATEGIES[_new]
-    STRATEGIES[_old] = Strategy(_old, f"{_s.label} (old name)", _s.register, _s.policy, _new)
+    STRATEGIES[_old] = Strategy(
+        _old, f"{_s.label} (old name)", _s.register, _s.policy, _new, _s.pack
+    )
 NAMES = [s.name for s in _CANONICAL]
 DEFAULT = list(NAMES)
 
@@ -175,6 +185,12 @@ def replay(
             if o.role == ROLE_TEMPLATE:
                 tmpl_pages += n
             slot += n
+        t_pack = 0.0
+        if strategy.pack:
+            t0 = time.perf_counter()
+            st.pack(0, slot)
+            t_pack = time.perf_counter() - t0
+            st.drain()
         end = st.stats()
         if after_tmpl is None:
             after_tmpl = end
@@ -210,6 +226,8 @@ def replay(
             "sandbox_kinds": {k: end["kind_pages"][k] - after_tmpl["kind_pages"][k] for k in KINDS},
             "kinds": end["kind_pages"],
             "put_mbps": nr * PAGE_SIZE / t_put / 1e6 if t_put else 0.0,
+            "pack_s": t_pack,
+            "packed_pages": end["packed_pages"],
             "get_mbps": nr * PAGE_SIZE / t_get / 1e6 if t_get else 0.0,
             "verified_pages": nr,
             "owners": owners,

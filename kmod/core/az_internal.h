@@ -38,13 +38,28 @@ enum az_enc {
 	AZ_ENC_SHUF_ZSTD = 9,	/* zstd frame of the bit-shuffled page */
 	AZ_ENC_SUB_LZ4 = 10,	/* lz4 block of page - base (u64 words) */
 	AZ_ENC_SUB_ZSTD = 11,	/* zstd frame of page - base (u64 words) */
-	AZ_ENC_MAX = AZ_ENC_SUB_ZSTD,
+	AZ_ENC_PACK_LZ4 = 12,	/* lz4 block of 2..AZ_PACK_MAX pages */
+	AZ_ENC_PACK_ZSTD = 13,	/* zstd frame of 2..AZ_PACK_MAX pages */
+	AZ_ENC_MAX = AZ_ENC_PACK_ZSTD,
 };
 
 #define AZ_OBJ_VERSION	1
 #define AZ_HDR_SIZE	4
 /* Encoded objects are built in buffers of this size. */
 #define AZ_OBUF_SIZE	(2 * AZ_PAGE_SIZE)
+
+/*
+ * A pack (PACK encodings) holds the pages of up to AZ_PACK_MAX adjacent
+ * slots of one owner, compressed together (az_store_pack()): its payload
+ * decodes to a whole number of pages, 2..AZ_PACK_MAX, and each slot keeps
+ * its page's position in it (AZ_SLOT_MEMBER).  A load decodes the pack and
+ * copies one page out.  AZ_PACK_MAX: azcore.h.
+ */
+
+static inline bool az_enc_is_pack(unsigned int enc)
+{
+	return enc == AZ_ENC_PACK_LZ4 || enc == AZ_ENC_PACK_ZSTD;
+}
 
 static inline bool az_enc_is_delta(unsigned int enc)
 {
@@ -152,7 +167,9 @@ enum {
  *
  * A delta (az_enc_is_delta(@enc)) has a base and never similarity index
  * entries; any other object may have index entries and never a base, so
- * the two share memory: read the base with az_obj_base().
+ * the two share memory: read the base with az_obj_base().  A pack is
+ * neither indexed nor a delta: it keeps its page count there.  Its @hash
+ * covers all its pages; each slot referring to it holds one reference.
  *
  * @hash is the top half of the decoded page's xxh64 (az_hash_tag()): the
  * dedup index's key and the check of a decoded copy.  A dedup candidate is
@@ -177,6 +194,7 @@ struct az_obj {
 	union {
 		struct az_obj *base;	/* a delta's base (referenced) */
 		u32 sim_pos[AZ_NR_SF];	/* similarity table positions */
+		u32 pack_pages;		/* a pack's pages (never indexed) */
 	};
 	unsigned long handle;	/* pool handle */
 	struct az_obj *dnext;	/* dedup hash chain, under idx_lock */
@@ -234,8 +252,9 @@ static inline bool az_obj_flag_test_and_set(struct az_obj *o, unsigned int nr)
  * object size and the top 26 bits of the page's xxh64 kept in @flags.
  *
  *   bits  0-11  owner index       bit 17     DIRECT
- *   bits 12-15  kind              bit 24     lock
- *   bit  16     used              bits 25-37 object size (DIRECT)
+ *   bits 12-15  kind              bits 18-21 page in its pack (MEMBER)
+ *   bit  16     used              bit 24     lock
+ *                                 bits 25-37 object size (DIRECT)
  *                                 bits 38-63 xxh64 >> 38 (DIRECT)
  */
 struct az_slot {
@@ -248,6 +267,8 @@ struct az_slot {
 #define AZ_SLOT_KIND_MASK	(0xfUL << AZ_SLOT_KIND_SHIFT)
 #define AZ_SLOT_USED		(1UL << 16)
 #define AZ_SLOT_DIRECT		(1UL << 17)
+#define AZ_SLOT_MEMBER_SHIFT	18
+#define AZ_SLOT_MEMBER_MASK	(0xfUL << AZ_SLOT_MEMBER_SHIFT)
 #define AZ_SLOT_LOCK_BIT	24
 #define AZ_SLOT_SIZE_SHIFT	25
 #define AZ_SLOT_SIZE_MASK	0x1fffUL
@@ -256,6 +277,11 @@ struct az_slot {
 static inline unsigned int az_slot_kind(unsigned long flags)
 {
 	return (flags & AZ_SLOT_KIND_MASK) >> AZ_SLOT_KIND_SHIFT;
+}
+
+static inline u32 az_slot_member(unsigned long flags)
+{
+	return (flags & AZ_SLOT_MEMBER_MASK) >> AZ_SLOT_MEMBER_SHIFT;
 }
 
 static inline u32 az_slot_size(unsigned long flags)
@@ -414,6 +440,8 @@ struct az_store {
 	az_atomic64_t bc_hits;
 	az_atomic64_t bc_misses;
 	az_atomic64_t compacted_bytes;
+	az_atomic64_t packs;		/* live packs */
+	az_atomic64_t packed_pages;	/* slots referring to a pack */
 };
 
 /*
@@ -436,6 +464,7 @@ struct az_ctx {
 	u8 *xbuf;		/* page: xor scratch */
 	u8 *sbuf;		/* page: shuffle and difference scratch */
 	u8 *gbuf;		/* page: a split object gathered for decoding */
+	u8 *kbuf;		/* AZ_PACK_MAX pages: a pack's pages */
 };
 
 /* ---- codec.c ---------------------------------------------------------- */
@@ -458,12 +487,27 @@ u32 az_encode_delta(struct az_ctx *ctx, const struct az_policy *pol,
  */
 int az_decode(struct az_ctx *ctx, const u8 *obj, u32 size, const void *base,
 	      void *page);
+/*
+ * Encode @n pages at @pages (2..AZ_PACK_MAX) as one pack; returns the
+ * object size, 0 unless it is below @max.
+ */
+u32 az_encode_pack(struct az_ctx *ctx, const struct az_policy *pol,
+		   const void *pages, u32 n, u8 *out, u32 max, u8 *enc);
+/*
+ * Decode a pack of @size bytes into @pages (room for AZ_PACK_MAX pages):
+ * its page count (2..AZ_PACK_MAX), or -EIO for anything that is not a
+ * whole pack.
+ */
+int az_decode_pack(struct az_ctx *ctx, const u8 *obj, u32 size, void *pages);
 /* Encoding of an object from its header, or -EIO. */
 int az_obj_encoding(const u8 *obj, u32 size);
 
 /* ---- store.c ---------------------------------------------------------- */
 
-/* Decode @o (and its base) into @page; caller holds a reference. */
+/*
+ * Decode @o (and its base) into @page; caller holds a reference.  -EIO
+ * for a pack (az_obj_read_pack()).
+ */
 int az_obj_read(struct az_store *s, struct az_ctx *ctx, struct az_obj *o,
 		void *page);
 void az_obj_put(struct az_store *s, struct az_obj *o);

@@ -191,7 +191,8 @@ struct az_codec_ws *az_codec_ws_create(void)
 	if (!w->lz4_mem)
 		goto fail;
 	for (l = AZ_ZSTD_LEVEL_MIN; l <= AZ_ZSTD_LEVEL_MAX; l++) {
-		zstd_parameters prm = zstd_get_params(l, AZ_PAGE_SIZE);
+		zstd_parameters prm = zstd_get_params(l, AZ_PACK_MAX *
+							 AZ_PAGE_SIZE);
 
 		b = zstd_cctx_workspace_bound(&prm.cParams);
 		w->csize = max(w->csize, b);

@@ -51,6 +51,8 @@
 #define AZ_PAGE_SIZE 4096u
 /* A compressed page at least this large is kept raw. */
 #define AZ_RAW_THRESHOLD (AZ_PAGE_SIZE * 3 / 4)
+/* Pages one object holds at most (az_store_pack()); the codecs take that. */
+#define AZ_PACK_MAX 4u
 
 enum az_codec {
 	AZ_CODEC_LZ4 = 0,
@@ -138,6 +140,8 @@ struct az_stats {
 	u64 base_cache_bytes;	/* decoded-base cache */
 	/* monotonic: template entries a put could not make (page stored) */
 	u64 template_lost;
+	u64 packs;		/* live multi-page objects (az_store_pack) */
+	u64 packed_pages;	/* slots referring to one */
 };
 
 /*
@@ -260,6 +264,19 @@ void az_store_free(struct az_store *s, u64 slot);
  * written or discarded).  Never spins.
  */
 int az_store_free_notify(struct az_store *s, u64 slot);
+/*
+ * Pack slots [@first, @first + @nr): runs of up to AZ_PACK_MAX adjacent
+ * slots whose pages are PLAIN, of one registered sandbox and referred to
+ * by that slot alone become one object (each slot keeps random access:
+ * a load decodes the pack).  A run is packed only when the pack takes
+ * fewer pool bytes than its pages did.  A packed page is no dedup target
+ * or delta base for later pages.  *@packed: the slots that now refer to a
+ * pack.  0, or -EINVAL for a bad range.  May run beside puts, loads and
+ * frees of the same slots (a slot changed meanwhile stays as it is);
+ * never sleeps for memory, takes one slot lock at a time.
+ */
+int az_store_pack(struct az_store *s, struct az_ctx *ctx, u64 first, u64 nr,
+		  u64 *packed);
 /* Kind of @slot's page, or -ENOENT when empty. */
 int az_store_slot_kind(struct az_store *s, u64 slot);
 /*

@@ -189,9 +189,9 @@ static void az_unshuffle(u8 *dst, const u8 *src)
 }
 
 /* Compress @src into @out + header; returns object size or 0. */
-static u32 az_compress(struct az_ctx *ctx, const struct az_policy *pol,
-		       const void *src, u8 *out, u32 cap, u8 enc_lz4,
-		       u8 enc_zstd, u8 *enc)
+static u32 az_compress_len(struct az_ctx *ctx, const struct az_policy *pol,
+			   const void *src, u32 len, u8 *out, u32 cap,
+			   u8 enc_lz4, u8 enc_zstd, u8 *enc)
 {
 	u8 *dst = out + AZ_HDR_SIZE;
 	int n;
@@ -200,17 +200,36 @@ static u32 az_compress(struct az_ctx *ctx, const struct az_policy *pol,
 		return 0;
 	cap -= AZ_HDR_SIZE;
 	if (pol->codec == AZ_CODEC_ZSTD) {
-		n = az_zstd_compress(ctx->ws, pol->level, src, AZ_PAGE_SIZE,
-				     dst, cap);
+		n = az_zstd_compress(ctx->ws, pol->level, src, len, dst, cap);
 		*enc = enc_zstd;
 	} else {
-		n = az_lz4_compress(ctx->ws, src, AZ_PAGE_SIZE, dst, cap);
+		n = az_lz4_compress(ctx->ws, src, len, dst, cap);
 		*enc = enc_lz4;
 	}
 	if (n <= 0 || (u32)n > cap)
 		return 0;
 	az_put_hdr(out, *enc, n);
 	return n + AZ_HDR_SIZE;
+}
+
+static u32 az_compress(struct az_ctx *ctx, const struct az_policy *pol,
+		       const void *src, u8 *out, u32 cap, u8 enc_lz4,
+		       u8 enc_zstd, u8 *enc)
+{
+	return az_compress_len(ctx, pol, src, AZ_PAGE_SIZE, out, cap, enc_lz4,
+			       enc_zstd, enc);
+}
+
+u32 az_encode_pack(struct az_ctx *ctx, const struct az_policy *pol,
+		   const void *pages, u32 n, u8 *out, u32 max, u8 *enc)
+{
+	u32 m;
+
+	if (n < 2 || n > AZ_PACK_MAX)
+		return 0;
+	m = az_compress_len(ctx, pol, pages, n * AZ_PAGE_SIZE, out, max,
+			    AZ_ENC_PACK_LZ4, AZ_ENC_PACK_ZSTD, enc);
+	return m < max ? m : 0;
 }
 
 u32 az_encode_plain(struct az_ctx *ctx, const struct az_policy *pol,
@@ -363,4 +382,24 @@ int az_decode(struct az_ctx *ctx, const u8 *obj, u32 size, const void *base,
 	else if (enc == AZ_ENC_SUB_LZ4 || enc == AZ_ENC_SUB_ZSTD)
 		az_undiff_page(page, base);
 	return 0;
+}
+
+int az_decode_pack(struct az_ctx *ctx, const u8 *obj, u32 size, void *pages)
+{
+	const u8 *src = obj + AZ_HDR_SIZE;
+	int slen = (int)size - AZ_HDR_SIZE;
+	int enc, n;
+
+	enc = az_obj_encoding(obj, size);
+	if (enc == AZ_ENC_PACK_LZ4)
+		n = az_lz4_decompress(src, slen, pages,
+				      AZ_PACK_MAX * AZ_PAGE_SIZE);
+	else if (enc == AZ_ENC_PACK_ZSTD)
+		n = az_zstd_decompress(ctx->ws, src, slen, pages,
+				       AZ_PACK_MAX * AZ_PAGE_SIZE);
+	else
+		return -EIO;
+	if (n < 2 * (int)AZ_PAGE_SIZE || n % AZ_PAGE_SIZE)
+		return -EIO;
+	return n / AZ_PAGE_SIZE;
 }

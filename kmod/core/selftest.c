@@ -377,7 +377,7 @@ out:
  * free related pages of sandboxes in two trust groups, an unregistered
  * cgroup and a template; a control thread concurrently loads template
  * pages, removes and re-adds the template and a sandbox, flips policy
- * knobs, drains deferred frees and reads stats.  Every load is compared
+ * knobs, packs slot ranges, drains deferred frees and reads stats.  Every load is compared
  * with the last page written; at the end every page is checked again and
  * all memory must return to zero.
  */
@@ -510,7 +510,7 @@ static int ss_control(void *arg)
 	struct az_policy pol;
 	struct az_stats st;
 	bool treg = true, breg = true;
-	u64 r = 12345;
+	u64 r = 12345, n, nslots = az_store_nr_slots(ss->s);
 	int err;
 
 	if (!ctx || !buf) {
@@ -518,7 +518,7 @@ static int ss_control(void *arg)
 		goto out;
 	}
 	while (ss_running(ss)) {
-		switch (ss_rnd(&r) % 6) {
+		switch (ss_rnd(&r) % 7) {
 		case 0:
 			ss_page(ss, buf, &r, ss_rnd(&r) % ST_FAM);
 			err = treg ? az_store_template_load(ss->s, ctx, SS_T1,
@@ -549,6 +549,12 @@ static int ss_control(void *arg)
 			break;
 		case 4:
 			az_store_drain(ss->s);
+			break;
+		case 5:
+			n = ss_rnd(&r) % nslots;
+			if (az_store_pack(ss->s, ctx, n,
+					  az_min(nslots - n, (u64)SS_PER), &n))
+				ss_fail(ss, "pack", 0);
 			break;
 		default:
 			az_store_get_stats(ss->s, &st);
@@ -620,17 +626,19 @@ int az_core_stress(unsigned int nthreads, unsigned int ms)
 
 	az_store_drain(ss.s);
 	az_store_get_stats(ss.s, &st);
-	az_info("stress: %llu stores (%llu failed), %llu loads\n",
+	az_info("stress: %llu stores (%llu failed), %llu loads, %llu packed\n",
 		(unsigned long long)st.stores,
 		(unsigned long long)st.failed_stores,
-		(unsigned long long)st.loads);
+		(unsigned long long)st.loads,
+		(unsigned long long)st.packed_pages);
 	for (i = 0; i < nslots; i++)
 		az_store_free(ss.s, i);
 	az_store_del_template(ss.s, SS_T1);
 	az_store_drain(ss.s);
 	az_store_get_stats(ss.s, &st);
 	if (st.objects || st.pool_bytes || st.stored_bytes || st.bases ||
-	    st.template_pages || st.pages_stored || st.cross_group)
+	    st.template_pages || st.pages_stored || st.cross_group ||
+	    st.packs || st.packed_pages)
 		ss_fail(&ss, "not empty after freeing everything", 0);
 	err = az_atomic_read(&ss.failures) ? -EINVAL : 0;
 	if (!err)

@@ -39,8 +39,9 @@ struct az_ctx *az_ctx_create(void)
 	ctx->xbuf = az_valloc(AZ_PAGE_SIZE);
 	ctx->sbuf = az_valloc(AZ_PAGE_SIZE);
 	ctx->gbuf = az_valloc(AZ_PAGE_SIZE);
+	ctx->kbuf = az_valloc(AZ_PACK_MAX * AZ_PAGE_SIZE);
 	if (!ctx->ws || !ctx->obuf || !ctx->tbuf || !ctx->pbuf || !ctx->xbuf ||
-	    !ctx->sbuf || !ctx->gbuf) {
+	    !ctx->sbuf || !ctx->gbuf || !ctx->kbuf) {
 		az_ctx_destroy(ctx);
 		return NULL;
 	}
@@ -51,6 +52,7 @@ void az_ctx_destroy(struct az_ctx *ctx)
 {
 	if (!ctx)
 		return;
+	az_vfree(ctx->kbuf);
 	az_vfree(ctx->gbuf);
 	az_vfree(ctx->sbuf);
 	az_vfree(ctx->xbuf);
@@ -377,6 +379,8 @@ static void az_obj_destroy(struct az_store *s, struct az_obj *o)
 		az_atomic64_sub(az_obj_bytes(o), &s->template_bytes);
 	if (az_obj_flag(o, AZ_OBJ_BASE))
 		az_atomic64_dec(&s->bases);
+	if (az_enc_is_pack(o->enc))
+		az_atomic64_dec(&s->packs);
 	az_bcache_forget(s, o);
 	az_atomic64_sub(az_obj_bytes(o), &s->stored_bytes);
 	az_atomic64_dec(&s->objects);
@@ -395,13 +399,15 @@ static void az_obj_destroy(struct az_store *s, struct az_obj *o)
 /*
  * Drop a reference.  Atomic context safe: an object that an index can
  * still reach (or that holds a base) goes to the deferred free, which
- * unlinks it under idx_lock; anything else is freed here.
+ * unlinks it under idx_lock; so does a pack (a split one reads its link
+ * from the pool); anything else is freed here.
  */
 void az_obj_put(struct az_store *s, struct az_obj *o)
 {
 	if (!az_ref_dec_and_test(&o->ref))
 		return;
-	if (az_obj_flag(o, AZ_OBJ_INDEXED) || az_obj_base(o)) {
+	if (az_obj_flag(o, AZ_OBJ_INDEXED) || az_obj_base(o) ||
+	    az_enc_is_pack(o->enc)) {
 		az_atomic64_inc(&s->deferred);
 		az_defer_add(&s->defer, &o->dnode);
 		return;
@@ -456,12 +462,22 @@ void az_obj_mark_base(struct az_store *s, struct az_obj *o)
 		az_atomic64_inc(&s->bases);
 }
 
+/* Decode @size bytes at @src: a pack into @out (its page count), or a page. */
+static int az_decode_any(struct az_ctx *ctx, const u8 *src, u32 size,
+			 const void *base, void *out, bool pack)
+{
+	return pack ? az_decode_pack(ctx, src, size, out) :
+		      az_decode(ctx, src, size, base, out);
+}
+
 /*
  * A split object is gathered into ctx->gbuf first: the pool allows one
- * mapping at a time.
+ * mapping at a time.  @pack: decode a pack (@page has AZ_PACK_MAX pages;
+ * returns the page count), else a page (0).
  */
 static int az_obj_decode(struct az_store *s, struct az_ctx *ctx,
-			 struct az_obj *o, const void *base, void *page)
+			 struct az_obj *o, const void *base, void *page,
+			 bool pack)
 {
 	const u8 *src;
 	u32 tail = o->size - AZ_SPLIT_DATA;
@@ -470,7 +486,7 @@ static int az_obj_decode(struct az_store *s, struct az_ctx *ctx,
 
 	if (!az_obj_split(o->size)) {
 		src = az_pool_read_begin(s->pool, o->handle, o->size, ctx->gbuf);
-		err = az_decode(ctx, src, o->size, base, page);
+		err = az_decode_any(ctx, src, o->size, base, page, pack);
 		az_pool_read_end(s->pool, o->handle, o->size, src);
 		return err;
 	}
@@ -487,7 +503,7 @@ static int az_obj_decode(struct az_store *s, struct az_ctx *ctx,
 	if (src != ctx->gbuf + AZ_SPLIT_DATA)
 		az_copy_words(ctx->gbuf + AZ_SPLIT_DATA, src, tail);
 	az_pool_read_end(s->pool, h2, tail, src);
-	return az_decode(ctx, ctx->gbuf, o->size, base, page);
+	return az_decode_any(ctx, ctx->gbuf, o->size, base, page, pack);
 }
 
 /*
@@ -506,9 +522,28 @@ int az_obj_read(struct az_store *s, struct az_ctx *ctx, struct az_obj *o,
 				   AZ_READ_ONCE(s->pol.verify));
 		if (err)
 			return err;
-		return az_obj_decode(s, ctx, o, ctx->xbuf, page);
+		return az_obj_decode(s, ctx, o, ctx->xbuf, page, false);
 	}
-	return az_obj_decode(s, ctx, o, NULL, page);
+	return az_obj_decode(s, ctx, o, NULL, page, false);
+}
+
+/*
+ * Decode pack @o into ctx->kbuf and copy page @member to @page; the
+ * caller holds a reference or the lock of a slot referring to it.  With
+ * @verify the pack's pages are checked against its hash.
+ */
+static int az_pack_read(struct az_store *s, struct az_ctx *ctx,
+			struct az_obj *o, u32 member, void *page, bool verify)
+{
+	int n = az_obj_decode(s, ctx, o, NULL, ctx->kbuf, true);
+
+	if (n < 0 || (u32)n != o->pack_pages || member >= (u32)n)
+		return -EIO;
+	if (verify && az_hash_tag(az_xxh64(ctx->kbuf, n * AZ_PAGE_SIZE, 0)) !=
+	    o->hash)
+		return -EIO;
+	memcpy(page, ctx->kbuf + member * AZ_PAGE_SIZE, AZ_PAGE_SIZE);
+	return 0;
 }
 
 /* ---- slots ------------------------------------------------------------ */
@@ -545,6 +580,7 @@ static void az_account_slot(struct az_store *s, unsigned int kind, u16 own,
 static void az_slot_release(struct az_store *s, unsigned long flags, u64 val)
 {
 	unsigned int kind = az_slot_kind(flags);
+	struct az_obj *o;
 	u32 size;
 
 	az_account_slot(s, kind, flags & AZ_SLOT_OWNER_MASK, -1);
@@ -559,7 +595,10 @@ static void az_slot_release(struct az_store *s, unsigned long flags, u64 val)
 		az_atomic64_sub(size, &az_owner_at(s, 0)->excl_bytes);
 		return;
 	}
-	az_obj_put(s, (struct az_obj *)(unsigned long)val);
+	o = (struct az_obj *)(unsigned long)val;
+	if (az_enc_is_pack(o->enc))
+		az_atomic64_dec(&s->packed_pages);
+	az_obj_put(s, o);
 }
 
 /* Take what @slot holds and empty it; the caller holds the slot lock. */
@@ -1100,6 +1139,12 @@ int az_store_get(struct az_store *s, struct az_ctx *ctx, u64 slot, void *page)
 	}
 	/* The slot lock keeps the object (and so its base) alive. */
 	o = (struct az_obj *)(unsigned long)sl->val;
+	if (az_enc_is_pack(o->enc)) {
+		err = az_pack_read(s, ctx, o, az_slot_member(flags), page,
+				   AZ_READ_ONCE(s->pol.verify));
+		az_slot_unlock(s, slot);
+		goto done;
+	}
 	err = az_obj_read(s, ctx, o, page);
 	if (!err && AZ_READ_ONCE(s->pol.verify) &&
 	    az_hash_tag(az_xxh64(page, AZ_PAGE_SIZE, 0)) != o->hash)
@@ -1129,6 +1174,159 @@ int az_store_free_notify(struct az_store *s, u64 slot)
 	az_slot_take(s, slot, &flags, &val);
 	az_slot_unlock(s, slot);
 	az_slot_drop(s, flags, val);
+	return 0;
+}
+
+/* ---- packs ------------------------------------------------------------ */
+
+/*
+ * @slot's object if it may join a pack, with a reference taken: a PLAIN
+ * page of a registered, non-template owner (*@own, or any when 0: then
+ * set), referred to by this slot alone.  NULL otherwise.
+ */
+static struct az_obj *az_pack_candidate(struct az_store *s, u64 slot,
+					u16 *own)
+{
+	struct az_slot *sl = &s->slots[slot];
+	struct az_obj *o = NULL;
+	unsigned long flags;
+	u16 so;
+
+	az_slot_lock(s, slot);
+	flags = sl->flags;
+	so = flags & AZ_SLOT_OWNER_MASK;
+	if ((flags & AZ_SLOT_USED) && !(flags & AZ_SLOT_DIRECT) &&
+	    az_slot_kind(flags) == AZ_KIND_PLAIN && so && (!*own || so == *own)) {
+		o = (struct az_obj *)(unsigned long)sl->val;
+		if (o->owner == so && !az_enc_is_pack(o->enc) &&
+		    !az_obj_flag(o, AZ_OBJ_TEMPLATE) &&
+		    az_ref_read(&o->ref) == 1) {
+			az_ref_inc(&o->ref);
+			*own = so;
+		} else {
+			o = NULL;
+		}
+	}
+	az_slot_unlock(s, slot);
+	return o;
+}
+
+/*
+ * Point @slot at page @member of pack @p if it still holds candidate @o
+ * (a put or free may have changed it since).  The pack gets the slot's
+ * reference, @o loses it.
+ */
+static bool az_pack_install(struct az_store *s, u64 slot, struct az_obj *o,
+			    struct az_obj *p, u32 member)
+{
+	struct az_slot *sl = &s->slots[slot];
+	unsigned long flags;
+	bool done = false;
+
+	az_ref_inc(&p->ref);
+	az_slot_lock(s, slot);
+	flags = sl->flags;
+	if ((flags & AZ_SLOT_USED) && !(flags & AZ_SLOT_DIRECT) &&
+	    az_slot_kind(flags) == AZ_KIND_PLAIN &&
+	    sl->val == (u64)(unsigned long)o) {
+		sl->val = (u64)(unsigned long)p;
+		sl->flags = (flags & ~AZ_SLOT_MEMBER_MASK) |
+			    ((unsigned long)member << AZ_SLOT_MEMBER_SHIFT);
+		/* before a free of the slot can take it off again */
+		az_atomic64_inc(&s->packed_pages);
+		done = true;
+	}
+	az_slot_unlock(s, slot);
+	az_obj_put(s, done ? o : p);
+	return done;
+}
+
+/*
+ * Pack the candidates @m[0..*@n) of slots @first...: decoded (each checked
+ * against its hash), encoded together, and, if that takes fewer pool bytes
+ * than they do, installed.  When *@n pages do not fit one object, the
+ * first two are tried; *@n is then 2.  Returns the slots now referring to
+ * the pack.  The candidates' own references stay with the caller.
+ */
+static u32 az_pack_one(struct az_store *s, struct az_ctx *ctx,
+		       const struct az_policy *pol, u64 first,
+		       struct az_obj **m, u32 *n)
+{
+	struct az_reserve res = { 0 };
+	struct az_obj *p;
+	unsigned long h2;
+	u32 i, have = 0, size = 0, got = 0;
+	u8 *page, enc = 0;
+	int err;
+
+	for (i = 0; i < *n; i++) {
+		page = ctx->kbuf + i * AZ_PAGE_SIZE;
+		if (az_obj_read(s, ctx, m[i], page) ||
+		    az_hash_tag(az_xxh64(page, AZ_PAGE_SIZE, 0)) != m[i]->hash)
+			return 0;
+	}
+	for (;;) {
+		for (i = 0, have = 0; i < *n; i++)
+			have += az_obj_bytes(m[i]);
+		size = az_encode_pack(ctx, pol, ctx->kbuf, *n, ctx->obuf,
+				      az_min(az_obj_max(pol), have), &enc);
+		if (size || *n == 2)
+			break;
+		*n = 2;
+	}
+	if (!size || size + (az_obj_split(size) ? AZ_SPLIT_LINK : 0) >= have)
+		return 0;
+	/* No-wait: a pack is an optimisation, never worth waiting for. */
+	p = az_obj_get(s, &res, size, &h2, &err);
+	if (!p)
+		return 0;
+	p->enc = enc;
+	p->owner = m[0]->owner;
+	p->group = m[0]->group;
+	p->pack_pages = *n;
+	p->hash = az_hash_tag(az_xxh64(ctx->kbuf, *n * AZ_PAGE_SIZE, 0));
+	az_obj_write(s, ctx, p, h2, ctx->obuf);
+	az_obj_account(s, p, false);
+	az_atomic64_inc(&s->packs);
+	for (i = 0; i < *n; i++)
+		got += az_pack_install(s, first + i, m[i], p, i);
+	az_obj_put(s, p);	/* ours: the pack goes if no slot took it */
+	return got;
+}
+
+int az_store_pack(struct az_store *s, struct az_ctx *ctx, u64 first, u64 nr,
+		  u64 *packed)
+{
+	struct az_obj *m[AZ_PACK_MAX];
+	struct az_policy pol;
+	u64 slot, end;
+	u32 i, n, used;
+	u16 own;
+
+	*packed = 0;
+	if (first > s->nr_slots || nr > s->nr_slots - first)
+		return -EINVAL;
+	az_policy_snapshot(s, &pol);
+	end = first + nr;
+	for (slot = first; slot < end; slot += used) {
+		own = 0;
+		for (n = 0; n < AZ_PACK_MAX && slot + n < end; n++) {
+			m[n] = az_pack_candidate(s, slot + n, &own);
+			if (!m[n])
+				break;
+		}
+		/* after a run cut short, slot + n is no candidate: skip it */
+		used = n < AZ_PACK_MAX ? n + 1 : n;
+		if (n >= 2) {
+			i = n;
+			*packed += az_pack_one(s, ctx, &pol, slot, m, &i);
+			/* two of more: the rest may pack with what follows */
+			if (i < n)
+				used = i;
+		}
+		for (i = 0; i < n; i++)
+			az_obj_put(s, m[i]);
+	}
 	return 0;
 }
 
@@ -1292,4 +1490,6 @@ void az_store_get_stats(struct az_store *s, struct az_stats *st)
 	st->cross_group = az_atomic64_read(&s->cross_group);
 	st->template_lost = az_atomic64_read(&s->template_lost);
 	st->deferred = az_atomic64_read(&s->deferred);
+	st->packs = az_atomic64_read(&s->packs);
+	st->packed_pages = az_atomic64_read(&s->packed_pages);
 }

@@ -172,7 +172,8 @@ int az_store_debug_check(struct az_store *s)
 	struct az_chk refs = { 0 }, objs = { 0 };
 	struct az_tchunk *t;
 	struct az_defer_node *dn;
-	size_t i, j, n0, uniq = 0, direct = 0, chunks = 0;
+	size_t i, j, n0, uniq = 0, direct = 0, chunks = 0, packed = 0;
+	size_t packs = 0;
 	u64 slot;
 	int err = 0;
 
@@ -196,6 +197,21 @@ int az_store_debug_check(struct az_store *s)
 		o = (struct az_obj *)(unsigned long)sl->val;
 		if (az_chk_add(&refs, o) || az_chk_add(&objs, o))
 			goto nomem;
+		if (az_enc_is_pack(o->enc)) {
+			packed++;
+			AZ_CHK(kind == AZ_KIND_PLAIN && own && own == o->owner &&
+			       az_slot_member(sl->flags) < o->pack_pages &&
+			       o->pack_pages >= 2 &&
+			       o->pack_pages <= AZ_PACK_MAX,
+			       "slot %llu: page %u of a %u-page pack, kind %u owner %u/%u",
+			       (unsigned long long)slot,
+			       az_slot_member(sl->flags), o->pack_pages, kind,
+			       own, o->owner);
+		} else {
+			AZ_CHK(!az_slot_member(sl->flags),
+			       "slot %llu: a pack position without a pack",
+			       (unsigned long long)slot);
+		}
 		AZ_CHK(!!az_obj_base(o) == (kind == AZ_KIND_TDELTA ||
 					    kind == AZ_KIND_XDELTA) ||
 		       kind == AZ_KIND_DUP, "slot %llu kind %u base %p",
@@ -276,9 +292,21 @@ int az_store_debug_check(struct az_store *s)
 	}
 	if (objs.n)
 		qsort(objs.v, objs.n, sizeof(*objs.v), az_ptr_cmp);
-	for (i = 0; i < objs.n; i++)
-		if (!i || objs.v[i] != objs.v[i - 1])
+	for (i = 0; i < objs.n; i++) {
+		if (!i || objs.v[i] != objs.v[i - 1]) {
 			uniq++;
+			packs += az_enc_is_pack(objs.v[i]->enc);
+		}
+	}
+	AZ_CHK(packed == (size_t)az_atomic64_read(&s->packed_pages),
+	       "%zu packed slots, %llu counted", packed,
+	       (unsigned long long)az_atomic64_read(&s->packed_pages));
+	/* a pack no slot took is destroyed by the deferred free */
+	AZ_CHK(packs + az_atomic64_read(&s->deferred) >=
+	       (u64)az_atomic64_read(&s->packs) &&
+	       packs <= (u64)az_atomic64_read(&s->packs),
+	       "%zu packs reachable, %llu counted", packs,
+	       (unsigned long long)az_atomic64_read(&s->packs));
 	if (refs.n)
 		qsort(refs.v, refs.n, sizeof(*refs.v), az_ptr_cmp);
 	for (i = 0; i < refs.n; i = j) {

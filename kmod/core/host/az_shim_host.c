@@ -80,26 +80,47 @@ void az_vfree(const void *p)
 	free((void *)p);
 }
 
-void az_bit_lock(int bit, unsigned long *word)
-{
-	unsigned long m = 1UL << bit;
+/*
+ * Slot bit locks.  The kernel takes the bit with an atomic RMW while the
+ * holder rewrites the rest of the word with plain stores (zram's way: the
+ * RMW never loses them).  A thread sanitizer calls that a race, so here a
+ * striped spinlock (acquire on take, release on drop) is held for the
+ * whole critical section and orders every access to the word; the bit is
+ * set and cleared under it as in the kernel.  No path holds two slot
+ * locks, so two words sharing a stripe only contend (a trylock may fail
+ * for the neighbour's sake: allowed, like a reader holding the slot).
+ */
+#define AZ_BIT_STRIPES	4096
+static int az_bit_stripe[AZ_BIT_STRIPES];
 
-	while (__atomic_fetch_or(word, m, __ATOMIC_ACQUIRE) & m) {
-		while (__atomic_load_n(word, __ATOMIC_RELAXED) & m)
-			sched_yield();
-	}
+static int *az_bit_stripe_of(const unsigned long *word)
+{
+	uintptr_t a = (uintptr_t)word / sizeof(struct { long f, v; });
+
+	return &az_bit_stripe[a % AZ_BIT_STRIPES];
 }
 
 bool az_bit_trylock(int bit, unsigned long *word)
 {
-	unsigned long m = 1UL << bit;
+	int z = 0;
 
-	return !(__atomic_fetch_or(word, m, __ATOMIC_ACQUIRE) & m);
+	if (!__atomic_compare_exchange_n(az_bit_stripe_of(word), &z, 1, false,
+					 __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
+		return false;
+	*word |= 1UL << bit;
+	return true;
+}
+
+void az_bit_lock(int bit, unsigned long *word)
+{
+	while (!az_bit_trylock(bit, word))
+		sched_yield();
 }
 
 void az_bit_unlock(int bit, unsigned long *word)
 {
-	__atomic_fetch_and(word, ~(1UL << bit), __ATOMIC_RELEASE);
+	*word &= ~(1UL << bit);
+	__atomic_store_n(az_bit_stripe_of(word), 0, __ATOMIC_RELEASE);
 }
 
 u64 az_xxh64(const void *buf, size_t len, u64 seed)

@@ -1,0 +1,190 @@
+"""Multi-page objects (az_store_pack): adjacent PLAIN pages of one sandbox stored as one object,
+each page still read on its own."""
+
+from __future__ import annotations
+
+import errno
+import random
+
+import pytest
+
+from controlplane.trace.corelib import PAGE_SIZE, CoreError, Store
+
+from . import pages
+
+CODECS = [{"codec": 0}, {"codec": 1, "level": 3}]
+IDS = ["lz4", "zstd"]
+SANDBOX, OTHER, TEMPLATE = 11, 12, 50
+
+
+def record_page(seed: int) -> bytes:
+    """A page of JSON-lines records: ~5x alone, better beside its neighbours (the same keys),
+    and no two alike enough to be a delta of one another."""
+    rng = random.Random(seed)
+    out = b""
+    while len(out) < PAGE_SIZE:
+        out += b'{"id": %d, "path": "src/mod%d/file%d.py", "line": %d, "ok": %s}\n' % (
+            rng.randrange(10**6),
+            rng.randrange(50),
+            rng.randrange(200),
+            rng.randrange(5000),
+            rng.choice([b"true", b"false"]),
+        )
+    return out[:PAGE_SIZE]
+
+
+def text_pages(n: int, seed: int = 0) -> list[bytes]:
+    """Distinct record pages (none a dedup target or delta base of another)."""
+    return [record_page(seed * 1000 + i) for i in range(n)]
+
+
+def fill(s: Store, first: int, data: list[bytes], owner: int = SANDBOX) -> None:
+    for i, p in enumerate(data):
+        s.put(first + i, p, owner=owner, index=first + i)
+
+
+def read_all(s: Store, first: int, data: list[bytes]) -> None:
+    for i, p in enumerate(data):
+        assert s.get(first + i) == p, f"slot {first + i}"
+
+
+@pytest.mark.parametrize("pol", CODECS, ids=IDS)
+def test_adjacent_plain_pages_become_packs_and_read_back(make_store, pol):
+    s = make_store(64, **pol)
+    s.add_sandbox(SANDBOX, 1)
+    data = text_pages(16)
+    fill(s, 0, data)
+    assert all(s.kind(i) == "plain" for i in range(16))
+    before = s.stats()
+    assert s.pack() == 16
+    s.drain()
+    after = s.stats()
+    # zstd fits four of these pages in one object, lz4 two
+    assert after["packs"] == (4 if pol["codec"] else 8) and after["packed_pages"] == 16
+    assert after["objects"] == before["objects"] - 16 + after["packs"]
+    assert after["stored_bytes"] < before["stored_bytes"]
+    assert after["obj_meta_bytes"] < before["obj_meta_bytes"]
+    # pages and kinds are what they were; the owner pays for the packs alone
+    assert after["pages_stored"] == 16 and after["kind_pages"]["plain"] == 16
+    own = s.owner_stats(SANDBOX)
+    assert own["exclusive_bytes"] + own["shared_bytes"] == after["stored_bytes"]
+    read_all(s, 0, data)
+    s.check()
+    # a second pass finds nothing more to do
+    assert s.pack() == 0
+
+
+@pytest.mark.parametrize("pol", CODECS, ids=IDS)
+def test_frees_and_overwrites_of_packed_slots(make_store, pol):
+    s = make_store(32, **pol)
+    s.add_sandbox(SANDBOX, 1)
+    data = text_pages(8, seed=1)
+    fill(s, 0, data)
+    assert s.pack() == 8
+    s.free(1)
+    new = pages.make("heap", 77)
+    s.put(2, new, owner=SANDBOX, index=2)
+    data[1], data[2] = bytes(PAGE_SIZE), new
+    read_all(s, 0, data)
+    s.drain()
+    st = s.stats()
+    assert st["packs"] == (2 if pol["codec"] else 4) and st["packed_pages"] == 6
+    s.check()
+    # the pack stays until its last page goes, then nothing is left
+    for i in range(8):
+        s.free(i)
+    s.drain()
+    st = s.stats()
+    assert st["packs"] == st["packed_pages"] == 0
+    assert st["objects"] == st["stored_bytes"] == st["pool_bytes"] == 0
+    s.check()
+
+
+def test_only_private_plain_pages_of_one_sandbox_are_packed(make_store):
+    s = make_store(128, codec=1, level=3)
+    s.add_sandbox(SANDBOX, 1)
+    s.add_sandbox(OTHER, 1)
+    s.add_template(TEMPLATE, 1)
+    data = text_pages(40, seed=2)
+    # 0..3: template pages; 4..7: unregistered; 8..11 alternate two sandboxes;
+    # 12..15: duplicates of 16..19 (shared objects); 20..23: same-filled; 24..27: random (raw)
+    fill(s, 0, data[:4], owner=TEMPLATE)
+    fill(s, 4, data[4:8], owner=0)
+    for i in range(8, 12):
+        s.put(i, data[i], owner=SANDBOX if i % 2 else OTHER, index=i)
+    fill(s, 16, data[16:20])
+    fill(s, 12, data[16:20])
+    assert [s.kind(i) for i in range(12, 16)] == ["dup"] * 4
+    for i in range(20, 24):
+        s.put(i, bytes([i]) * PAGE_SIZE, owner=SANDBOX, index=i)
+    for i in range(24, 28):
+        s.put(i, pages.make("random", i), owner=SANDBOX, index=i)
+    assert s.pack() == 0
+    st = s.stats()
+    assert st["packs"] == 0
+    # the shared pages pack once their duplicates are gone
+    for i in range(12, 16):
+        s.free(i)
+    assert s.pack() == 4
+    s.check()
+
+
+def test_a_pack_never_costs_more_than_its_pages(make_store):
+    s = make_store(64, codec=0)
+    s.add_sandbox(SANDBOX, 1)
+    rng = random.Random(3)
+    # pages that barely compress: half random, half text; a pack must not grow the store
+    data = [
+        rng.randbytes(PAGE_SIZE // 2) + pages.make("text", i)[: PAGE_SIZE // 2] for i in range(16)
+    ]
+    fill(s, 0, data)
+    before = s.stats()["stored_bytes"]
+    s.pack()
+    s.drain()
+    assert s.stats()["stored_bytes"] <= before
+    read_all(s, 0, data)
+    s.check()
+
+
+@pytest.mark.parametrize("pol", CODECS, ids=IDS)
+def test_a_corrupted_pack_reads_as_eio(make_store, pol):
+    s = make_store(16, **pol)
+    s.add_sandbox(SANDBOX, 1)
+    data = text_pages(2, seed=4)
+    rng = random.Random(5)
+    rejected = 0
+    for _ in range(30):
+        fill(s, 0, data)
+        assert s.pack() == 2
+        s.corrupt(0, rng.randrange(PAGE_SIZE), 1 << rng.randrange(8))
+        for i, p in enumerate(data):
+            try:
+                assert s.get(i) == p
+            except CoreError as e:
+                assert e.errno == errno.EIO
+                rejected += 1
+    # a flip may be harmless (a match offset moved onto equal bytes); else both pages are EIO
+    assert rejected >= 40
+    s.check()
+
+
+def test_pack_range_is_checked(make_store):
+    s = make_store(16)
+    for first, nr in ((17, 0), (0, 17), (16, 1), (2**63, 1)):
+        with pytest.raises(CoreError) as e:
+            s.pack(first, nr)
+        assert e.value.errno == errno.EINVAL
+    assert s.pack(16, 0) == 0
+
+
+def test_pack_a_range_only(make_store):  # zstd: four pages to a pack
+    s = make_store(32, codec=1, level=3)
+    s.add_sandbox(SANDBOX, 1)
+    data = text_pages(16, seed=6)
+    fill(s, 0, data)
+    assert s.pack(4, 8) == 8
+    assert s.stats()["packs"] == 2
+    assert all(s.kind(i) == "plain" for i in range(16))
+    assert s.pack() == 8
+    read_all(s, 0, data)
+    s.check()
