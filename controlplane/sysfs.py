@@ -24,7 +24,9 @@ INT_ATTRS = ("disksize", "initstate", "mem_limit", "mem_used_max")
 POLICY_ATTRS = (
     "dedup", "tdelta", "xdelta", "verify", "shuffle", "sim_effort", "delta_max_pct",
 )
-WRITABLE = {"disksize", "mem_limit", "mem_used_max", "comp_algorithm", "reset", *POLICY_ATTRS}
+WRITABLE = {
+    "disksize", "mem_limit", "mem_used_max", "comp_algorithm", "reset", "pack", *POLICY_ATTRS,
+}
 
 # Multi-column stat files (kmod/sysfs.c): file name -> column names, in order.
 STAT_FILES: dict[str, tuple[str, ...]] = {
@@ -65,6 +67,8 @@ STAT_FILES: dict[str, tuple[str, ...]] = {
         "base_cache_hits",
         "base_cache_misses",
         "template_lost",
+        "packs",
+        "packed_pages",
     ),
     # meta_bytes by component (all but slot_used_bytes sum to it)
     "meta_stat": (
@@ -228,6 +232,11 @@ class Device:
 
     def reset(self) -> None:
         self.write("reset", 1)
+
+    def pack(self) -> None:
+        """Pack the device now: runs of adjacent PLAIN pages of one sandbox become multi-page
+        objects (docs/sysfs-abi.md, `pack`)."""
+        self.write("pack", 1)
 
 
 def devices(root: Path = SYS_BLOCK) -> list[Device]:

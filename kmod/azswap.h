@@ -80,6 +80,7 @@ int azswap_dev_set_policy(struct azswap_dev *dev, const struct az_policy *p);
 int azswap_dev_template_load(struct azswap_dev *dev, u64 tid, u64 index,
 			     const void *page);
 void azswap_dev_update_max(struct azswap_dev *dev);
+int azswap_dev_pack(struct azswap_dev *dev, u64 *packed);
 int azswap_register_blkdev(void);
 void azswap_unregister_blkdev(void);
 

@@ -280,6 +280,35 @@ int azswap_dev_template_load(struct azswap_dev *dev, u64 tid, u64 index,
 	return ret;
 }
 
+/* Slots packed per turn of a CPU context: the context's writers wait no longer. */
+#define AZSWAP_PACK_CHUNK	256
+
+/*
+ * Pack the whole device (sysfs `pack`), AZSWAP_PACK_CHUNK slots per turn
+ * of a CPU context.  Caller holds init_lock for reading (the store
+ * exists).  0 or -EINTR (a fatal signal; what was packed stays packed).
+ */
+int azswap_dev_pack(struct azswap_dev *dev, u64 *packed)
+{
+	u64 nr = az_store_nr_slots(dev->store), first, got;
+	struct azswap_pcpu *pc;
+	int ret = 0;
+
+	*packed = 0;
+	for (first = 0; first < nr && !ret; first += AZSWAP_PACK_CHUNK) {
+		pc = azswap_ctx_get();
+		ret = az_store_pack(dev->store, pc->ctx, first,
+				    min_t(u64, nr - first, AZSWAP_PACK_CHUNK),
+				    &got);
+		azswap_ctx_put(pc);
+		*packed += got;
+		if (!ret && fatal_signal_pending(current))
+			ret = -EINTR;
+		cond_resched();
+	}
+	return ret;
+}
+
 /* Load @slot into @mem (4 KiB, mapped).  May sleep (the context mutex). */
 static int azswap_load(struct azswap_dev *dev, u64 slot, void *mem,
 		       struct page *owner_page)

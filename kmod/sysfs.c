@@ -430,6 +430,28 @@ static ssize_t compact_store(struct device *d, struct device_attribute *attr,
 }
 static DEVICE_ATTR_WO(compact);
 
+/*
+ * "1": pack the device now (az_store_pack: adjacent PLAIN pages of one
+ * sandbox into multi-page objects).  Takes a while on a large device; a
+ * fatal signal stops it (EINTR).
+ */
+static ssize_t pack_store(struct device *d, struct device_attribute *attr,
+			  const char *buf, size_t len)
+{
+	struct azswap_dev *dev = dev_to_az(d);
+	unsigned int v;
+	u64 packed;
+	int ret;
+
+	if (azswap_parse_uint(buf, 1, &v) || !v)
+		return -EINVAL;
+	down_read(&dev->init_lock);
+	ret = dev->store ? azswap_dev_pack(dev, &packed) : -EINVAL;
+	up_read(&dev->init_lock);
+	return ret ? ret : len;
+}
+static DEVICE_ATTR_WO(pack);
+
 /* ---- statistics (columns: docs/sysfs-abi.md) -------------------------- */
 
 static void azswap_stats(struct azswap_dev *dev, struct az_stats *st)
@@ -516,11 +538,12 @@ static ssize_t obj_stat_show(struct device *d, struct device_attribute *attr,
 
 	azswap_read_stats(d, &st);
 	return sysfs_emit(buf,
-			  "%8llu %8llu %8llu %8llu %8llu %8llu %8llu %8llu %8llu %8llu\n",
+			  "%8llu %8llu %8llu %8llu %8llu %8llu %8llu %8llu %8llu %8llu %8llu %8llu\n",
 			  st.pages_stored, st.objects, st.bases,
 			  st.template_pages, st.deferred, st.cross_group,
 			  st.base_cache_pages, st.base_cache_hits,
-			  st.base_cache_misses, st.template_lost);
+			  st.base_cache_misses, st.template_lost, st.packs,
+			  st.packed_pages);
 }
 static DEVICE_ATTR_RO(obj_stat);
 
@@ -547,6 +570,7 @@ static struct attribute *azswap_disk_attrs[] = {
 	&dev_attr_base_cache.attr,
 	&dev_attr_sim_slots.attr,
 	&dev_attr_compact.attr,
+	&dev_attr_pack.attr,
 	&dev_attr_dedup.attr,
 	&dev_attr_tdelta.attr,
 	&dev_attr_xdelta.attr,

@@ -200,3 +200,17 @@ def test_stream_reference_is_verified(trace: Path, monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(rp.zstandard, "ZstdDecompressor", Flip)
     with pytest.raises(CoreError, match="read back differs"):
         rp.stream_reference(read_trace(trace))
+
+
+def test_packed_strategies_pack_and_never_store_more(report: list[dict[str, Any]]) -> None:
+    """The pack pass leaves every page readable (verified) and saves bytes on pages that have
+    PLAIN neighbours of their own sandbox (the test trace's sandboxes have some)."""
+    by = results(report)
+    for plain, packed in (("xdelta", "xdelta-packed"), ("all", "all-packed")):
+        a, b = by[plain], by[packed]
+        assert b["verified_pages"] == a["verified_pages"] == a["pages"]
+        assert b["stored_bytes"] < a["stored_bytes"], packed
+        assert b["meta_bytes"] <= a["meta_bytes"], packed
+        assert b["template_stored_bytes"] == a["template_stored_bytes"], packed
+        assert b["sandbox_kinds"] == a["sandbox_kinds"], packed
+        assert a["packed_pages"] == 0 and b["packed_pages"] > 0
