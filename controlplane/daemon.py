@@ -312,6 +312,7 @@ class Daemon:
             notify=self.publish,
             deep=self._deep_ok if c.predict and c.plan.keep_hot else None,
             kept=self._kept,
+            packer=self.device.pack,
         )
         if (c.hint_prefetch or not c.predict) and not c.prefetch and prefetcher is None:
             raise errors.InvalidValue("hint_prefetch and predict=False need the prefetcher")
@@ -644,6 +645,7 @@ class Daemon:
             self.module, self.registry, self.device, phases, self.scheduler.snapshot()
         )
         d["ops"] = self.op_times.snapshot()
+        d["pack"] = self.scheduler.pack_stats()
         return d
 
     def op_stats(self, req: dict[str, Any]) -> dict[str, Any]:

@@ -110,6 +110,9 @@ class SchedulerConfig:
     # once a wait's run stops at the kept working set, clear the kept pages' accessed bits:
     # the next wait's reclaim then keeps what the next tool touched, not what older ones did
     age_kept: bool = True
+    # after a run that sent pages out, pack the device (multi-page objects, sysfs `pack`) at
+    # most once per this many seconds; 0 = never.  A load of a packed page decodes its pack
+    pack_every: float = 0.0
     manage_policy: bool = True
     fast_policy: dict[str, int] = field(
         default_factory=lambda: {"codec": int(Codec.LZ4), "sim_effort": 4}
@@ -127,6 +130,8 @@ class SchedulerConfig:
             raise errors.InvalidValue("chunk must be at least one page")
         if self.interval <= 0 or self.grace < 0 or self.idle_grace < 0:
             raise errors.InvalidValue("interval must be > 0 and grace periods >= 0")
+        if self.pack_every < 0:
+            raise errors.InvalidValue("pack_every must be >= 0 (0: never)")
 
 
 @dataclass(frozen=True)
@@ -271,6 +276,7 @@ class Scheduler:
         notify: Callable[[dict[str, Any]], None] | None = None,
         deep: Callable[[str, bool], bool] | None = None,
         kept: Callable[[str], None] | None = None,
+        packer: Callable[[], None] | None = None,
     ) -> None:
         self.phases = phases
         self.targets = targets
@@ -288,6 +294,10 @@ class Scheduler:
         # told (without the scheduler's lock) when a wait's compression stopped at the
         # working set: what is resident then is the working set (a prefetcher learns it)
         self.kept = kept
+        # packs the device (sysfs `pack`); called per config.pack_every, from the scheduler
+        self.packer = packer
+        self._last_pack: float | None = None
+        self._packs = {"runs": 0, "seconds": 0.0, "errors": 0}
         self.levels: dict[str, HotLevel] = {}
         self._pressure = False  # host memory pressure as this tick read it
         self._wake = threading.Event()
@@ -662,6 +672,8 @@ class Scheduler:
                 self._age(v.name, cg, st)
         if self.notify is not None and result != "budget":
             self.notify({"event": "compress", "name": v.name, "result": result, "state": summary})
+        if chunks and result in ("done", "floor", "hot-kept"):
+            self._maybe_pack()
         return Action(
             v.name,
             v.phase.label,
@@ -675,6 +687,31 @@ class Scheduler:
             cpu,
             result,
         )
+
+    def _maybe_pack(self) -> None:
+        """Pack the device after a run that sent pages out, at most once per pack_every."""
+        every = self.config.pack_every
+        now = self.clock()
+        if self.packer is None or every <= 0:
+            return
+        if self._last_pack is not None and now - self._last_pack < every:
+            return
+        self._last_pack = now
+        try:
+            self.packer()
+        except (OSError, errors.AzswapError) as e:  # a module without `pack`, a reset device
+            log.warning("pack: %s", e)
+            with self._lock:
+                self._packs["errors"] += 1
+            return
+        with self._lock:
+            self._packs["runs"] += 1
+            self._packs["seconds"] += self.clock() - now
+
+    def pack_stats(self) -> dict[str, float]:
+        """Packs done (runs), their wall seconds and failures."""
+        with self._lock:
+            return dict(self._packs)
 
     def _age(self, name: str, cg: Cgroup, st: CompressState) -> None:
         """Clear the accessed bits of the pages a wait kept (see SchedulerConfig.age_kept)."""

@@ -568,6 +568,15 @@ def policy_set(ctx: click.Context, assignments: tuple[str, ...], as_json: bool) 
     "used rather than what older tools did).",
 )
 @click.option(
+    "--pack-every",
+    type=click.FloatRange(0),
+    default=_SCHED.pack_every,
+    show_default=True,
+    help="After a compression run, pack the device (adjacent compressible pages of one sandbox "
+    "stored as one object: fewer bytes, a load decodes up to 4 pages) at most once per this "
+    "many seconds; 0 never.",
+)
+@click.option(
     "--deep-min-remaining",
     type=click.FloatRange(0),
     default=_PLAN.deep_min_remaining,
@@ -600,6 +609,7 @@ def daemon(
     no_predict: bool,
     no_keep_hot: bool,
     no_age_kept: bool,
+    pack_every: float,
     deep_min_remaining: float,
     metrics_port: int | None,
     log_level: str,
@@ -621,6 +631,9 @@ def daemon(
                      (a sandbox whose ends are announced loses its working
                      set at once, or with --prefetch-from resident once it
                      was recorded, and the announcement brings it back);
+      with --pack-every S, after a run (at most every S seconds)
+                     pack the device: adjacent compressible pages of one
+                     sandbox become one object (a load decodes up to 4);
       tool hint      compression stops; pages not resident fault back on use;
       idle hint      compress the whole sandbox after --grace (it is parked);
       no hints       inferred idle (cgroup CPU/PSI) after --idle-grace, compressed too.
@@ -665,6 +678,7 @@ def daemon(
             chunk_bytes=parse_size(chunk),
             manage_policy=not no_policy,
             age_kept=not no_age_kept,
+            pack_every=pack_every,
         ),
     )
     mf = env.module_factory

@@ -807,3 +807,58 @@ def test_a_wait_whose_working_set_a_prefetch_brought_back_does_not_measure_the_n
     judge.ok = False
     r.sched.tick()
     assert r.sched.levels["sb0"].keep == 16 * MiB  # the level learnt before stays
+
+
+def test_the_device_is_packed_after_runs_that_sent_pages_out_at_most_once_per_period(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    r = Rig(tmp_path, clock, n=2, memory=32 * MiB, grace=0.0, cpu_budget=1.0, pack_every=10.0)
+    packs: list[float] = []
+    r.sched.packer = lambda: packs.append(clock())
+    r.hint("sb0", Phase.LLM_WAIT)
+    r.sched.tick()
+    assert r.sched.snapshot()["sb0"]["done"] and len(packs) == 1
+    # a second sandbox done within the period: no second pack yet
+    r.hint("sb1", Phase.LLM_WAIT)
+    clock.advance(1.0)
+    r.sched.tick()
+    assert r.sched.snapshot()["sb1"]["done"] and len(packs) == 1
+    # a run that sent nothing out packs nothing, even after the period
+    clock.advance(20.0)
+    r.hint("sb0", Phase.TOOL)
+    r.hint("sb0", Phase.LLM_WAIT)
+    r.sched.tick()
+    assert len(packs) == 1
+    # pages out again after the period: packed
+    r.cgs["sb1"].set_memory(32 * MiB)
+    r.hint("sb1", Phase.TOOL)
+    r.hint("sb1", Phase.LLM_WAIT)
+    clock.advance(0.1)
+    r.sched.tick()
+    assert len(packs) == 2
+    assert r.sched.pack_stats() == {"runs": 2, "seconds": 0.0, "errors": 0}
+
+
+def test_packing_off_by_default_and_its_failures_counted(tmp_path: Path, clock: FakeClock) -> None:
+    r = Rig(tmp_path, clock, memory=32 * MiB, grace=0.0, cpu_budget=1.0)
+    called: list[int] = []
+    r.sched.packer = lambda: called.append(1)
+    r.hint("sb0", Phase.LLM_WAIT)
+    r.sched.tick()
+    assert r.sched.snapshot()["sb0"]["done"] and called == []
+
+    r2 = Rig(tmp_path / "b", clock, memory=32 * MiB, grace=0.0, cpu_budget=1.0, pack_every=1.0)
+
+    def fail() -> None:
+        raise OSError(22, "Invalid argument")
+
+    r2.sched.packer = fail
+    r2.hint("sb0", Phase.LLM_WAIT)
+    (act,) = r2.sched.tick().actions
+    assert act.result == "floor"  # compression is not disturbed (everything went)
+    assert r2.sched.pack_stats()["errors"] == 1
+
+
+def test_pack_every_must_not_be_negative() -> None:
+    with pytest.raises(errors.InvalidValue):
+        SchedulerConfig(pack_every=-1.0).validate()
