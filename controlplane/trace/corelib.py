@@ -221,6 +221,8 @@ def load_lib(path: str | os.PathLike[str] | None = None) -> ctypes.CDLL:
         "az_debug_encode": (ctypes.c_int, [vp, ctypes.POINTER(Policy), cp, cp, cp]),
         "az_store_debug_check": (ctypes.c_int, [vp]),
         "az_debug_obj_size": (u64, []),
+        "az_debug_encode_pack": (ctypes.c_int, [vp, ctypes.POINTER(Policy), cp, u32, cp]),
+        "az_debug_decode_pack": (ctypes.c_int, [vp, cp, u32, cp]),
         "az_host_put_batch": (ctypes.c_int, [vp, vp, u64, cp, u32, ctypes.POINTER(PageInfo)]),
         "az_host_get_batch": (ctypes.c_int, [vp, vp, u64, vp, u32]),
     }
@@ -523,6 +525,27 @@ class Store:
             "encode",
         )
         return out.raw[:n]
+
+    def encode_pack(self, data: bytes) -> bytes:
+        """Encode 2..4 pages as one pack (the store's policy codec); b"" when they do not fit
+        one object."""
+        if len(data) % PAGE_SIZE or not 2 <= len(data) // PAGE_SIZE <= 4:
+            raise ValueError("a pack is 2..4 pages")
+        out = ctypes.create_string_buffer(2 * PAGE_SIZE)
+        p = Policy(**self.policy())
+        n = _check(
+            self.lib.az_debug_encode_pack(
+                self._ctx.ptr, ctypes.byref(p), bytes(data), len(data) // PAGE_SIZE, out
+            ),
+            "encode pack",
+        )
+        return out.raw[:n]
+
+    def decode_pack(self, obj: bytes) -> bytes:
+        """Run the pack decoder on arbitrary bytes: the pages, or CoreError EIO."""
+        out = ctypes.create_string_buffer(4 * PAGE_SIZE)
+        n = _check(self.lib.az_debug_decode_pack(self._ctx.ptr, bytes(obj), len(obj), out), "pack")
+        return out.raw[: n * PAGE_SIZE]
 
     def decode(self, obj: bytes, base: bytes | None = None) -> bytes:
         """Run the object decoder on arbitrary bytes."""

@@ -96,7 +96,8 @@ static bool st_empty(struct az_selftest *t)
 	az_store_get_stats(t->s, &st);
 	return !st.pages_stored && !st.stored_bytes && !st.objects &&
 	       !st.bases && !st.template_pages && !st.pool_bytes &&
-	       !st.deferred && !st.cross_group;
+	       !st.deferred && !st.cross_group && !st.packs &&
+	       !st.packed_pages;
 }
 
 static int st_plain(struct az_selftest *t)
@@ -325,6 +326,74 @@ fail:
 	return -EINVAL;
 }
 
+/* Words of a text page: a small vocabulary, so neighbours share strings. */
+static void st_text(struct az_selftest *t, u8 *p)
+{
+	static const char * const w[] = {
+		"sandbox ", "tool_call ", "\"role\": ", "return ", "import ",
+		"def run(self): ", "{\"id\": ", "status=ok ",
+	};
+	unsigned int pos = 0, n;
+	const char *x;
+
+	while (pos < AZ_PAGE_SIZE) {
+		u64 r = st_rnd(t);
+
+		x = w[r % ARRAY_SIZE(w)];
+		n = az_min((u32)strlen(x), AZ_PAGE_SIZE - pos);
+		memcpy(p + pos, x, n);
+		pos += n;
+		if (pos + 2 <= AZ_PAGE_SIZE && !(r & 0x30)) {
+			p[pos++] = '0' + (r >> 8) % 10;
+			p[pos++] = '0' + (r >> 16) % 10;
+		}
+	}
+}
+
+/*
+ * Multi-page objects: eight adjacent text pages of a sandbox are packed
+ * (the codec's page count to a pack), each reads back alone, a free and an
+ * overwrite of packed slots leave the others intact.
+ */
+static int st_pack(struct az_selftest *t)
+{
+	struct az_stats st;
+	u64 packed;
+	unsigned int i;
+
+	if (ST_FAILED(t, !az_store_add_sandbox(t->s, 31, 3)))
+		return -EINVAL;
+	for (i = 0; i < 8; i++) {
+		st_text(t, st_fam(t, i));
+		if (ST_FAILED(t, !st_put(t, 120 + i, st_fam(t, i), 31, i)))
+			return -EINVAL;
+	}
+	if (ST_FAILED(t, !az_store_pack(t->s, t->ctx, 120, 8, &packed) &&
+		      packed >= 4))
+		return -EINVAL;
+	az_store_drain(t->s);
+	az_store_get_stats(t->s, &st);
+	if (ST_FAILED(t, st.packs >= 1 && st.packed_pages == packed))
+		return -EINVAL;
+	az_store_free(t->s, 121);
+	st_heap(t, t->page);
+	if (ST_FAILED(t, !st_put(t, 122, t->page, 31, 2) &&
+		      st_reads(t, 122, t->page)))
+		return -EINVAL;
+	for (i = 0; i < 8; i++)
+		if (i != 1 && i != 2 &&
+		    ST_FAILED(t, st_reads(t, 120 + i, st_fam(t, i))))
+			return -EINVAL;
+	for (i = 0; i < 8; i++)
+		az_store_free(t->s, 120 + i);
+	if (ST_FAILED(t, !az_store_del_sandbox(t->s, 31) && st_empty(t)))
+		return -EINVAL;
+	/* st_fam(0..7) are heap pages again for the next scenario */
+	for (i = 0; i < 8; i++)
+		st_heap(t, st_fam(t, i));
+	return 0;
+}
+
 int az_core_selftest(void)
 {
 	struct az_selftest t = { .rnd = 0x2545f4914f6cdd1dULL };
@@ -346,6 +415,8 @@ int az_core_selftest(void)
 	if (!err)
 		err = st_shared(&t);
 	if (!err)
+		err = st_pack(&t);
+	if (!err)
 		err = st_limit(&t);
 	if (err)
 		goto out;
@@ -358,6 +429,8 @@ int az_core_selftest(void)
 		err = st_plain(&t);
 	if (!err)
 		err = st_shared(&t);
+	if (!err)
+		err = st_pack(&t);
 	if (!err)
 		az_info("selftest: ok\n");
 out:

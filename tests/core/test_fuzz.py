@@ -52,6 +52,13 @@ def write_seeds(d: Path, lib_path: Path) -> list[Path]:
         zsub = s.encode(pages.relocate(h, 0x5A5A5000), base=h)  # a zstd word-wise difference
         (d / "zsub").write_bytes(b"\1" + zsub)
         out.append(d / "zsub")
+        texts = b"".join(pages.make("records", 20 + k) for k in range(3))
+        for name, pol in (("zpack", {}), ("pack", {"codec": 0})):
+            s.set_policy(**pol)
+            pk = s.encode_pack(texts[: 2 * 4096] if pol else texts)
+            assert pk, name
+            (d / name).write_bytes(b"\4" + pk)
+            out.append(d / name)
     return out
 
 

@@ -17,25 +17,9 @@ IDS = ["lz4", "zstd"]
 SANDBOX, OTHER, TEMPLATE = 11, 12, 50
 
 
-def record_page(seed: int) -> bytes:
-    """A page of JSON-lines records: ~5x alone, better beside its neighbours (the same keys),
-    and no two alike enough to be a delta of one another."""
-    rng = random.Random(seed)
-    out = b""
-    while len(out) < PAGE_SIZE:
-        out += b'{"id": %d, "path": "src/mod%d/file%d.py", "line": %d, "ok": %s}\n' % (
-            rng.randrange(10**6),
-            rng.randrange(50),
-            rng.randrange(200),
-            rng.randrange(5000),
-            rng.choice([b"true", b"false"]),
-        )
-    return out[:PAGE_SIZE]
-
-
 def text_pages(n: int, seed: int = 0) -> list[bytes]:
     """Distinct record pages (none a dedup target or delta base of another)."""
-    return [record_page(seed * 1000 + i) for i in range(n)]
+    return [pages.make("records", seed * 1000 + i) for i in range(n)]
 
 
 def fill(s: Store, first: int, data: list[bytes], owner: int = SANDBOX) -> None:
@@ -188,3 +172,29 @@ def test_pack_a_range_only(make_store):  # zstd: four pages to a pack
     assert s.pack() == 8
     read_all(s, 0, data)
     s.check()
+
+
+@pytest.mark.parametrize("pol", CODECS, ids=IDS)
+def test_pack_decoder_rejects_truncated_garbage_and_single_pages(make_store, pol):
+    s = make_store(4, **pol)
+    data = b"".join(text_pages(2, seed=8))
+    obj = s.encode_pack(data)
+    assert obj and s.decode_pack(obj) == data
+    for n in range(len(obj)):
+        with pytest.raises(CoreError) as e:
+            s.decode_pack(obj[:n])
+        assert e.value.errno == errno.EIO
+    # a one-page object is no pack, and a pack is no page
+    with pytest.raises(CoreError):
+        s.decode_pack(s.encode(data[:PAGE_SIZE]))
+    with pytest.raises(CoreError):
+        s.decode(obj)
+    rng = random.Random(2)
+    for _ in range(300):
+        blob = bytes([rng.choice([12, 13]), 1]) + rng.randbytes(rng.randrange(2, PAGE_SIZE))
+        blob = blob[:2] + bytes([(len(blob) - 4) & 0xFF, (len(blob) - 4) >> 8]) + blob[4:]
+        try:
+            out = s.decode_pack(blob)
+            assert len(out) in (2 * PAGE_SIZE, 3 * PAGE_SIZE, 4 * PAGE_SIZE)
+        except CoreError as e:
+            assert e.errno == errno.EIO

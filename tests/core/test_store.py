@@ -301,7 +301,7 @@ def test_decoder_rejects_truncated_and_garbage(make_store, pol):
 @settings(max_examples=200, deadline=None, suppress_health_check=FIXTURE_OK)
 @given(
     blob=st.binary(min_size=0, max_size=PAGE_SIZE),
-    enc=st.integers(0, 12),
+    enc=st.integers(0, 13),
     with_base=st.booleans(),
 )
 def test_decoder_property_random_objects(store, blob, enc, with_base):

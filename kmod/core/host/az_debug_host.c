@@ -118,6 +118,30 @@ int az_debug_encode(struct az_ctx *ctx, const struct az_policy *pol,
 	return n ? (int)n : -ENOSPC;
 }
 
+/* Encode @n pages as a pack would be: its size, or 0 (not below 15/16 page). */
+int az_debug_encode_pack(struct az_ctx *ctx, const struct az_policy *pol,
+			 const void *pages, u32 n, u8 *out)
+{
+	u8 enc;
+
+	return (int)az_encode_pack(ctx, pol, pages, n, out, AZ_OBJ_MAX, &enc);
+}
+
+/* Decode a pack from a copy of exactly @size bytes: its page count or -EIO. */
+int az_debug_decode_pack(struct az_ctx *ctx, const u8 *obj, u32 size,
+			 void *pages)
+{
+	u8 *copy = az_alloc(size ? size : 1, AZ_GFP_MAYSLEEP);
+	int n;
+
+	if (!copy)
+		return -ENOMEM;
+	memcpy(copy, obj, size);
+	n = az_decode_pack(ctx, copy, size, pages);
+	az_free(copy);
+	return n;
+}
+
 /*
  * Consistency check of the whole store (no concurrent use, deferred list
  * drained): every reachable object's refcount equals the references the
