@@ -168,8 +168,9 @@ enum {
  * A delta (az_enc_is_delta(@enc)) has a base and never similarity index
  * entries; any other object may have index entries and never a base, so
  * the two share memory: read the base with az_obj_base().  A pack is
- * neither indexed nor a delta: it keeps its page count there.  Its @hash
- * covers all its pages; each slot referring to it holds one reference.
+ * neither indexed nor a delta: it keeps its page count and id there.  Its
+ * @hash covers all its pages; each slot referring to it holds one
+ * reference.
  *
  * @hash is the top half of the decoded page's xxh64 (az_hash_tag()): the
  * dedup index's key and the check of a decoded copy.  A dedup candidate is
@@ -194,7 +195,11 @@ struct az_obj {
 	union {
 		struct az_obj *base;	/* a delta's base (referenced) */
 		u32 sim_pos[AZ_NR_SF];	/* similarity table positions */
-		u32 pack_pages;		/* a pack's pages (never indexed) */
+		struct {
+			u32 pages;	/* 2..AZ_PACK_MAX */
+			u32 unused;
+			u64 id;		/* unique while the module lives */
+		} pack;			/* a pack (never indexed, no base) */
 	};
 	unsigned long handle;	/* pool handle */
 	struct az_obj *dnext;	/* dedup hash chain, under idx_lock */
@@ -465,6 +470,7 @@ struct az_ctx {
 	u8 *sbuf;		/* page: shuffle and difference scratch */
 	u8 *gbuf;		/* page: a split object gathered for decoding */
 	u8 *kbuf;		/* AZ_PACK_MAX pages: a pack's pages */
+	u64 kid;		/* id of the pack @kbuf holds verified, 0 none */
 };
 
 /* ---- codec.c ---------------------------------------------------------- */

@@ -527,21 +527,36 @@ int az_obj_read(struct az_store *s, struct az_ctx *ctx, struct az_obj *o,
 	return az_obj_decode(s, ctx, o, NULL, page, false);
 }
 
+/* Pack ids: unique across stores for the module's life (never 0). */
+static az_atomic64_t az_pack_ids;
+
 /*
- * Decode pack @o into ctx->kbuf and copy page @member to @page; the
- * caller holds a reference or the lock of a slot referring to it.  With
- * @verify the pack's pages are checked against its hash.
+ * Copy page @member of pack @o to @page; the caller holds a reference or
+ * the lock of a slot referring to it.  The pack is decoded into ctx->kbuf
+ * unless the context decoded and verified it last (swap readahead and
+ * restores read a pack's pages one after another); with @verify a decode
+ * is checked against the pack's hash.  A pack never changes once
+ * published, and its id is never reused, so a matching id is its content.
  */
 static int az_pack_read(struct az_store *s, struct az_ctx *ctx,
 			struct az_obj *o, u32 member, void *page, bool verify)
 {
-	int n = az_obj_decode(s, ctx, o, NULL, ctx->kbuf, true);
+	int n;
 
-	if (n < 0 || (u32)n != o->pack_pages || member >= (u32)n)
+	if (member >= o->pack.pages)
 		return -EIO;
-	if (verify && az_hash_tag(az_xxh64(ctx->kbuf, n * AZ_PAGE_SIZE, 0)) !=
-	    o->hash)
-		return -EIO;
+	if (ctx->kid != o->pack.id) {
+		ctx->kid = 0;
+		n = az_obj_decode(s, ctx, o, NULL, ctx->kbuf, true);
+		if (n < 0 || (u32)n != o->pack.pages)
+			return -EIO;
+		if (verify) {
+			if (az_hash_tag(az_xxh64(ctx->kbuf, n * AZ_PAGE_SIZE,
+						 0)) != o->hash)
+				return -EIO;
+			ctx->kid = o->pack.id;
+		}
+	}
 	memcpy(page, ctx->kbuf + member * AZ_PAGE_SIZE, AZ_PAGE_SIZE);
 	return 0;
 }
@@ -1259,6 +1274,7 @@ static u32 az_pack_one(struct az_store *s, struct az_ctx *ctx,
 	u8 *page, enc = 0;
 	int err;
 
+	ctx->kid = 0;	/* ctx->kbuf gets the candidates */
 	for (i = 0; i < *n; i++) {
 		page = ctx->kbuf + i * AZ_PAGE_SIZE;
 		if (az_obj_read(s, ctx, m[i], page) ||
@@ -1283,7 +1299,8 @@ static u32 az_pack_one(struct az_store *s, struct az_ctx *ctx,
 	p->enc = enc;
 	p->owner = m[0]->owner;
 	p->group = m[0]->group;
-	p->pack_pages = *n;
+	p->pack.pages = *n;
+	p->pack.id = az_atomic64_inc_return(&az_pack_ids);
 	p->hash = az_hash_tag(az_xxh64(ctx->kbuf, *n * AZ_PAGE_SIZE, 0));
 	az_obj_write(s, ctx, p, h2, ctx->obuf);
 	az_obj_account(s, p, false);

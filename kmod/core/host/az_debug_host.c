@@ -224,12 +224,12 @@ int az_store_debug_check(struct az_store *s)
 		if (az_enc_is_pack(o->enc)) {
 			packed++;
 			AZ_CHK(kind == AZ_KIND_PLAIN && own && own == o->owner &&
-			       az_slot_member(sl->flags) < o->pack_pages &&
-			       o->pack_pages >= 2 &&
-			       o->pack_pages <= AZ_PACK_MAX,
+			       az_slot_member(sl->flags) < o->pack.pages &&
+			       o->pack.pages >= 2 &&
+			       o->pack.pages <= AZ_PACK_MAX,
 			       "slot %llu: page %u of a %u-page pack, kind %u owner %u/%u",
 			       (unsigned long long)slot,
-			       az_slot_member(sl->flags), o->pack_pages, kind,
+			       az_slot_member(sl->flags), o->pack.pages, kind,
 			       own, o->owner);
 		} else {
 			AZ_CHK(!az_slot_member(sl->flags),
