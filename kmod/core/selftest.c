@@ -326,8 +326,10 @@ fail:
 	return -EINVAL;
 }
 
+static u64 ss_rnd(u64 *x);
+
 /* Words of a text page: a small vocabulary, so neighbours share strings. */
-static void st_text(struct az_selftest *t, u8 *p)
+static void az_text_page(u8 *p, u64 *rnd)
 {
 	static const char * const w[] = {
 		"sandbox ", "tool_call ", "\"role\": ", "return ", "import ",
@@ -337,7 +339,7 @@ static void st_text(struct az_selftest *t, u8 *p)
 	const char *x;
 
 	while (pos < AZ_PAGE_SIZE) {
-		u64 r = st_rnd(t);
+		u64 r = ss_rnd(rnd);
 
 		x = w[r % ARRAY_SIZE(w)];
 		n = az_min((u32)strlen(x), AZ_PAGE_SIZE - pos);
@@ -348,6 +350,11 @@ static void st_text(struct az_selftest *t, u8 *p)
 			p[pos++] = '0' + (r >> 16) % 10;
 		}
 	}
+}
+
+static void st_text(struct az_selftest *t, u8 *p)
+{
+	az_text_page(p, &t->rnd);
 }
 
 /*
@@ -466,6 +473,7 @@ struct az_stress {
 	u8 *fam;		/* ST_FAM pages */
 	az_atomic_t stop;
 	az_atomic_t failures;
+	az_atomic64_t packed;	/* slots the control thread packed */
 	u64 end_ms;
 };
 
@@ -495,6 +503,9 @@ static void ss_page(struct az_stress *ss, u8 *p, u64 *r, unsigned int f)
 	case 1:
 		for (k = 0; k < AZ_PAGE_SIZE / 8; k++)
 			((u64 *)p)[k] = ss_rnd(r);
+		return;
+	case 2:
+		az_text_page(p, r);	/* packs with text neighbours */
 		return;
 	default:
 		memcpy(p, ss->fam + (size_t)f * AZ_PAGE_SIZE, AZ_PAGE_SIZE);
@@ -540,10 +551,10 @@ static int ss_worker(void *arg)
 		u64 k = ss_rnd(&w->rnd) % SS_PER, slot = w->first + k;
 		u8 *m = model + k * AZ_PAGE_SIZE;
 		unsigned int f = ss_rnd(&w->rnd) % ST_FAM;
-		struct az_page_info pi = {
-			.owner = owners[ss_rnd(&w->rnd) % ARRAY_SIZE(owners)],
-			.index = f,
-		};
+		/* half the puts: the sandbox of the slot's block of four */
+		u64 o = ss_rnd(&w->rnd) & 1 ? owners[(k / 4) % 3] :
+			owners[ss_rnd(&w->rnd) % ARRAY_SIZE(owners)];
+		struct az_page_info pi = { .owner = o, .index = f };
 		int op = ss_rnd(&w->rnd) % 10, err;
 
 		if (op < 5) {
@@ -628,6 +639,7 @@ static int ss_control(void *arg)
 			if (az_store_pack(ss->s, ctx, n,
 					  az_min(nslots - n, (u64)SS_PER), &n))
 				ss_fail(ss, "pack", 0);
+			az_atomic64_add(n, &ss->packed);
 			break;
 		default:
 			az_store_get_stats(ss->s, &st);
@@ -677,7 +689,7 @@ int az_core_stress(unsigned int nthreads, unsigned int ms)
 	if (err)
 		goto out;
 	/* Tight enough that some stores fail with -ENOMEM. */
-	az_store_set_mem_limit(ss.s, nslots * 1536);
+	az_store_set_mem_limit(ss.s, nslots * 1280);
 	ss.end_ms = az_now_ms() + ms;
 	for (t = 0; t < nthreads; t++) {
 		w[t].ss = &ss;
@@ -699,11 +711,11 @@ int az_core_stress(unsigned int nthreads, unsigned int ms)
 
 	az_store_drain(ss.s);
 	az_store_get_stats(ss.s, &st);
-	az_info("stress: %llu stores (%llu failed), %llu loads, %llu packed\n",
+	az_info("stress: %llu stores (%llu failed), %llu loads, %llu pages packed\n",
 		(unsigned long long)st.stores,
 		(unsigned long long)st.failed_stores,
 		(unsigned long long)st.loads,
-		(unsigned long long)st.packed_pages);
+		(unsigned long long)az_atomic64_read(&ss.packed));
 	for (i = 0; i < nslots; i++)
 		az_store_free(ss.s, i);
 	az_store_del_template(ss.s, SS_T1);

@@ -12,7 +12,7 @@ tmp=$(mktemp -d /tmp/azcore-kselftest.XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
 mkdir "$tmp/core"
 cp "$top"/kmod/core/*.c "$top"/kmod/core/*.h "$top/kmod/core/Kbuild.inc" "$tmp/core/"
-cp "$top/kmod/core/kselftest/azcore_selftest.c" "$tmp/"
+cp "$top/kmod/core/kselftest/azcore_selftest.c" "$top/kmod/compat.h" "$tmp/"
 cat > "$tmp/Kbuild" <<'KB'
 include $(src)/core/Kbuild.inc
 obj-m := azcore-selftest.o
