@@ -296,8 +296,10 @@ class Scheduler:
         self.kept = kept
         # packs the device (sysfs `pack`); called per config.pack_every, from the scheduler
         self.packer = packer
+        self.pack_async = True  # in a thread of its own (tests run it inline)
+        self._pack_thread: threading.Thread | None = None
         self._last_pack: float | None = None
-        self._packs = {"runs": 0, "seconds": 0.0, "errors": 0}
+        self._packs = {"runs": 0, "seconds": 0.0, "errors": 0, "skipped": 0}
         self.levels: dict[str, HotLevel] = {}
         self._pressure = False  # host memory pressure as this tick read it
         self._wake = threading.Event()
@@ -689,16 +691,35 @@ class Scheduler:
         )
 
     def _maybe_pack(self) -> None:
-        """Pack the device after a run that sent pages out, at most once per pack_every."""
+        """Pack the device after a run that sent pages out, at most once per pack_every, in a
+        thread of its own at the compression's nice: the write walks the whole device, and the
+        scheduler must not wait for it.  One at a time: a pack still running skips this one."""
         every = self.config.pack_every
         now = self.clock()
         if self.packer is None or every <= 0:
             return
         if self._last_pack is not None and now - self._last_pack < every:
             return
-        self._last_pack = now
+        with self._lock:
+            if self._pack_thread is not None and self._pack_thread.is_alive():
+                self._packs["skipped"] += 1
+                return
+            self._last_pack = now
+            if not self.pack_async:
+                self._pack_thread = None
+            else:
+                self._pack_thread = threading.Thread(
+                    target=self._pack, name="azswap-pack", daemon=True
+                )
+                self._pack_thread.start()
+                return
+        self._pack()
+
+    def _pack(self) -> None:
+        t0 = self.clock()
         try:
-            self.packer()
+            with lowered_priority(self.config.reclaim_nice):
+                self.packer()  # type: ignore[misc]
         except (OSError, errors.AzswapError) as e:  # a module without `pack`, a reset device
             log.warning("pack: %s", e)
             with self._lock:
@@ -706,10 +727,17 @@ class Scheduler:
             return
         with self._lock:
             self._packs["runs"] += 1
-            self._packs["seconds"] += self.clock() - now
+            self._packs["seconds"] += self.clock() - t0
+
+    def wait_pack(self, timeout: float | None = None) -> None:
+        """Wait for a pack in progress (tests, shutdown)."""
+        t = self._pack_thread
+        if t is not None:
+            t.join(timeout)
 
     def pack_stats(self) -> dict[str, float]:
-        """Packs done (runs), their wall seconds and failures."""
+        """Packs done (runs), their wall seconds, failures, and packs skipped because the
+        previous one was still running."""
         with self._lock:
             return dict(self._packs)
 

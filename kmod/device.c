@@ -280,8 +280,11 @@ int azswap_dev_template_load(struct azswap_dev *dev, u64 tid, u64 index,
 	return ret;
 }
 
-/* Slots packed per turn of a CPU context: the context's writers wait no longer. */
-#define AZSWAP_PACK_CHUNK	256
+/*
+ * Slots packed per turn of a CPU context (up to 16 packs of 16 KiB): the
+ * context's swap writers wait no longer than that.
+ */
+#define AZSWAP_PACK_CHUNK	64
 
 /*
  * Pack the whole device (sysfs `pack`), AZSWAP_PACK_CHUNK slots per turn

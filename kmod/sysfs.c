@@ -432,8 +432,9 @@ static DEVICE_ATTR_WO(compact);
 
 /*
  * "1": pack the device now (az_store_pack: adjacent PLAIN pages of one
- * sandbox into multi-page objects).  Takes a while on a large device; a
- * fatal signal stops it (EINTR).
+ * sandbox into multi-page objects).  Takes a while on a large device
+ * (init_lock is held for reading throughout, as for compact: a reset
+ * waits); a fatal signal stops it (EINTR).
  */
 static ssize_t pack_store(struct device *d, struct device_attribute *attr,
 			  const char *buf, size_t len)

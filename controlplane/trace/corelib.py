@@ -189,6 +189,7 @@ def load_lib(path: str | os.PathLike[str] | None = None) -> ctypes.CDLL:
         "az_store_get": (ctypes.c_int, [vp, vp, u64, cp]),
         "az_store_free": (None, [vp, u64]),
         "az_store_slot_kind": (ctypes.c_int, [vp, u64]),
+        "az_store_slot_info": (ctypes.c_int, [vp, u64, ctypes.POINTER(u32)]),
         "az_store_get_stats": (None, [vp, ctypes.POINTER(Stats)]),
         "az_store_nr_slots": (u64, [vp]),
         "az_store_add_sandbox": (ctypes.c_int, [vp, u64, u32]),
@@ -362,6 +363,12 @@ class Store:
         if rc == -errno.ENOENT:
             return None
         return KINDS[_check(rc, f"kind slot {slot}")]
+
+    def slot_bytes(self, slot: int) -> int:
+        """Pool bytes of ``slot``'s object (a packed page: its share of the pack)."""
+        b = u32(0)
+        _check(self.lib.az_store_slot_info(self._s, slot, ctypes.byref(b)), f"slot {slot}")
+        return int(b.value)
 
     def drain(self) -> None:
         self.lib.az_store_drain(self._s)

@@ -266,14 +266,17 @@ void az_store_free(struct az_store *s, u64 slot);
 int az_store_free_notify(struct az_store *s, u64 slot);
 /*
  * Pack slots [@first, @first + @nr): runs of up to AZ_PACK_MAX adjacent
- * slots whose pages are PLAIN, of one registered sandbox and referred to
- * by that slot alone become one object (each slot keeps random access:
- * a load decodes the pack).  A run is packed only when the pack takes
- * fewer pool bytes than its pages did.  A packed page is no dedup target
- * or delta base for later pages.  *@packed: the slots that now refer to a
- * pack.  0, or -EINVAL for a bad range.  May run beside puts, loads and
- * frees of the same slots (a slot changed meanwhile stays as it is);
- * never sleeps for memory, takes one slot lock at a time.
+ * slots whose pages are PLAIN, of one sandbox (an owner that is no
+ * template, registered or since removed) and referred to by that slot
+ * alone become one object (each slot keeps random access: a load decodes
+ * the pack, or copies from the context's last decoded one).  A run is
+ * packed only when the pack takes fewer pool bytes than the pages it
+ * replaces (checked again once installed: slots freed meanwhile undo it).
+ * It may exceed mem_limit for that moment.  A packed page is no dedup
+ * target or delta base for later pages.  *@packed: the slots that now
+ * refer to a pack.  0, or -EINVAL for a bad range.  May run beside puts,
+ * loads and frees of the same slots (a slot changed meanwhile stays as it
+ * is); never sleeps for memory, takes one slot lock at a time.
  */
 int az_store_pack(struct az_store *s, struct az_ctx *ctx, u64 first, u64 nr,
 		  u64 *packed);

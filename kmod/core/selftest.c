@@ -725,6 +725,9 @@ int az_core_stress(unsigned int nthreads, unsigned int ms)
 	    st.template_pages || st.pages_stored || st.cross_group ||
 	    st.packs || st.packed_pages)
 		ss_fail(&ss, "not empty after freeing everything", 0);
+	/* text pages in blocks of one sandbox: packs must have been made */
+	if (!az_atomic64_read(&ss.packed))
+		ss_fail(&ss, "nothing packed", 0);
 	err = az_atomic_read(&ss.failures) ? -EINVAL : 0;
 	if (!err)
 		az_info("stress: ok\n");

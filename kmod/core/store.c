@@ -125,10 +125,11 @@ static bool az_over_limit(struct az_store *s)
 
 /*
  * A pool handle of @size bytes: the reserve's, else a no-wait allocation.
- * 0 with *@err = -EAGAIN / -ENOMEM (no memory) or -ENOMEM (mem_limit).
+ * 0 with *@err = -EAGAIN / -ENOMEM (no memory) or -ENOMEM (mem_limit,
+ * unless @nolimit: a pack replaces more bytes than it takes).
  */
 static unsigned long az_pool_get(struct az_store *s, struct az_reserve *res,
-				 u32 size, int *err)
+				 u32 size, int *err, bool nolimit)
 {
 	unsigned long h;
 	int i;
@@ -145,7 +146,7 @@ static unsigned long az_pool_get(struct az_store *s, struct az_reserve *res,
 		*err = az_short(res);
 		return 0;
 	}
-	if (az_over_limit(s)) {
+	if (!nolimit && az_over_limit(s)) {
 		az_pool_free(s->pool, h);
 		*err = -ENOMEM;
 		return 0;
@@ -159,7 +160,8 @@ static unsigned long az_pool_get(struct az_store *s, struct az_reserve *res,
  * or az_obj_unget().
  */
 static struct az_obj *az_obj_get(struct az_store *s, struct az_reserve *res,
-				 u32 size, unsigned long *h2, int *err)
+				 u32 size, unsigned long *h2, int *err,
+				 bool nolimit)
 {
 	struct az_obj *o = res->o;
 	u32 head, tail;
@@ -174,11 +176,11 @@ static struct az_obj *az_obj_get(struct az_store *s, struct az_reserve *res,
 	}
 	az_obj_parts(size, &head, &tail);
 	if (tail) {
-		*h2 = az_pool_get(s, res, tail, err);
+		*h2 = az_pool_get(s, res, tail, err, nolimit);
 		if (!*h2)
 			goto fail;
 	}
-	o->handle = az_pool_get(s, res, head, err);
+	o->handle = az_pool_get(s, res, head, err, nolimit);
 	if (!o->handle)
 		goto fail;
 	o->size = size;
@@ -984,7 +986,7 @@ static int az_put_direct(struct az_store *s, struct az_ctx *ctx,
 
 	size = az_encode_plain(ctx, pol, page, ctx->obuf, AZ_RAW_THRESHOLD,
 			       &enc);
-	h = az_pool_get(s, res, size, &err);
+	h = az_pool_get(s, res, size, &err, false);
 	if (!h) {
 		if (err == -EAGAIN)
 			az_reserve_want(res, size, false, false);
@@ -1061,7 +1063,7 @@ int az_store_put_nowait(struct az_store *s, struct az_ctx *ctx, u64 slot,
 		goto out;
 	}
 	/* Everything the new object needs, before anything changes. */
-	o = az_obj_get(s, res, c.size, &h2, &err);
+	o = az_obj_get(s, res, c.size, &h2, &err, false);
 	tnode = tnode && !c.base;	/* a delta is never a template entry */
 	if (o && tnode &&
 	    !az_tchunk_get(s, res, pin.group, pi->index, &t, &err)) {
@@ -1196,30 +1198,35 @@ int az_store_free_notify(struct az_store *s, u64 slot)
 
 /*
  * @slot's object if it may join a pack, with a reference taken: a PLAIN
- * page of a registered, non-template owner (*@own, or any when 0: then
- * set), referred to by this slot alone.  NULL otherwise.
+ * page of a sandbox (an owner entry that is no template; *@own, or any
+ * when 0: then set), referred to by this slot alone.  NULL otherwise;
+ * *@other is then set if it would have been one for another owner.
  */
 static struct az_obj *az_pack_candidate(struct az_store *s, u64 slot,
-					u16 *own)
+					u16 *own, bool *other)
 {
 	struct az_slot *sl = &s->slots[slot];
 	struct az_obj *o = NULL;
 	unsigned long flags;
 	u16 so;
 
+	*other = false;
 	az_slot_lock(s, slot);
 	flags = sl->flags;
 	so = flags & AZ_SLOT_OWNER_MASK;
 	if ((flags & AZ_SLOT_USED) && !(flags & AZ_SLOT_DIRECT) &&
-	    az_slot_kind(flags) == AZ_KIND_PLAIN && so && (!*own || so == *own)) {
+	    az_slot_kind(flags) == AZ_KIND_PLAIN && so) {
 		o = (struct az_obj *)(unsigned long)sl->val;
-		if (o->owner == so && !az_enc_is_pack(o->enc) &&
-		    !az_obj_flag(o, AZ_OBJ_TEMPLATE) &&
-		    az_ref_read(&o->ref) == 1) {
+		if (o->owner != so || az_enc_is_pack(o->enc) ||
+		    az_obj_flag(o, AZ_OBJ_TEMPLATE) ||
+		    az_ref_read(&o->ref) != 1) {
+			o = NULL;
+		} else if (*own && so != *own) {
+			*other = true;
+			o = NULL;
+		} else {
 			az_ref_inc(&o->ref);
 			*own = so;
-		} else {
-			o = NULL;
 		}
 	}
 	az_slot_unlock(s, slot);
@@ -1257,6 +1264,33 @@ static bool az_pack_install(struct az_store *s, u64 slot, struct az_obj *o,
 }
 
 /*
+ * Undo az_pack_install(): point @slot back at @o (the caller's candidate,
+ * still referenced) if it still holds page @member of @p.
+ */
+static void az_pack_uninstall(struct az_store *s, u64 slot, struct az_obj *o,
+			      struct az_obj *p, u32 member)
+{
+	struct az_slot *sl = &s->slots[slot];
+	unsigned long flags;
+	bool done = false;
+
+	az_slot_lock(s, slot);
+	flags = sl->flags;
+	if ((flags & AZ_SLOT_USED) && !(flags & AZ_SLOT_DIRECT) &&
+	    sl->val == (u64)(unsigned long)p &&
+	    az_slot_member(flags) == member) {
+		az_ref_inc(&o->ref);
+		sl->val = (u64)(unsigned long)o;
+		sl->flags = flags & ~AZ_SLOT_MEMBER_MASK;
+		az_atomic64_dec(&s->packed_pages);
+		done = true;
+	}
+	az_slot_unlock(s, slot);
+	if (done)
+		az_obj_put(s, p);
+}
+
+/*
  * Pack the candidates @m[0..*@n) of slots @first...: decoded (each checked
  * against its hash), encoded together, and, if that takes fewer pool bytes
  * than they do, installed.  When *@n pages do not fit one object, the
@@ -1270,7 +1304,7 @@ static u32 az_pack_one(struct az_store *s, struct az_ctx *ctx,
 	struct az_reserve res = { 0 };
 	struct az_obj *p;
 	unsigned long h2;
-	u32 i, have = 0, size = 0, got = 0;
+	u32 i, have = 0, size = 0, got = 0, took = 0, in = 0;
 	u8 *page, enc = 0;
 	int err;
 
@@ -1292,8 +1326,11 @@ static u32 az_pack_one(struct az_store *s, struct az_ctx *ctx,
 	}
 	if (!size || size + (az_obj_split(size) ? AZ_SPLIT_LINK : 0) >= have)
 		return 0;
-	/* No-wait: a pack is an optimisation, never worth waiting for. */
-	p = az_obj_get(s, &res, size, &h2, &err);
+	/*
+	 * No-wait: a pack is an optimisation, never worth waiting for.  Past
+	 * mem_limit too: it takes fewer bytes than it frees (or is undone).
+	 */
+	p = az_obj_get(s, &res, size, &h2, &err, true);
 	if (!p)
 		return 0;
 	p->enc = enc;
@@ -1305,8 +1342,20 @@ static u32 az_pack_one(struct az_store *s, struct az_ctx *ctx,
 	az_obj_write(s, ctx, p, h2, ctx->obuf);
 	az_obj_account(s, p, false);
 	az_atomic64_inc(&s->packs);
-	for (i = 0; i < *n; i++)
-		got += az_pack_install(s, first + i, m[i], p, i);
+	for (i = 0; i < *n; i++) {
+		if (az_pack_install(s, first + i, m[i], p, i)) {
+			got++;
+			took += az_obj_bytes(m[i]);
+			in |= 1U << i;
+		}
+	}
+	/* slots freed or rewritten meanwhile: keep the pack only if it pays */
+	if (got < 2 || az_obj_bytes(p) >= took) {
+		for (i = 0; i < *n; i++)
+			if (in & (1U << i))
+				az_pack_uninstall(s, first + i, m[i], p, i);
+		got = 0;
+	}
 	az_obj_put(s, p);	/* ours: the pack goes if no slot took it */
 	return got;
 }
@@ -1318,6 +1367,7 @@ int az_store_pack(struct az_store *s, struct az_ctx *ctx, u64 first, u64 nr,
 	struct az_policy pol;
 	u64 slot, end;
 	u32 i, n, used;
+	bool other = false;
 	u16 own;
 
 	*packed = 0;
@@ -1328,12 +1378,15 @@ int az_store_pack(struct az_store *s, struct az_ctx *ctx, u64 first, u64 nr,
 	for (slot = first; slot < end; slot += used) {
 		own = 0;
 		for (n = 0; n < AZ_PACK_MAX && slot + n < end; n++) {
-			m[n] = az_pack_candidate(s, slot + n, &own);
+			m[n] = az_pack_candidate(s, slot + n, &own, &other);
 			if (!m[n])
 				break;
 		}
-		/* after a run cut short, slot + n is no candidate: skip it */
-		used = n < AZ_PACK_MAX ? n + 1 : n;
+		/*
+		 * A run cut short by a slot that is no candidate: skip that
+		 * too; by another owner's: start the next run there.
+		 */
+		used = n < AZ_PACK_MAX && !other ? n + 1 : n;
 		if (n >= 2) {
 			i = n;
 			*packed += az_pack_one(s, ctx, &pol, slot, m, &i);
@@ -1363,11 +1416,15 @@ int az_store_slot_info(struct az_store *s, u64 slot, u32 *bytes)
 	flags = s->slots[slot].flags;
 	/* The slot holds a reference on its object: its size is stable here. */
 	if ((flags & AZ_SLOT_USED) && az_slot_kind(flags) != AZ_KIND_SAME) {
+		struct az_obj *o = (struct az_obj *)(unsigned long)
+				   s->slots[slot].val;
+
 		if (flags & AZ_SLOT_DIRECT)
 			size = az_slot_size(flags);
+		else if (az_enc_is_pack(o->enc))	/* its share */
+			size = az_obj_bytes(o) / o->pack.pages;
 		else
-			size = az_obj_bytes((struct az_obj *)
-					    (unsigned long)s->slots[slot].val);
+			size = az_obj_bytes(o);
 	}
 	az_slot_unlock(s, slot);
 	if (!(flags & AZ_SLOT_USED))
@@ -1416,7 +1473,7 @@ int az_store_template_load_nowait(struct az_store *s, struct az_ctx *ctx,
 		az_obj_put(s, o);
 		goto out;
 	}
-	o = az_obj_get(s, res, c.size, &h2, &err);
+	o = az_obj_get(s, res, c.size, &h2, &err, false);
 	if (o && !az_tchunk_get(s, res, pin.group, index, &t, &err)) {
 		az_obj_unget(s, o, h2);
 		o = NULL;

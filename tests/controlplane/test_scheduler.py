@@ -815,6 +815,7 @@ def test_the_device_is_packed_after_runs_that_sent_pages_out_at_most_once_per_pe
     r = Rig(tmp_path, clock, n=2, memory=32 * MiB, grace=0.0, cpu_budget=1.0, pack_every=10.0)
     packs: list[float] = []
     r.sched.packer = lambda: packs.append(clock())
+    r.sched.pack_async = False
     r.hint("sb0", Phase.LLM_WAIT)
     r.sched.tick()
     assert r.sched.snapshot()["sb0"]["done"] and len(packs) == 1
@@ -836,7 +837,7 @@ def test_the_device_is_packed_after_runs_that_sent_pages_out_at_most_once_per_pe
     clock.advance(0.1)
     r.sched.tick()
     assert len(packs) == 2
-    assert r.sched.pack_stats() == {"runs": 2, "seconds": 0.0, "errors": 0}
+    assert r.sched.pack_stats() == {"runs": 2, "seconds": 0.0, "errors": 0, "skipped": 0}
 
 
 def test_packing_off_by_default_and_its_failures_counted(tmp_path: Path, clock: FakeClock) -> None:
@@ -855,6 +856,7 @@ def test_packing_off_by_default_and_its_failures_counted(tmp_path: Path, clock: 
     r2.sched.packer = fail
     r2.hint("sb0", Phase.LLM_WAIT)
     (act,) = r2.sched.tick().actions
+    r2.sched.wait_pack(5.0)  # in its own thread
     assert act.result == "floor"  # compression is not disturbed (everything went)
     assert r2.sched.pack_stats()["errors"] == 1
 
@@ -862,3 +864,28 @@ def test_packing_off_by_default_and_its_failures_counted(tmp_path: Path, clock: 
 def test_pack_every_must_not_be_negative() -> None:
     with pytest.raises(errors.InvalidValue):
         SchedulerConfig(pack_every=-1.0).validate()
+
+
+def test_a_pack_runs_beside_the_scheduler_and_one_at_a_time(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    import threading
+
+    r = Rig(tmp_path, clock, n=2, memory=32 * MiB, grace=0.0, cpu_budget=1.0, pack_every=1.0)
+    entered, release = threading.Event(), threading.Event()
+
+    def slow() -> None:
+        entered.set()
+        release.wait(5.0)
+
+    r.sched.packer = slow
+    r.hint("sb0", Phase.LLM_WAIT)
+    r.sched.tick()  # returns while the pack is still running
+    assert entered.wait(5.0)
+    r.hint("sb1", Phase.LLM_WAIT)
+    clock.advance(2.0)
+    r.sched.tick()
+    assert r.sched.snapshot()["sb1"]["done"]
+    release.set()
+    r.sched.wait_pack(5.0)
+    assert r.sched.pack_stats()["runs"] == 1 and r.sched.pack_stats()["skipped"] == 1

@@ -59,6 +59,10 @@ def write_seeds(d: Path, lib_path: Path) -> list[Path]:
             assert pk, name
             (d / name).write_bytes(b"\4" + pk)
             out.append(d / name)
+        # encode-decode round trips: 2..4 pages (byte 1: pages - 2, 0x80 zstd)
+        for name, b1 in (("rt2", 0x00), ("rt4z", 0x82)):
+            (d / name).write_bytes(b"\5" + bytes([b1]) + texts)
+            out.append(d / name)
     return out
 
 

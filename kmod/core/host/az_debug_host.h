@@ -13,11 +13,12 @@ int az_debug_decode(struct az_ctx *ctx, const u8 *obj, u32 size,
 int az_debug_encode(struct az_ctx *ctx, const struct az_policy *pol,
 		    const void *page, const void *base, u8 *out);
 int az_store_debug_check(struct az_store *s);
-/* sizeof(struct az_obj), for tests of the memory accounting. */
+/* Encode 2..AZ_PACK_MAX pages as a pack; decode one (page count or -EIO). */
 int az_debug_encode_pack(struct az_ctx *ctx, const struct az_policy *pol,
 			 const void *pages, u32 n, u8 *out);
 int az_debug_decode_pack(struct az_ctx *ctx, const u8 *obj, u32 size,
 			 void *pages);
+/* sizeof(struct az_obj), for tests of the memory accounting. */
 u64 az_debug_obj_size(void);
 int az_host_put_batch(struct az_store *s, struct az_ctx *ctx, u64 first,
 		      const u8 *pages, u32 n, const struct az_page_info *pi);

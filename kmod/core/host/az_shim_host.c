@@ -84,30 +84,49 @@ void az_vfree(const void *p)
  * Slot bit locks.  The kernel takes the bit with an atomic RMW while the
  * holder rewrites the rest of the word with plain stores (zram's way: the
  * RMW never loses them).  A thread sanitizer calls that a race, so here a
- * striped spinlock (acquire on take, release on drop) is held for the
- * whole critical section and orders every access to the word; the bit is
- * set and cleared under it as in the kernel.  No path holds two slot
- * locks, so two words sharing a stripe only contend (a trylock may fail
- * for the neighbour's sake: allowed, like a reader holding the slot).
+ * striped lock (acquire on take, release on drop) is held for the whole
+ * critical section and orders every access to the word; the bit is set
+ * and cleared under it as in the kernel.  A thread may hold its stripe
+ * for several words (a test holding one slot while the core takes
+ * another on the same stripe), so the stripe is recursive per thread.
+ * Words of two threads sharing a stripe only contend: a trylock may then
+ * fail for the neighbour's sake, as it may for a reader holding the slot.
  */
 #define AZ_BIT_STRIPES	4096
-static int az_bit_stripe[AZ_BIT_STRIPES];
 
-static int *az_bit_stripe_of(const unsigned long *word)
+struct az_bit_stripe {
+	int lock;
+	int depth;		/* words this stripe's owner holds */
+	const void *owner;	/* the holding thread (&az_bit_me), or NULL */
+};
+
+static struct az_bit_stripe az_bit_stripes[AZ_BIT_STRIPES];
+static __thread char az_bit_me;
+
+static struct az_bit_stripe *az_bit_stripe_of(const unsigned long *word)
 {
 	uintptr_t a = (uintptr_t)word / sizeof(struct { long f, v; });
 
-	return &az_bit_stripe[a % AZ_BIT_STRIPES];
+	return &az_bit_stripes[(a ^ (a >> 12)) % AZ_BIT_STRIPES];
 }
 
 bool az_bit_trylock(int bit, unsigned long *word)
 {
+	struct az_bit_stripe *st = az_bit_stripe_of(word);
+	unsigned long m = 1UL << bit;
 	int z = 0;
 
-	if (!__atomic_compare_exchange_n(az_bit_stripe_of(word), &z, 1, false,
-					 __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
-		return false;
-	*word |= 1UL << bit;
+	if (__atomic_load_n(&st->owner, __ATOMIC_RELAXED) != &az_bit_me) {
+		if (!__atomic_compare_exchange_n(&st->lock, &z, 1, false,
+						 __ATOMIC_ACQUIRE,
+						 __ATOMIC_RELAXED))
+			return false;
+		__atomic_store_n(&st->owner, &az_bit_me, __ATOMIC_RELAXED);
+	} else if (*word & m) {
+		return false;	/* this thread holds this very word */
+	}
+	st->depth++;
+	*word |= m;
 	return true;
 }
 
@@ -119,8 +138,13 @@ void az_bit_lock(int bit, unsigned long *word)
 
 void az_bit_unlock(int bit, unsigned long *word)
 {
+	struct az_bit_stripe *st = az_bit_stripe_of(word);
+
 	*word &= ~(1UL << bit);
-	__atomic_store_n(az_bit_stripe_of(word), 0, __ATOMIC_RELEASE);
+	if (--st->depth)
+		return;
+	__atomic_store_n(&st->owner, NULL, __ATOMIC_RELAXED);
+	__atomic_store_n(&st->lock, 0, __ATOMIC_RELEASE);
 }
 
 u64 az_xxh64(const void *buf, size_t len, u64 seed)
