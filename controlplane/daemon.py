@@ -911,6 +911,7 @@ class Daemon:
         self._stop.set()
         self._plan_wake.set()
         self.scheduler.stop()
+        self.scheduler.wait_pack(10)  # a pack in progress ends before the module goes
         if self._server is not None:
             self._server.shutdown()
         with self._conns_lock:

@@ -725,6 +725,11 @@ class Scheduler:
             with self._lock:
                 self._packs["errors"] += 1
             return
+        except Exception:  # anything else: logged and counted, never the scheduler's end
+            log.exception("pack failed")
+            with self._lock:
+                self._packs["errors"] += 1
+            return
         with self._lock:
             self._packs["runs"] += 1
             self._packs["seconds"] += self.clock() - t0

@@ -280,35 +280,36 @@ int azswap_dev_template_load(struct azswap_dev *dev, u64 tid, u64 index,
 	return ret;
 }
 
-/*
- * Slots packed per turn of a CPU context (up to 16 packs of 16 KiB): the
- * context's swap writers wait no longer than that.
- */
-#define AZSWAP_PACK_CHUNK	64
+/* Slots packed between checks for a fatal signal and a reschedule. */
+#define AZSWAP_PACK_CHUNK	4096
 
 /*
- * Pack the whole device (sysfs `pack`), AZSWAP_PACK_CHUNK slots per turn
- * of a CPU context.  Caller holds init_lock for reading (the store
- * exists).  0 or -EINTR (a fatal signal; what was packed stays packed).
+ * Pack the whole device (sysfs `pack`) with a context of its own: the
+ * pass holds no CPU's context, so swap-ins and swap-outs never wait for
+ * it, however low its priority.  Caller holds init_lock for reading (the
+ * store exists).  0, -ENOMEM (no context) or -EINTR (a fatal signal; what
+ * was packed stays packed).
  */
 int azswap_dev_pack(struct azswap_dev *dev, u64 *packed)
 {
 	u64 nr = az_store_nr_slots(dev->store), first, got;
-	struct azswap_pcpu *pc;
+	struct az_ctx *ctx;
 	int ret = 0;
 
 	*packed = 0;
+	ctx = az_ctx_create();
+	if (!ctx)
+		return -ENOMEM;
 	for (first = 0; first < nr && !ret; first += AZSWAP_PACK_CHUNK) {
-		pc = azswap_ctx_get();
-		ret = az_store_pack(dev->store, pc->ctx, first,
+		ret = az_store_pack(dev->store, ctx, first,
 				    min_t(u64, nr - first, AZSWAP_PACK_CHUNK),
 				    &got);
-		azswap_ctx_put(pc);
 		*packed += got;
 		if (!ret && fatal_signal_pending(current))
 			ret = -EINTR;
 		cond_resched();
 	}
+	az_ctx_destroy(ctx);
 	return ret;
 }
 

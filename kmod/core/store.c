@@ -116,12 +116,23 @@ static inline int az_short(const struct az_reserve *res)
 	return res->filled ? -ENOMEM : -EAGAIN;
 }
 
-static bool az_over_limit(struct az_store *s)
+static bool az_over_limit_by(struct az_store *s, u64 slack)
 {
 	u64 limit = AZ_READ_ONCE(s->mem_limit);
 
-	return limit && az_pool_bytes(s->pool) > limit;
+	return limit && az_pool_bytes(s->pool) > limit + slack;
 }
+
+static bool az_over_limit(struct az_store *s)
+{
+	return az_over_limit_by(s, 0);
+}
+
+/*
+ * How far packs may take the pool past mem_limit: the pages they replace
+ * free their pool bytes only when the deferred free and compaction ran.
+ */
+#define AZ_PACK_SLACK	(64 * AZ_PAGE_SIZE)
 
 /*
  * A pool handle of @size bytes: the reserve's, else a no-wait allocation.
@@ -146,7 +157,8 @@ static unsigned long az_pool_get(struct az_store *s, struct az_reserve *res,
 		*err = az_short(res);
 		return 0;
 	}
-	if (!nolimit && az_over_limit(s)) {
+	/* a pack may pass the limit by a little: its pages' holes go later */
+	if (nolimit ? az_over_limit_by(s, AZ_PACK_SLACK) : az_over_limit(s)) {
 		az_pool_free(s->pool, h);
 		*err = -ENOMEM;
 		return 0;
@@ -1248,9 +1260,10 @@ static bool az_pack_install(struct az_store *s, u64 slot, struct az_obj *o,
 	az_ref_inc(&p->ref);
 	az_slot_lock(s, slot);
 	flags = sl->flags;
+	/* still private: the slot's reference and the candidate's, no dedup */
 	if ((flags & AZ_SLOT_USED) && !(flags & AZ_SLOT_DIRECT) &&
 	    az_slot_kind(flags) == AZ_KIND_PLAIN &&
-	    sl->val == (u64)(unsigned long)o) {
+	    sl->val == (u64)(unsigned long)o && az_ref_read(&o->ref) == 2) {
 		sl->val = (u64)(unsigned long)p;
 		sl->flags = (flags & ~AZ_SLOT_MEMBER_MASK) |
 			    ((unsigned long)member << AZ_SLOT_MEMBER_SHIFT);
