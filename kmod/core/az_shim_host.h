@@ -181,6 +181,12 @@ void az_host_fail_pool_allocs(int n);
 void az_host_fail_allocs_of(size_t size, int n);
 /* Test hook: allocations made with AZ_GFP_MAYSLEEP so far (pool and slab). */
 u64 az_host_sleeping_allocs(void);
+struct az_store;
+/*
+ * Test hook: a pack is written and none of its slots switched yet (what a
+ * concurrent put may do there: az_store_debug_pack_race()).
+ */
+void az_pack_race_point(struct az_store *s);
 
 #include "az_shim_common.h"
 

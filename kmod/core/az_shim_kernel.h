@@ -38,6 +38,12 @@
 /* No wait, and never from the reserves reclaim needs: a cache's memory. */
 #define AZ_GFP_OPTIONAL	2
 
+struct az_store;
+/* A host test hook (az_shim_host.h); nothing in the module. */
+static inline void az_pack_race_point(struct az_store *s)
+{
+}
+
 static inline gfp_t az_gfp(int gfp)
 {
 	if (gfp == AZ_GFP_MAYSLEEP)

@@ -1246,61 +1246,42 @@ static struct az_obj *az_pack_candidate(struct az_store *s, u64 slot,
 }
 
 /*
- * Point @slot at page @member of pack @p if it still holds candidate @o
- * (a put or free may have changed it since).  The pack gets the slot's
- * reference, @o loses it.
+ * Point @slot at page @tm of @to if it still holds page @fm of @from (a
+ * put or free may have changed it since): packing moves a slot from its
+ * candidate to a pack (@fm 0), undoing moves it back (@tm 0).  A candidate
+ * moves only while it is still private: the slot's reference and the
+ * caller's, no dedup hit meanwhile.  The slot's reference moves with it;
+ * the caller holds one on both objects.
  */
-static bool az_pack_install(struct az_store *s, u64 slot, struct az_obj *o,
-			    struct az_obj *p, u32 member)
+static bool az_pack_move(struct az_store *s, u64 slot, struct az_obj *from,
+			 u32 fm, struct az_obj *to, u32 tm)
 {
 	struct az_slot *sl = &s->slots[slot];
+	bool from_pack = az_enc_is_pack(from->enc);
 	unsigned long flags;
 	bool done = false;
 
-	az_ref_inc(&p->ref);
+	az_ref_inc(&to->ref);
 	az_slot_lock(s, slot);
 	flags = sl->flags;
-	/* still private: the slot's reference and the candidate's, no dedup */
 	if ((flags & AZ_SLOT_USED) && !(flags & AZ_SLOT_DIRECT) &&
 	    az_slot_kind(flags) == AZ_KIND_PLAIN &&
-	    sl->val == (u64)(unsigned long)o && az_ref_read(&o->ref) == 2) {
-		sl->val = (u64)(unsigned long)p;
+	    sl->val == (u64)(unsigned long)from &&
+	    az_slot_member(flags) == fm &&
+	    (from_pack || az_ref_read(&from->ref) == 2)) {
+		sl->val = (u64)(unsigned long)to;
 		sl->flags = (flags & ~AZ_SLOT_MEMBER_MASK) |
-			    ((unsigned long)member << AZ_SLOT_MEMBER_SHIFT);
+			    ((unsigned long)tm << AZ_SLOT_MEMBER_SHIFT);
 		/* before a free of the slot can take it off again */
-		az_atomic64_inc(&s->packed_pages);
+		if (from_pack)
+			az_atomic64_dec(&s->packed_pages);
+		else
+			az_atomic64_inc(&s->packed_pages);
 		done = true;
 	}
 	az_slot_unlock(s, slot);
-	az_obj_put(s, done ? o : p);
+	az_obj_put(s, done ? from : to);
 	return done;
-}
-
-/*
- * Undo az_pack_install(): point @slot back at @o (the caller's candidate,
- * still referenced) if it still holds page @member of @p.
- */
-static void az_pack_uninstall(struct az_store *s, u64 slot, struct az_obj *o,
-			      struct az_obj *p, u32 member)
-{
-	struct az_slot *sl = &s->slots[slot];
-	unsigned long flags;
-	bool done = false;
-
-	az_slot_lock(s, slot);
-	flags = sl->flags;
-	if ((flags & AZ_SLOT_USED) && !(flags & AZ_SLOT_DIRECT) &&
-	    sl->val == (u64)(unsigned long)p &&
-	    az_slot_member(flags) == member) {
-		az_ref_inc(&o->ref);
-		sl->val = (u64)(unsigned long)o;
-		sl->flags = flags & ~AZ_SLOT_MEMBER_MASK;
-		az_atomic64_dec(&s->packed_pages);
-		done = true;
-	}
-	az_slot_unlock(s, slot);
-	if (done)
-		az_obj_put(s, p);
 }
 
 /*
@@ -1355,8 +1336,9 @@ static u32 az_pack_one(struct az_store *s, struct az_ctx *ctx,
 	az_obj_write(s, ctx, p, h2, ctx->obuf);
 	az_obj_account(s, p, false);
 	az_atomic64_inc(&s->packs);
+	az_pack_race_point(s);
 	for (i = 0; i < *n; i++) {
-		if (az_pack_install(s, first + i, m[i], p, i)) {
+		if (az_pack_move(s, first + i, m[i], 0, p, i)) {
 			got++;
 			took += az_obj_bytes(m[i]);
 			in |= 1U << i;
@@ -1366,7 +1348,7 @@ static u32 az_pack_one(struct az_store *s, struct az_ctx *ctx,
 	if (got < 2 || az_obj_bytes(p) >= took) {
 		for (i = 0; i < *n; i++)
 			if (in & (1U << i))
-				az_pack_uninstall(s, first + i, m[i], p, i);
+				az_pack_move(s, first + i, p, i, m[i], 0);
 		got = 0;
 	}
 	az_obj_put(s, p);	/* ours: the pack goes if no slot took it */

@@ -3,12 +3,13 @@ each page still read on its own."""
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import random
 
 import pytest
 
-from controlplane.trace.corelib import PAGE_SIZE, CoreError, Store
+from controlplane.trace.corelib import PAGE_SIZE, CoreError, PageInfo, Store
 
 from . import pages
 
@@ -211,6 +212,33 @@ def test_slot_info_gives_a_packed_page_its_share(make_store):
     shares = [s.slot_bytes(i) for i in range(4)]
     assert len(set(shares)) == 1
     assert sum(shares) <= s.stats()["stored_bytes"] < sum(shares) + 4
+
+
+@pytest.mark.parametrize("pol", CODECS, ids=IDS)
+def test_a_candidate_deduplicated_against_meanwhile_stays_out_of_the_pack(make_store, pol):
+    """A put between a pack's encoding and its install makes candidate 1 a dedup target: that
+    slot keeps its own object (packing it would free nothing); the others are packed only where
+    a pack still pays without it."""
+    s = make_store(32, **pol)
+    s.add_sandbox(SANDBOX, 1)
+    data = text_pages(4, seed=9)
+    fill(s, 0, data)
+    lib = s.lib
+    pi = PageInfo(SANDBOX, 20)
+    assert lib.az_store_debug_pack_race(20, data[1], ctypes.byref(pi), 1) == 0
+    packed = s.pack(0, 4)
+    assert lib.az_store_debug_pack_race(0, None, None, 0) == 0  # the put was made, and worked
+    assert s.kind(20) == "dup"
+    s.drain()
+    st = s.stats()
+    # lz4 packs two of these pages at most: [0, 1] is left with slot 0 alone and undone, [2, 3]
+    # is packed; zstd's pack of all four costs more than the three it would replace: undone
+    assert packed == st["packed_pages"] == (0 if pol["codec"] else 2)
+    assert st["packs"] == (0 if pol["codec"] else 1)
+    assert s.slot_bytes(20) == s.slot_bytes(1)
+    read_all(s, 0, data)
+    assert s.get(20) == data[1]
+    s.check()
 
 
 def test_a_held_slot_lock_never_blocks_its_own_thread_elsewhere(make_store):

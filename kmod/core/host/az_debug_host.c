@@ -406,3 +406,53 @@ int az_store_debug_slot_lock(struct az_store *s, u64 slot, int lock)
 		az_bit_unlock(AZ_SLOT_LOCK_BIT, &s->slots[slot].flags);
 	return 0;
 }
+
+/*
+ * The put armed by az_store_debug_pack_race(): made once, with a context
+ * of its own, at the next pack's race point.
+ */
+static struct {
+	bool armed;
+	u64 slot;
+	struct az_page_info pi;
+	u8 page[AZ_PAGE_SIZE];
+	int err;
+} az_race;
+
+void az_pack_race_point(struct az_store *s)
+{
+	struct az_ctx *ctx;
+
+	if (!__atomic_exchange_n(&az_race.armed, false, __ATOMIC_SEQ_CST))
+		return;
+	ctx = az_ctx_create();
+	if (!ctx) {
+		az_race.err = -ENOMEM;
+		return;
+	}
+	az_race.err = az_store_put(s, ctx, az_race.slot, az_race.page,
+				   &az_race.pi);
+	az_ctx_destroy(ctx);
+}
+
+/*
+ * Arm (@arm 1) a put of @page into @slot as @pi's owner, made between the
+ * next pack's encoding and its install; @arm 0 returns that put's result
+ * (-EAGAIN: not made yet) and disarms.
+ */
+int az_store_debug_pack_race(u64 slot, const void *page,
+			     const struct az_page_info *pi, int arm)
+{
+	if (!arm) {
+		if (__atomic_exchange_n(&az_race.armed, false,
+					__ATOMIC_SEQ_CST))
+			return -EAGAIN;
+		return az_race.err;
+	}
+	az_race.slot = slot;
+	az_race.pi = *pi;
+	memcpy(az_race.page, page, AZ_PAGE_SIZE);
+	az_race.err = 0;
+	__atomic_store_n(&az_race.armed, true, __ATOMIC_SEQ_CST);
+	return 0;
+}
