@@ -3,7 +3,8 @@
     vm-tests/run --memory 3G -- .venv/bin/python -m bench.swapbench \\
         [--trace T.aztrace ...] [--record fork,fresh-aslr,fresh-noaslr --n 8 --size default] \\
         [--systems none,zram-lz4,zram-zstd,zswap-lz4,zswap-zstd,azswap-lz4,azswap-zstd,
-                   azswap-lz4-noshuf,azswap-zstd-noshuf,azdev-lz4,azdev-zstd,
+                   azswap-lz4-noshuf,azswap-zstd-noshuf,azswap-lz4-packed,azswap-zstd-packed,
+                   azdev-lz4,azdev-zstd,
                    zram-zstd-dict,zram-lz4-recomp-zstd,zswap-lz4-shrink,ksm-zram-lz4]
 
 For every trace (recorded beforehand with ``python -m bench.record``, or here with
@@ -12,7 +13,8 @@ For every trace (recorded beforehand with ``python -m bench.record``, or here wi
  1. the system is set up as the only swap device (zram: /dev/zram0 with lz4/zstd; zswap: enabled
     with zsmalloc and lz4/zstd in front of a brd ramdisk swap device; azswap: /dev/azswap0 with the
     template and the sandboxes registered in one trust group over netlink, "-noshuf" with the
-    shuffle policy off; azdev: /dev/azswap0
+    shuffle policy off, "-packed" with the device packed once the sandboxes are out (sysfs
+    `pack`: multi-page objects; the pass's time is reported apart); azdev: /dev/azswap0
     with nothing registered, i.e. same-filled + per-page lz4/zstd only, the zram-parity setup;
     none: no swap); the strongest Linux settings where the kernel has them: zram-zstd-dict
     (a zstd dictionary trained on the template's pages, `algorithm_params`, 6.12+),
@@ -83,6 +85,8 @@ SYSTEMS = (
     "azswap-zstd",
     "azswap-lz4-noshuf",
     "azswap-zstd-noshuf",
+    "azswap-lz4-packed",
+    "azswap-zstd-packed",
     "azdev-lz4",
     "azdev-zstd",
     # the strongest Linux settings, on kernels that have them
@@ -94,8 +98,14 @@ SYSTEMS = (
     "zswap-zstd-shrink",
     "ksm-zram-zstd",
 )
-# On request only: the "-noshuf" variants and the second codec of each baseline.
-ON_REQUEST = ("zram-lz4-dict", "zswap-zstd-shrink", "ksm-zram-zstd")
+# On request only: the "-noshuf" and "-packed" variants and the second codec of each baseline.
+ON_REQUEST = (
+    "azswap-lz4-packed",
+    "azswap-zstd-packed",
+    "zram-lz4-dict",
+    "zswap-zstd-shrink",
+    "ksm-zram-zstd",
+)
 # What runs unless --systems says otherwise.
 DEFAULT_SYSTEMS = tuple(s for s in SYSTEMS if not s.endswith("-noshuf") and s not in ON_REQUEST)
 MULTS = (np.arange(1, 513, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)) | np.uint64(1)

@@ -14,7 +14,9 @@
                            mappings; ksmd runs until nothing more merges), then zram-ALGO
     azswap-ALGO            /dev/azswap0, owners registered over netlink by the benchmark;
                            "-noshuf": policy shuffle=0; "lz4/zstd:6": template bases in the
-                           codec after the slash, then the sandboxes' codec (after_template())
+                           codec after the slash, then the sandboxes' codec (after_template());
+                           "-packed": the device packed (sysfs `pack`, as `azctl daemon
+                           --pack-every` does) once the sandboxes are swapped out
     azdev-ALGO             /dev/azswap0 with nothing registered: same-filled + per-page lz4/zstd
                            only (the zram-parity setup)
 
@@ -42,7 +44,8 @@ from typing import Any, ClassVar
 from bench.kit import module
 from bench.kit.shell import read, sh, write
 from controlplane.abi import Codec
-from controlplane.sysfs import STAT_FILES, parse_columns
+from controlplane.errors import AzswapError
+from controlplane.sysfs import STAT_FILES, Device, parse_columns
 from controlplane.trace import PAGE_SIZE, ROLE_TEMPLATE, Owner
 from controlplane.trace.accounting import meta_split
 
@@ -299,6 +302,9 @@ class Azswap(System):
     def __init__(self, algo: str) -> None:
         super().__init__()
         self.name = f"azswap-{algo}"
+        # "-packed": multi-page objects made after the sandboxes' reclaim (after_reclaim()).
+        self.packed = algo.endswith("-packed")
+        algo = algo.removesuffix("-packed")
         # "-noshuf": policy shuffle=0 (float pages raw, as zram; faster loads).
         self.shuffle = 0 if algo.endswith("-noshuf") else 1
         # "lz4/zstd:6": template bases in the codec after the slash (the device starts with it),
@@ -341,6 +347,23 @@ class Azswap(System):
             fields["level"] = int(level or 3)
         with AzswapNetlink() as nl:
             nl.policy_set(**fields)
+
+    def after_reclaim(self, phase: str) -> None:
+        """With "-packed", once the sandboxes are out: the pass the daemon's pack step makes; its
+        time and the pages it packed go to ``info`` (not into the swap-out time)."""
+        if not self.packed or phase != "sandboxes":
+            return
+        t0 = time.perf_counter()
+        try:
+            Device(0).pack()
+        except AzswapError as e:
+            raise SwapDevError(f"{self.name}: writing {self.B / 'pack'}: {e}") from None
+        self.info["pack_s"] = time.perf_counter() - t0
+        o = parse_columns(STAT_FILES["obj_stat"], read(self.B / "obj_stat"))
+        self.info["packs"] = o["packs"]
+        self.info["packed_pages"] = o["packed_pages"]
+        if not o["packed_pages"]:
+            raise SwapDevError(f"{self.name}: the pack pass packed nothing")
 
     def register(self, cgroups: dict[str, Path], owners: list[Owner]) -> None:
         from controlplane.netlink import AzswapNetlink

@@ -10,7 +10,9 @@ import pytest
 
 from bench.kit import swapdev
 from bench.kit.swapdev import (
+    Azswap,
     KsmZram,
+    SwapDevError,
     Zram,
     ZramDict,
     ZramRecomp,
@@ -25,6 +27,7 @@ from bench.kit.swapdev import (
     training_pages,
 )
 from bench.swapbench import DEFAULT_SYSTEMS, SYSTEMS, acceptable, ratio
+from controlplane.sysfs import STAT_FILES, Device
 from controlplane.trace import PAGE_SIZE
 
 
@@ -38,6 +41,9 @@ from controlplane.trace import PAGE_SIZE
         ("ksm-zram-lz4", KsmZram, {"algo": "lz4", "mergeable": True}),
         ("zram-lz4", Zram, {"algo": "lz4", "mergeable": False}),
         ("zswap-zstd", Zswap, {"algo": "zstd", "shrinker": False}),
+        ("azswap-zstd", Azswap, {"algo": "zstd", "shuffle": 1, "packed": False}),
+        ("azswap-zstd-packed", Azswap, {"algo": "zstd", "shuffle": 1, "packed": True}),
+        ("azswap-lz4-noshuf-packed", Azswap, {"algo": "lz4", "shuffle": 0, "packed": True}),
     ],
 )
 def test_names(name: str, cls: type, attrs: dict[str, object]) -> None:
@@ -226,3 +232,39 @@ def test_azswap_meta_splits_per_page_and_shared_parts() -> None:
     sb, tm = make_system("azswap-lz4").meta(s0, s1, s2)
     assert tm == 160 + 880  # the template's slot entries and headers, swap's header page apart
     assert sb == 320 + 1760 + 4 * 200  # the sandboxes' per-page parts and every shared part
+
+
+def _fake_azswap(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, packed_pages: int) -> Path:
+    d = tmp_path / "azswap0"
+    d.mkdir()
+    (d / "pack").write_text("")
+    cols = dict.fromkeys(STAT_FILES["obj_stat"], 0)
+    cols.update(packs=packed_pages // 3, packed_pages=packed_pages)
+    (d / "obj_stat").write_text(" ".join(str(v) for v in cols.values()) + "\n")
+    monkeypatch.setattr(Azswap, "B", d)
+    monkeypatch.setattr(swapdev, "Device", lambda i: Device(i, root=tmp_path))
+    return d
+
+
+def test_packed_azswap_packs_once_the_sandboxes_are_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    d = _fake_azswap(tmp_path, monkeypatch, packed_pages=9)
+    s = make_system("azswap-zstd-packed")
+    s.after_reclaim("template")
+    assert (d / "pack").read_text() == ""
+    s.after_reclaim("sandboxes")
+    assert (d / "pack").read_text() == "1\n"
+    assert s.info["packs"] == 3 and s.info["packed_pages"] == 9 and s.info["pack_s"] >= 0
+    # without the suffix nothing is written
+    (d / "pack").write_text("")
+    make_system("azswap-zstd").after_reclaim("sandboxes")
+    assert (d / "pack").read_text() == ""
+
+
+def test_a_pack_pass_that_packed_nothing_fails_the_system(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _fake_azswap(tmp_path, monkeypatch, packed_pages=0)
+    with pytest.raises(SwapDevError, match="packed nothing"):
+        make_system("azswap-lz4-packed").after_reclaim("sandboxes")
