@@ -286,9 +286,11 @@ int azswap_dev_template_load(struct azswap_dev *dev, u64 tid, u64 index,
 /*
  * Pack the whole device (sysfs `pack`) with a context of its own: the
  * pass holds no CPU's context, so swap-ins and swap-outs never wait for
- * it, however low its priority.  Caller holds init_lock for reading (the
- * store exists).  0, -ENOMEM (no context) or -EINTR (a fatal signal; what
- * was packed stays packed).
+ * it, however low its priority.  Then the objects the packs replaced are
+ * freed (deferred free run now) and the pool compacted, so the memory
+ * comes back when the write returns.  Caller holds init_lock for reading
+ * (the store exists).  0, -ENOMEM (no context) or -EINTR (a fatal signal;
+ * what was packed stays packed).
  */
 int azswap_dev_pack(struct azswap_dev *dev, u64 *packed)
 {
@@ -310,6 +312,10 @@ int azswap_dev_pack(struct azswap_dev *dev, u64 *packed)
 		cond_resched();
 	}
 	az_ctx_destroy(ctx);
+	if (*packed) {
+		az_store_drain(dev->store);
+		az_store_compact(dev->store);
+	}
 	return ret;
 }
 

@@ -219,7 +219,7 @@ def load_lib(path: str | os.PathLike[str] | None = None) -> ctypes.CDLL:
         "az_store_debug_reg_lock_taken": (u64, [vp]),
         "az_store_debug_slot_lock": (ctypes.c_int, [vp, u64, ctypes.c_int]),
         "az_store_debug_pack_race": (
-            ctypes.c_int, [u64, cp, ctypes.POINTER(PageInfo), ctypes.c_int]
+            ctypes.c_int, [vp, u64, cp, ctypes.POINTER(PageInfo)]
         ),
         "az_debug_decode": (ctypes.c_int, [vp, cp, u32, cp, cp]),
         "az_debug_encode": (ctypes.c_int, [vp, ctypes.POINTER(Policy), cp, cp, cp]),

@@ -27,7 +27,7 @@ from bench.kit.swapdev import (
     training_pages,
 )
 from bench.swapbench import DEFAULT_SYSTEMS, SYSTEMS, acceptable, ratio
-from controlplane.sysfs import STAT_FILES, Device
+from controlplane.sysfs import STAT_FILES
 from controlplane.trace import PAGE_SIZE
 
 
@@ -44,6 +44,7 @@ from controlplane.trace import PAGE_SIZE
         ("azswap-zstd", Azswap, {"algo": "zstd", "shuffle": 1, "packed": False}),
         ("azswap-zstd-packed", Azswap, {"algo": "zstd", "shuffle": 1, "packed": True}),
         ("azswap-lz4-noshuf-packed", Azswap, {"algo": "lz4", "shuffle": 0, "packed": True}),
+        ("azswap-lz4-packed-noshuf", Azswap, {"algo": "lz4", "shuffle": 0, "packed": True}),
     ],
 )
 def test_names(name: str, cls: type, attrs: dict[str, object]) -> None:
@@ -242,7 +243,6 @@ def _fake_azswap(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, packed_pages: 
     cols.update(packs=packed_pages // 3, packed_pages=packed_pages)
     (d / "obj_stat").write_text(" ".join(str(v) for v in cols.values()) + "\n")
     monkeypatch.setattr(Azswap, "B", d)
-    monkeypatch.setattr(swapdev, "Device", lambda i: Device(i, root=tmp_path))
     return d
 
 
@@ -254,7 +254,7 @@ def test_packed_azswap_packs_once_the_sandboxes_are_out(
     s.after_reclaim("template")
     assert (d / "pack").read_text() == ""
     s.after_reclaim("sandboxes")
-    assert (d / "pack").read_text() == "1\n"
+    assert (d / "pack").read_text() == "1"
     assert s.info["packs"] == 3 and s.info["packed_pages"] == 9 and s.info["pack_s"] >= 0
     # without the suffix nothing is written
     (d / "pack").write_text("")
@@ -262,9 +262,27 @@ def test_packed_azswap_packs_once_the_sandboxes_are_out(
     assert (d / "pack").read_text() == ""
 
 
-def test_a_pack_pass_that_packed_nothing_fails_the_system(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def test_a_pack_pass_that_packed_nothing_is_reported(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     _fake_azswap(tmp_path, monkeypatch, packed_pages=0)
-    with pytest.raises(SwapDevError, match="packed nothing"):
+    s = make_system("azswap-lz4-packed")
+    s.after_reclaim("sandboxes")
+    assert s.info["packed_pages"] == 0
+    assert "packed nothing" in capsys.readouterr().out
+
+
+def test_a_pack_write_that_fails_fails_the_system(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    d = _fake_azswap(tmp_path, monkeypatch, packed_pages=3)
+    (d / "pack").unlink()
+    (d / "pack").mkdir()  # the write fails (EISDIR)
+    with pytest.raises(SwapDevError, match="writing"):
         make_system("azswap-lz4-packed").after_reclaim("sandboxes")
+
+
+@pytest.mark.parametrize("name", ["azswap-lz4-packed-packed", "azswap-zstd-bogus", "azdev-lz4-x"])
+def test_unknown_azswap_suffixes(name: str) -> None:
+    with pytest.raises(ValueError, match="suffixes"):
+        make_system(name)

@@ -225,9 +225,12 @@ def test_a_candidate_deduplicated_against_meanwhile_stays_out_of_the_pack(make_s
     fill(s, 0, data)
     lib = s.lib
     pi = PageInfo(SANDBOX, 20)
-    assert lib.az_store_debug_pack_race(20, data[1], ctypes.byref(pi), 1) == 0
-    packed = s.pack(0, 4)
-    assert lib.az_store_debug_pack_race(0, None, None, 0) == 0  # the put was made, and worked
+    assert lib.az_store_debug_pack_race(s._s, 20, data[1], ctypes.byref(pi)) == 0
+    try:
+        packed = s.pack(0, 4)
+    finally:
+        made = lib.az_store_debug_pack_race(s._s, 0, None, None)
+    assert made == 0  # the put was made, and worked
     assert s.kind(20) == "dup"
     s.drain()
     st = s.stats()

@@ -409,10 +409,14 @@ int az_store_debug_slot_lock(struct az_store *s, u64 slot, int lock)
 
 /*
  * The put armed by az_store_debug_pack_race(): made once, with a context
- * of its own, at the next pack's race point.
+ * of its own, at the next race point of a pack of the store it was armed
+ * for.  @state: AZ_RACE_IDLE -> ARMED -> RUNNING -> DONE (@err valid).
  */
+enum { AZ_RACE_IDLE, AZ_RACE_ARMED, AZ_RACE_RUNNING, AZ_RACE_DONE };
+
 static struct {
-	bool armed;
+	int state;
+	struct az_store *s;
 	u64 slot;
 	struct az_page_info pi;
 	u8 page[AZ_PAGE_SIZE];
@@ -421,38 +425,50 @@ static struct {
 
 void az_pack_race_point(struct az_store *s)
 {
+	int armed = AZ_RACE_ARMED;
 	struct az_ctx *ctx;
+	int err = -ENOMEM;
 
-	if (!__atomic_exchange_n(&az_race.armed, false, __ATOMIC_SEQ_CST))
+	if (__atomic_load_n(&az_race.s, __ATOMIC_ACQUIRE) != s ||
+	    !__atomic_compare_exchange_n(&az_race.state, &armed,
+					 AZ_RACE_RUNNING, false,
+					 __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
 		return;
 	ctx = az_ctx_create();
-	if (!ctx) {
-		az_race.err = -ENOMEM;
-		return;
-	}
-	az_race.err = az_store_put(s, ctx, az_race.slot, az_race.page,
+	if (ctx) {
+		err = az_store_put(s, ctx, az_race.slot, az_race.page,
 				   &az_race.pi);
-	az_ctx_destroy(ctx);
+		az_ctx_destroy(ctx);
+	}
+	az_race.err = err;
+	__atomic_store_n(&az_race.state, AZ_RACE_DONE, __ATOMIC_RELEASE);
 }
 
 /*
- * Arm (@arm 1) a put of @page into @slot as @pi's owner, made between the
- * next pack's encoding and its install; @arm 0 returns that put's result
- * (-EAGAIN: not made yet) and disarms.
+ * Arm (@page not NULL) a put of @page into @slot of @s as @pi's owner,
+ * made between the next pack's encoding and its install; with @page NULL,
+ * disarm and return that put's result: -EAGAIN if it was not made,
+ * -EBUSY while it runs.
  */
-int az_store_debug_pack_race(u64 slot, const void *page,
-			     const struct az_page_info *pi, int arm)
+int az_store_debug_pack_race(struct az_store *s, u64 slot, const void *page,
+			     const struct az_page_info *pi)
 {
-	if (!arm) {
-		if (__atomic_exchange_n(&az_race.armed, false,
-					__ATOMIC_SEQ_CST))
-			return -EAGAIN;
-		return az_race.err;
+	int state = __atomic_load_n(&az_race.state, __ATOMIC_ACQUIRE);
+
+	if (!page) {
+		if (state == AZ_RACE_RUNNING)
+			return -EBUSY;
+		__atomic_store_n(&az_race.state, AZ_RACE_IDLE,
+				 __ATOMIC_RELEASE);
+		return state == AZ_RACE_DONE ? az_race.err : -EAGAIN;
 	}
+	if (state == AZ_RACE_ARMED || state == AZ_RACE_RUNNING)
+		return -EBUSY;
+	az_race.s = s;
 	az_race.slot = slot;
 	az_race.pi = *pi;
 	memcpy(az_race.page, page, AZ_PAGE_SIZE);
 	az_race.err = 0;
-	__atomic_store_n(&az_race.armed, true, __ATOMIC_SEQ_CST);
+	__atomic_store_n(&az_race.state, AZ_RACE_ARMED, __ATOMIC_RELEASE);
 	return 0;
 }

@@ -27,7 +27,7 @@ int az_store_debug_slot_lock(struct az_store *s, u64 slot, int lock);
 int az_host_get_batch(struct az_store *s, struct az_ctx *ctx, u64 first,
 		      u8 *pages, u32 n);
 /* A put made at the next pack's race point (az_pack_race_point()). */
-int az_store_debug_pack_race(u64 slot, const void *page,
-			     const struct az_page_info *pi, int arm);
+int az_store_debug_pack_race(struct az_store *s, u64 slot, const void *page,
+			     const struct az_page_info *pi);
 
 #endif /* AZ_DEBUG_HOST_H */
