@@ -53,6 +53,12 @@
 #define AZ_RAW_THRESHOLD (AZ_PAGE_SIZE * 3 / 4)
 /* Pages one object holds at most (az_store_pack()); the codecs take that. */
 #define AZ_PACK_MAX 4u
+/*
+ * zstd level of a pack at least (a higher policy level stays): packs are
+ * made off the swap path, where a level costs encode time only (decode is
+ * the same).  Coding-agent heap and text pages: 0.79 of level 3's bytes.
+ */
+#define AZ_PACK_ZSTD_LEVEL 6
 
 enum az_codec {
 	AZ_CODEC_LZ4 = 0,

@@ -223,11 +223,14 @@ static u32 az_compress(struct az_ctx *ctx, const struct az_policy *pol,
 u32 az_encode_pack(struct az_ctx *ctx, const struct az_policy *pol,
 		   const void *pages, u32 n, u8 *out, u32 max, u8 *enc)
 {
+	struct az_policy p = *pol;
 	u32 m;
 
 	if (n < 2 || n > AZ_PACK_MAX)
 		return 0;
-	m = az_compress_len(ctx, pol, pages, n * AZ_PAGE_SIZE, out, max,
+	if (p.level < AZ_PACK_ZSTD_LEVEL)
+		p.level = AZ_PACK_ZSTD_LEVEL;
+	m = az_compress_len(ctx, &p, pages, n * AZ_PAGE_SIZE, out, max,
 			    AZ_ENC_PACK_LZ4, AZ_ENC_PACK_ZSTD, enc);
 	return m < max ? m : 0;
 }
