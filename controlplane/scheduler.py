@@ -720,13 +720,11 @@ class Scheduler:
         try:
             with lowered_priority(self.config.reclaim_nice):
                 self.packer()  # type: ignore[misc]
-        except (OSError, errors.AzswapError) as e:  # a module without `pack`, a reset device
-            log.warning("pack: %s", e)
-            with self._lock:
-                self._packs["errors"] += 1
-            return
-        except Exception:  # anything else: logged and counted, never the scheduler's end
-            log.exception("pack failed")
+        except Exception as e:  # logged and counted, never the scheduler's end
+            if isinstance(e, (OSError, errors.AzswapError)):  # no `pack`, a reset device
+                log.warning("pack: %s", e)
+            else:
+                log.exception("pack failed")
             with self._lock:
                 self._packs["errors"] += 1
             return

@@ -65,6 +65,7 @@ GROUP = 1
 
 log = logger("swapdev")
 
+
 class SwapDevError(RuntimeError):
     """The system asked for did not come up as the swap device."""
 

@@ -278,11 +278,12 @@ int az_store_free_notify(struct az_store *s, u64 slot);
  * the pack, or copies from the context's last decoded one).  A run is
  * packed only when the pack takes fewer pool bytes than the pages it
  * replaces (checked again once installed: slots freed meanwhile undo it).
- * It may exceed mem_limit by up to 64 pages for that moment.  A packed page is no dedup
- * target or delta base for later pages.  *@packed: the slots that now
- * refer to a pack.  0, or -EINVAL for a bad range.  May run beside puts,
- * loads and frees of the same slots (a slot changed meanwhile stays as it
- * is); never sleeps for memory, takes one slot lock at a time.
+ * It may exceed mem_limit by up to 64 pages for that moment.  A packed
+ * page is no dedup target or delta base for later pages.  *@packed: the
+ * slots that now refer to a pack.  0, or -EINVAL for a bad range.  May
+ * run beside puts, loads and frees of the same slots (a slot changed
+ * meanwhile stays as it is); never sleeps for memory, takes one slot lock
+ * at a time.
  */
 int az_store_pack(struct az_store *s, struct az_ctx *ctx, u64 first, u64 nr,
 		  u64 *packed);
