@@ -118,7 +118,7 @@ test-kernels: setup kmod-all kmod-debug-all
 	@rc=0; for s in $(SERIES); do echo "== guest suite on $$s"; \
 	  AZSWAP_KERNEL=$$s $(PYTEST) vm-tests/guest || rc=1; done; exit $$rc
 
-# The debug-kernel tier: its kernel is built once (about an hour on 2 CPUs, cached in
+# The debug-kernel tier: its kernel is built once (10-28 min on 2 idle CPUs, cached in
 # ~/.cache/azswap) and the module against it, out of the checkout; KASAN under TCG is slow,
 # hence the longer guest timeout.
 DEBUG_VM_TIMEOUT ?= 7200
