@@ -67,6 +67,12 @@ static inline bool az_enc_is_delta(unsigned int enc)
 	       enc == AZ_ENC_SUB_LZ4 || enc == AZ_ENC_SUB_ZSTD;
 }
 
+/* A page stored bit-shuffled: a numeric array (see below). */
+static inline bool az_enc_is_shuf(unsigned int enc)
+{
+	return enc == AZ_ENC_SHUF_LZ4 || enc == AZ_ENC_SHUF_ZSTD;
+}
+
 /*
  * Bit shuffle (SHUF, XSHUF encodings): the page as 1024 4-byte words,
  * stored as 32 bit planes of 128 bytes (bit 0 of every word, then bit 1,
@@ -74,8 +80,9 @@ static inline bool az_enc_is_delta(unsigned int enc)
  * exponent and high mantissa bits in a few nearly constant planes, and a
  * small update XORs to words whose high planes are zero: long runs lz4
  * can match, where the bytes are noise.  An XOR delta is tried shuffled
- * when it compressed to more than AZ_SHUF_MIN_DELTA, a page without base
- * when it compressed to more than AZ_SHUF_MIN_PLAIN (shared objects only).
+ * when its base was stored shuffled and the delta compressed to more than
+ * AZ_SHUF_MIN_DELTA, a page without base when it compressed to more than
+ * AZ_SHUF_MIN_PLAIN (shared objects only).
  */
 #define AZ_SHUF_MIN_DELTA	(AZ_PAGE_SIZE / 4)
 #define AZ_SHUF_MIN_PLAIN	(AZ_PAGE_SIZE / 2)
@@ -87,6 +94,12 @@ static inline bool az_enc_is_delta(unsigned int enc)
  */
 #define AZ_SUB_MIN_DELTA	128
 #define AZ_SUB_MIN_REPEATS	16
+/*
+ * An XOR delta is compressed as it is only when at least this many of its
+ * 64-bit words are zero (of 512): with fewer, the content moved or every
+ * word changed, and the other forms win.
+ */
+#define AZ_XOR_MIN_ZERO		8
 
 /*
  * A 64-bit word that looks like a user-space pointer (2^40 <= w < 2^48):
@@ -482,10 +495,13 @@ struct az_ctx {
  */
 u32 az_encode_plain(struct az_ctx *ctx, const struct az_policy *pol,
 		    const void *page, u8 *out, u32 max, u8 *enc);
-/* Encode @page as a delta against @base; 0 when not smaller than @limit. */
+/*
+ * Encode @page as a delta against @base; 0 when not smaller than @limit.
+ * @shuffle also tries the bit-shuffled XOR (XSHUF encodings).
+ */
 u32 az_encode_delta(struct az_ctx *ctx, const struct az_policy *pol,
-		    const void *page, const void *base, u8 *out, u32 limit,
-		    u8 *enc);
+		    const void *page, const void *base, bool shuffle, u8 *out,
+		    u32 limit, u8 *enc);
 /*
  * Decode an object of @size bytes into @page.  @base is the decoded base
  * page for delta encodings, NULL otherwise.  0 or -EIO; never accesses

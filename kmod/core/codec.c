@@ -33,14 +33,18 @@ int az_obj_encoding(const u8 *obj, u32 size)
 	return obj[0];
 }
 
-static void az_xor_page(u8 *dst, const u8 *a, const u8 *b)
+/* @dst = @a ^ @b; returns how many of its 64-bit words are zero. */
+static unsigned int az_xor_page(u8 *dst, const u8 *a, const u8 *b)
 {
 	const u64 *x = (const u64 *)a, *y = (const u64 *)b;
 	u64 *d = (u64 *)dst;
-	unsigned int i;
+	unsigned int i, zero = 0;
 
-	for (i = 0; i < AZ_PAGE_SIZE / sizeof(u64); i++)
+	for (i = 0; i < AZ_PAGE_SIZE / sizeof(u64); i++) {
 		d[i] = x[i] ^ y[i];
+		zero += !d[i];
+	}
+	return zero;
 }
 
 /*
@@ -274,17 +278,18 @@ static u32 az_take(struct az_ctx *ctx, u8 *out, u32 m, u8 e, u8 *enc)
 }
 
 /*
- * Delta against @base: XOR then the policy codec (good for in-place
- * edits); when that is still large, the XOR bit-shuffled (good for
- * numeric arrays with small changes) and, when enough of its words moved
- * by the same distance, the word-wise difference (good for pointers moved
- * by ASLR); then lz4 with @base as dictionary (good for
- * shifted content; cheap, so tried whatever the policy codec).  The
- * smallest wins.  Returns 0 unless the result is < @limit.
+ * Delta against @base: XOR then the policy codec (good for in-place edits;
+ * only with AZ_XOR_MIN_ZERO zero words); when that is still large or not
+ * tried, the XOR bit-shuffled (good for numeric arrays with small changes;
+ * only with @shuffle) and, when enough of its words moved by the same
+ * distance, the word-wise difference (good for pointers moved by ASLR);
+ * then lz4 with @base as dictionary (good for shifted content; cheap, so
+ * tried whatever the policy codec).  The smallest wins.  Returns 0 unless
+ * the result is < @limit.
  */
 u32 az_encode_delta(struct az_ctx *ctx, const struct az_policy *pol,
-		    const void *page, const void *base, u8 *out, u32 limit,
-		    u8 *enc)
+		    const void *page, const void *base, bool shuffle, u8 *out,
+		    u32 limit, u8 *enc)
 {
 	u32 cap = az_min(limit, az_obj_max(pol)) - 1;
 	u32 n, m;
@@ -293,12 +298,14 @@ u32 az_encode_delta(struct az_ctx *ctx, const struct az_policy *pol,
 
 	if (limit <= AZ_HDR_SIZE + 1)
 		return 0;
-	az_xor_page(ctx->xbuf, page, base);
-	n = az_compress(ctx, pol, ctx->xbuf, out, cap, AZ_ENC_XOR_LZ4,
-			AZ_ENC_XOR_ZSTD, enc);
-	if (n)
-		cap = n - 1;
-	if (pol->shuffle && (!n || n > AZ_SHUF_MIN_DELTA) &&
+	n = 0;
+	if (az_xor_page(ctx->xbuf, page, base) >= AZ_XOR_MIN_ZERO) {
+		n = az_compress(ctx, pol, ctx->xbuf, out, cap, AZ_ENC_XOR_LZ4,
+				AZ_ENC_XOR_ZSTD, enc);
+		if (n)
+			cap = n - 1;
+	}
+	if (shuffle && (!n || n > AZ_SHUF_MIN_DELTA) &&
 	    cap > AZ_HDR_SIZE) {
 		/* xbuf is free once shuffled: it takes the candidate */
 		az_shuffle(ctx->sbuf, ctx->xbuf);

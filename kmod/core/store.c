@@ -901,6 +901,13 @@ struct az_choice {
 /* A delta this small is not worth searching further candidates for. */
 #define AZ_DELTA_GOOD	64
 
+/*
+ * A delta this small is kept without compressing the page plain: the plain
+ * encoding could at most save these few bytes, and it costs a compression
+ * (two for a page that compresses badly).
+ */
+#define AZ_DELTA_SMALL	256
+
 /* Try a delta of @page against @b; keeps the better of it and @c. */
 static void az_try_delta(struct az_store *s, struct az_ctx *ctx,
 			 const struct az_policy *pol, const void *page,
@@ -914,7 +921,9 @@ static void az_try_delta(struct az_store *s, struct az_ctx *ctx,
 		limit = c->size;
 	if (az_base_read(s, ctx, b, ctx->pbuf, pol->verify))
 		goto drop;
-	n = az_encode_delta(ctx, pol, page, ctx->pbuf, *spare, limit, &enc);
+	n = az_encode_delta(ctx, pol, page, ctx->pbuf,
+			    pol->shuffle && az_enc_is_shuf(b->enc), *spare,
+			    limit, &enc);
 	if (!n)
 		goto drop;
 	if (c->base)
@@ -931,10 +940,49 @@ drop:
 	az_obj_put(s, b);
 }
 
+/* The largest delta a page of @plain encoded bytes may become. */
+static inline u32 az_delta_limit(const struct az_policy *pol, u32 plain)
+{
+	return (u32)((u64)plain * pol->delta_max_pct / 100);
+}
+
+/*
+ * Encode @page plain into the spare buffer and keep it unless @c holds a
+ * delta below the limit the plain size sets; returns that limit.
+ */
+static u32 az_choose_plain(struct az_store *s, struct az_ctx *ctx,
+			   const struct az_policy *pol, const void *page,
+			   struct az_choice *c, u8 **spare)
+{
+	u32 size, limit;
+	u8 enc, *t;
+
+	size = az_encode_plain(ctx, pol, page, *spare, az_obj_max(pol), &enc);
+	limit = az_delta_limit(pol, size);
+	if (c->base && c->size < limit)
+		return limit;
+	if (c->base)
+		az_obj_put(s, c->base);
+	t = c->buf;
+	c->buf = *spare;
+	*spare = t;
+	c->size = size;
+	c->enc = enc;
+	c->kind = size == AZ_PAGE_SIZE ? AZ_KIND_RAW : AZ_KIND_PLAIN;
+	c->base = NULL;
+	return limit;
+}
+
 /*
  * Pick the cheapest representation of a non-same page:
  * DUP -> TDELTA -> XDELTA -> PLAIN/RAW.  On return either *dup holds a
  * referenced identical object, or @c describes a new object to create.
+ *
+ * A page with a delta candidate is tried against the first one (its
+ * template base, else the first similar object) before it is compressed
+ * plain: a delta of at most AZ_DELTA_SMALL bytes is kept as it is.  Any
+ * other delta must beat delta_max_pct of the plain size, and the other
+ * candidates are tried against that limit.
  */
 static void az_choose(struct az_store *s, struct az_ctx *ctx,
 		      const struct az_policy *pol, const void *page,
@@ -944,9 +992,10 @@ static void az_choose(struct az_store *s, struct az_ctx *ctx,
 {
 	/* At most one candidate per way of each super-feature's set. */
 	struct az_obj *cand[AZ_NR_SF * AZ_SIM_WAYS];
+	struct az_obj *tb = NULL;
 	u8 *spare = ctx->tbuf;
 	u32 limit;
-	int i, n;
+	int i = 0, n = 0;
 
 	*dup = NULL;
 	if (pin->reg && pol->dedup) {
@@ -956,34 +1005,45 @@ static void az_choose(struct az_store *s, struct az_ctx *ctx,
 	}
 	c->buf = ctx->obuf;
 	c->base = NULL;
-	c->size = az_encode_plain(ctx, pol, page, c->buf, az_obj_max(pol),
-				  &c->enc);
-	c->kind = c->size == AZ_PAGE_SIZE ? AZ_KIND_RAW : AZ_KIND_PLAIN;
+	c->size = AZ_PAGE_SIZE;
+	c->kind = AZ_KIND_RAW;
+	c->enc = 0;
 	/* Template pages must stay bases: never deltas. */
-	if (!pin->reg || pin->tmpl)
-		return;
-	limit = (u32)((u64)c->size * pol->delta_max_pct / 100);
-	if (pol->tdelta && pi) {
-		struct az_obj *b = az_template_find(s, pin->group, pi->index);
-
-		if (b)
-			az_try_delta(s, ctx, pol, page, b, AZ_KIND_TDELTA,
-				     limit, c, &spare);
+	if (pin->reg && !pin->tmpl) {
+		if (pol->tdelta && pi)
+			tb = az_template_find(s, pin->group, pi->index);
+		if (pol->xdelta && pol->sim_effort)
+			n = az_sim_find(s, pin->group, sf, cand,
+					az_min(pol->sim_effort,
+					       (u32)ARRAY_SIZE(cand)));
 	}
-	if (pol->xdelta && pol->sim_effort) {
-		n = az_sim_find(s, pin->group, sf, cand,
-				az_min(pol->sim_effort, (u32)ARRAY_SIZE(cand)));
-		for (i = 0; i < n; i++) {
-			/* Good enough already: skip the rest. */
-			if (cand[i] == c->base || (c->base &&
-						   c->size <= AZ_DELTA_GOOD)) {
-				az_obj_put(s, cand[i]);
-				continue;
-			}
-			az_try_delta(s, ctx, pol, page, cand[i], AZ_KIND_XDELTA,
+	if (tb || n) {
+		/* The limit of the worst plain encoding (a raw page). */
+		limit = az_delta_limit(pol, AZ_PAGE_SIZE);
+		if (tb)
+			az_try_delta(s, ctx, pol, page, tb, AZ_KIND_TDELTA,
 				     limit, c, &spare);
+		else
+			az_try_delta(s, ctx, pol, page, cand[i++],
+				     AZ_KIND_XDELTA, limit, c, &spare);
+		if (c->base && c->size <= AZ_DELTA_SMALL)
+			goto out;
+	}
+	limit = az_choose_plain(s, ctx, pol, page, c, &spare);
+	for (; i < n; i++) {
+		/* Good enough already: skip the rest. */
+		if (c->base && c->size <= AZ_DELTA_GOOD)
+			break;
+		if (cand[i] == c->base) {
+			az_obj_put(s, cand[i]);
+			continue;
 		}
+		az_try_delta(s, ctx, pol, page, cand[i], AZ_KIND_XDELTA,
+			     limit, c, &spare);
 	}
+out:
+	for (; i < n; i++)
+		az_obj_put(s, cand[i]);
 }
 
 /* Unshareable page: PLAIN/RAW in a DIRECT slot, no az_obj. */

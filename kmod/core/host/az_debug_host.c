@@ -114,7 +114,8 @@ int az_debug_encode(struct az_ctx *ctx, const struct az_policy *pol,
 			memcpy(out, page, AZ_PAGE_SIZE);
 		return n;
 	}
-	n = az_encode_delta(ctx, pol, page, base, out, AZ_PAGE_SIZE, &enc);
+	n = az_encode_delta(ctx, pol, page, base, pol->shuffle, out,
+			    AZ_PAGE_SIZE, &enc);
 	return n ? (int)n : -ENOSPC;
 }
 

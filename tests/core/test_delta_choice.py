@@ -1,0 +1,123 @@
+"""Store core: how a registered page's representation is chosen among its delta candidates and
+its plain encoding (the first candidate is tried before the plain compression; a small delta
+is kept without it; a larger one must still beat the plain size)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from controlplane.trace.corelib import PAGE_SIZE, Store
+
+from . import pages
+
+TEMPLATE, SANDBOX, OTHER, GROUP = 100, 11, 12, 1
+CODECS = [{"codec": 0}, {"codec": 1, "level": 3}]
+# kmod/core/store.c: AZ_DELTA_SMALL (a delta this small skips the plain encoding)
+DELTA_SMALL = 256
+
+
+def fleet(make_store, **pol: int) -> Store:
+    s = make_store(64, **pol)
+    s.add_template(TEMPLATE, GROUP)
+    s.add_sandbox(SANDBOX, GROUP)
+    s.add_sandbox(OTHER, GROUP)
+    return s
+
+
+def all_freed(s: Store, slots: list[int]) -> None:
+    """Free ``slots``, drop the owners, and check that no object or pool byte is left (a
+    candidate whose reference was not dropped keeps its base alive)."""
+    for slot in slots:
+        s.free(slot)
+    for cg in (SANDBOX, OTHER):
+        s.del_sandbox(cg)
+    s.del_template(TEMPLATE)
+    s.drain()
+    st = s.stats()
+    assert st["objects"] == 0 and st["stored_bytes"] == 0, st
+    s.check()
+
+
+@pytest.mark.parametrize("pol", CODECS)
+def test_a_near_duplicate_of_its_template_page_is_a_small_exact_delta(make_store, pol):
+    s = fleet(make_store, **pol)
+    base = pages.make("text", 1)
+    s.template_load(TEMPLATE, 5, base)
+    page = pages.mutate(base, random.Random(1), 3)
+    s.put(0, page, owner=SANDBOX, index=5)
+    assert s.kind(0) == "tdelta"
+    assert s.slot_bytes(0) <= DELTA_SMALL
+    assert s.get(0) == page
+    all_freed(s, [0])
+
+
+@pytest.mark.parametrize("pol", CODECS)
+def test_a_delta_that_does_not_beat_the_plain_size_is_dropped(make_store, pol):
+    """The template page at the same index is noise: the first delta attempt (lz4 with the
+    base as dictionary, nothing matching) fits the raw-page limit but not the plain one, so
+    the page is stored plain, exactly as large as alone, and the base is released."""
+    s = fleet(make_store, **pol)
+    s.template_load(TEMPLATE, 5, pages.make("random", 2))
+    page = pages.make("records", 3)
+    s.put(0, page, owner=SANDBOX, index=5)
+    assert s.kind(0) == "plain"
+    assert s.slot_bytes(0) == len(s.encode(page))
+    assert s.get(0) == page
+    all_freed(s, [0])
+
+
+@pytest.mark.parametrize("pol", CODECS)
+def test_a_shifted_page_is_a_dictionary_delta_without_a_matching_word(make_store, pol):
+    """Content moved by a few bytes leaves almost no zero word in the XOR (which is then not
+    compressed); the dictionary form still makes it a small delta."""
+    s = fleet(make_store, **pol)
+    base = pages.make("text", 4)
+    s.template_load(TEMPLATE, 7, base)
+    rng = random.Random(4)
+    page = pages.shift(base, rng)
+    xor = bytes(a ^ b for a, b in zip(page, base, strict=True))
+    assert sum(1 for i in range(0, PAGE_SIZE, 8) if not any(xor[i : i + 8])) < 8
+    s.put(0, page, owner=SANDBOX, index=7)
+    assert s.kind(0) == "tdelta"
+    assert s.slot_bytes(0) * 4 < len(s.encode(page))
+    assert s.get(0) == page
+    all_freed(s, [0])
+
+
+@pytest.mark.parametrize("pol", CODECS)
+def test_later_candidates_are_tried_after_a_failed_first_one(make_store, pol):
+    """The template page at the index is noise (the first attempt gives nothing worth
+    keeping); a similar page of the other sandbox is found by similarity after the plain
+    encoding: the page becomes a delta of it, exact, and every reference is dropped."""
+    s = fleet(make_store, **pol)
+    s.template_load(TEMPLATE, 9, pages.make("random", 5))
+    rng = random.Random(6)
+    first = pages.make("heap", 6)
+    second = pages.mutate(first, rng, 40)
+    s.put(0, first, owner=OTHER)
+    s.put(1, second, owner=OTHER)
+    page = pages.mutate(second, rng, 2)
+    s.put(2, page, owner=SANDBOX, index=9)
+    assert s.kind(2) == "xdelta"
+    assert s.slot_bytes(2) * 2 < len(s.encode(page))
+    for slot, want in ((0, first), (1, second), (2, page)):
+        assert s.get(slot) == want
+    all_freed(s, [0, 1, 2])
+
+
+@pytest.mark.parametrize("pol", CODECS)
+def test_float_updates_against_a_shuffled_base_get_the_shuffled_xor(make_store, pol):
+    """A template page of float32 weights is stored bit-shuffled; the same weights after an
+    optimizer step are stored as the bit-shuffled XOR against it, as small as the codec's own
+    choice with the shuffle allowed."""
+    s = fleet(make_store, **pol)
+    base = pages.make("floats", 2)
+    s.template_load(TEMPLATE, 3, base)
+    page = pages.nudge_floats(base, random.Random(3))
+    s.put(0, page, owner=SANDBOX, index=3)
+    assert s.kind(0) == "tdelta"
+    assert s.slot_bytes(0) == len(s.encode(page, base=base))
+    assert s.get(0) == page
+    all_freed(s, [0])
