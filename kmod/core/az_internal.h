@@ -87,12 +87,14 @@ static inline bool az_enc_is_shuf(unsigned int enc)
 #define AZ_SHUF_MIN_DELTA	(AZ_PAGE_SIZE / 4)
 #define AZ_SHUF_MIN_PLAIN	(AZ_PAGE_SIZE / 2)
 /*
- * A delta is tried as a word-wise difference (SUB encodings) when its XOR
- * form is larger than AZ_SUB_MIN_DELTA and at least AZ_SUB_MIN_REPEATS
- * non-zero differences repeat a recent one (pointers of a mapping moved by
- * one distance); otherwise the compression is not worth its time.
+ * A delta form of at most AZ_DELTA_DONE bytes ends the search for a
+ * smaller one: no other form could save more than that.  A delta is tried
+ * as a word-wise difference (SUB encodings) when at least
+ * AZ_SUB_MIN_REPEATS non-zero differences repeat a recent one (pointers of
+ * a mapping moved by one distance); otherwise the compression is not worth
+ * its time.
  */
-#define AZ_SUB_MIN_DELTA	128
+#define AZ_DELTA_DONE		128
 #define AZ_SUB_MIN_REPEATS	16
 /*
  * An XOR delta is compressed as it is only when at least this many of its

@@ -281,11 +281,12 @@ static u32 az_take(struct az_ctx *ctx, u8 *out, u32 m, u8 e, u8 *enc)
  * Delta against @base: XOR then the policy codec (good for in-place edits;
  * only with AZ_XOR_MIN_ZERO zero words); when that is still large or not
  * tried, the XOR bit-shuffled (good for numeric arrays with small changes;
- * only with @shuffle) and, when enough of its words moved by the same
+ * only with @shuffle); when enough of its words moved by the same
  * distance, the word-wise difference (good for pointers moved by ASLR);
  * then lz4 with @base as dictionary (good for shifted content; cheap, so
- * tried whatever the policy codec).  The smallest wins.  Returns 0 unless
- * the result is < @limit.
+ * tried whatever the policy codec).  A form of at most AZ_DELTA_DONE bytes
+ * ends the search.  The smallest wins.  Returns 0 unless the result is
+ * < @limit.
  */
 u32 az_encode_delta(struct az_ctx *ctx, const struct az_policy *pol,
 		    const void *page, const void *base, bool shuffle, u8 *out,
@@ -316,8 +317,10 @@ u32 az_encode_delta(struct az_ctx *ctx, const struct az_policy *pol,
 			cap = n - 1;
 		}
 	}
+	if (n && n <= AZ_DELTA_DONE)
+		return n;
 	/* sbuf is free again: it takes the difference */
-	if ((!n || n > AZ_SUB_MIN_DELTA) && cap > AZ_HDR_SIZE &&
+	if (cap > AZ_HDR_SIZE &&
 	    az_diff_page(ctx->sbuf, page, base) >= AZ_SUB_MIN_REPEATS) {
 		m = az_compress(ctx, pol, ctx->sbuf, ctx->xbuf, cap,
 				AZ_ENC_SUB_LZ4, AZ_ENC_SUB_ZSTD, &e);
@@ -326,7 +329,7 @@ u32 az_encode_delta(struct az_ctx *ctx, const struct az_policy *pol,
 			cap = n - 1;
 		}
 	}
-	if (cap <= AZ_HDR_SIZE)
+	if ((n && n <= AZ_DELTA_DONE) || cap <= AZ_HDR_SIZE)
 		return n;
 	/* Dictionary mode into the scratch page, then keep the smaller. */
 	r = az_lz4_compress_dict(ctx->ws, base, AZ_PAGE_SIZE, page,
