@@ -67,10 +67,13 @@ static inline bool az_enc_is_delta(unsigned int enc)
 	       enc == AZ_ENC_SUB_LZ4 || enc == AZ_ENC_SUB_ZSTD;
 }
 
-/* A page stored bit-shuffled: a numeric array (see below). */
-static inline bool az_enc_is_shuf(unsigned int enc)
+/*
+ * A base stored bit-shuffled (see below) or raw: numeric arrays, whose
+ * updates change every word a little.
+ */
+static inline bool az_enc_is_numeric(unsigned int enc)
 {
-	return enc == AZ_ENC_SHUF_LZ4 || enc == AZ_ENC_SHUF_ZSTD;
+	return enc == AZ_ENC_SHUF_LZ4 || enc == AZ_ENC_SHUF_ZSTD || !enc;
 }
 
 /*
@@ -79,10 +82,10 @@ static inline bool az_enc_is_shuf(unsigned int enc)
  * ...; the order of the words in a plane: az_shuffle() in codec.c).  Float32 arrays keep sign,
  * exponent and high mantissa bits in a few nearly constant planes, and a
  * small update XORs to words whose high planes are zero: long runs lz4
- * can match, where the bytes are noise.  An XOR delta is tried shuffled
- * when its base was stored shuffled and the delta compressed to more than
- * AZ_SHUF_MIN_DELTA, a page without base when it compressed to more than
- * AZ_SHUF_MIN_PLAIN (shared objects only).
+ * can match, where the bytes are noise.  An XOR delta against a numeric
+ * base (az_enc_is_numeric()) is tried shuffled when it did not compress
+ * to AZ_SHUF_MIN_DELTA bytes or less, a page without base when it
+ * compressed to more than AZ_SHUF_MIN_PLAIN (shared objects only).
  */
 #define AZ_SHUF_MIN_DELTA	(AZ_PAGE_SIZE / 4)
 #define AZ_SHUF_MIN_PLAIN	(AZ_PAGE_SIZE / 2)
@@ -97,9 +100,9 @@ static inline bool az_enc_is_shuf(unsigned int enc)
 #define AZ_DELTA_DONE		128
 #define AZ_SUB_MIN_REPEATS	16
 /*
- * An XOR delta is compressed as it is only when at least this many of its
- * 64-bit words are zero (of 512): with fewer, the content moved or every
- * word changed, and the other forms win.
+ * An XOR delta against a base that is not numeric is compressed as it is
+ * only when at least this many of its 64-bit words are zero (of 512): with
+ * fewer, the content moved or every word changed, and the other forms win.
  */
 #define AZ_XOR_MIN_ZERO		8
 
@@ -499,10 +502,12 @@ u32 az_encode_plain(struct az_ctx *ctx, const struct az_policy *pol,
 		    const void *page, u8 *out, u32 max, u8 *enc);
 /*
  * Encode @page as a delta against @base; 0 when not smaller than @limit.
- * @shuffle also tries the bit-shuffled XOR (XSHUF encodings).
+ * @numeric: the base is a numeric array (az_enc_is_numeric() of its
+ * encoding): the XOR is always compressed, and also tried bit-shuffled
+ * (XSHUF encodings) when the policy allows.
  */
 u32 az_encode_delta(struct az_ctx *ctx, const struct az_policy *pol,
-		    const void *page, const void *base, bool shuffle, u8 *out,
+		    const void *page, const void *base, bool numeric, u8 *out,
 		    u32 limit, u8 *enc);
 /*
  * Decode an object of @size bytes into @page.  @base is the decoded base

@@ -107,7 +107,7 @@ struct az_policy {
 	u32 tdelta;		/* bool: template-relative delta */
 	u32 xdelta;		/* bool: similarity (cross-sandbox) delta */
 	u32 sim_effort;		/* candidates checked per page, 0..64 */
-	u32 delta_max_pct;	/* accept a delta only if <= this % of plain */
+	u32 delta_max_pct;	/* largest delta, % of plain (az_choose) */
 	u32 verify;		/* bool: xxh64-check every page read back */
 	u32 shuffle;		/* bool: bit-shuffled and split objects */
 };

@@ -279,17 +279,17 @@ static u32 az_take(struct az_ctx *ctx, u8 *out, u32 m, u8 e, u8 *enc)
 
 /*
  * Delta against @base: XOR then the policy codec (good for in-place edits;
- * only with AZ_XOR_MIN_ZERO zero words); when that is still large or not
- * tried, the XOR bit-shuffled (good for numeric arrays with small changes;
- * only with @shuffle); when enough of its words moved by the same
- * distance, the word-wise difference (good for pointers moved by ASLR);
- * then lz4 with @base as dictionary (good for shifted content; cheap, so
- * tried whatever the policy codec).  A form of at most AZ_DELTA_DONE bytes
- * ends the search.  The smallest wins.  Returns 0 unless the result is
- * < @limit.
+ * only with AZ_XOR_MIN_ZERO zero words, or against a @numeric base); when
+ * that is still large or not tried, the XOR bit-shuffled (good for numeric
+ * arrays with small changes; only against a @numeric base); when enough of
+ * its words moved by the same distance, the word-wise difference (good for
+ * pointers moved by ASLR); then lz4 with @base as dictionary (good for
+ * shifted content; cheap, so tried whatever the policy codec).  A form of
+ * at most AZ_DELTA_DONE bytes ends the search.  The smallest wins.
+ * Returns 0 unless the result is < @limit.
  */
 u32 az_encode_delta(struct az_ctx *ctx, const struct az_policy *pol,
-		    const void *page, const void *base, bool shuffle, u8 *out,
+		    const void *page, const void *base, bool numeric, u8 *out,
 		    u32 limit, u8 *enc)
 {
 	u32 cap = az_min(limit, az_obj_max(pol)) - 1;
@@ -300,13 +300,13 @@ u32 az_encode_delta(struct az_ctx *ctx, const struct az_policy *pol,
 	if (limit <= AZ_HDR_SIZE + 1)
 		return 0;
 	n = 0;
-	if (az_xor_page(ctx->xbuf, page, base) >= AZ_XOR_MIN_ZERO) {
+	if (az_xor_page(ctx->xbuf, page, base) >= AZ_XOR_MIN_ZERO || numeric) {
 		n = az_compress(ctx, pol, ctx->xbuf, out, cap, AZ_ENC_XOR_LZ4,
 				AZ_ENC_XOR_ZSTD, enc);
 		if (n)
 			cap = n - 1;
 	}
-	if (shuffle && (!n || n > AZ_SHUF_MIN_DELTA) &&
+	if (numeric && pol->shuffle && (!n || n > AZ_SHUF_MIN_DELTA) &&
 	    cap > AZ_HDR_SIZE) {
 		/* xbuf is free once shuffled: it takes the candidate */
 		az_shuffle(ctx->sbuf, ctx->xbuf);

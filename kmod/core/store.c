@@ -902,11 +902,13 @@ struct az_choice {
 #define AZ_DELTA_GOOD	64
 
 /*
- * A delta this small is kept without compressing the page plain: the plain
- * encoding could at most save these few bytes, and it costs a compression
- * (two for a page that compresses badly).
+ * The plain size a page's first delta is judged against without compressing
+ * it plain: a delta within delta_max_pct of it is kept as it is.  Pages
+ * whose plain encoding is smaller (a twentieth of a page) are rare, and the
+ * plain compression costs as much as the delta (two for a page that
+ * compresses badly).
  */
-#define AZ_DELTA_SMALL	256
+#define AZ_PLAIN_FLOOR	256
 
 /* Try a delta of @page against @b; keeps the better of it and @c. */
 static void az_try_delta(struct az_store *s, struct az_ctx *ctx,
@@ -921,9 +923,8 @@ static void az_try_delta(struct az_store *s, struct az_ctx *ctx,
 		limit = c->size;
 	if (az_base_read(s, ctx, b, ctx->pbuf, pol->verify))
 		goto drop;
-	n = az_encode_delta(ctx, pol, page, ctx->pbuf,
-			    pol->shuffle && az_enc_is_shuf(b->enc), *spare,
-			    limit, &enc);
+	n = az_encode_delta(ctx, pol, page, ctx->pbuf, az_enc_is_numeric(b->enc),
+			    *spare, limit, &enc);
 	if (!n)
 		goto drop;
 	if (c->base)
@@ -974,15 +975,15 @@ static u32 az_choose_plain(struct az_store *s, struct az_ctx *ctx,
 }
 
 /*
- * Pick the cheapest representation of a non-same page:
- * DUP -> TDELTA -> XDELTA -> PLAIN/RAW.  On return either *dup holds a
+ * Pick the cheapest representation of a non-same page: DUP, else the
+ * smallest of TDELTA, XDELTA and PLAIN/RAW.  On return either *dup holds a
  * referenced identical object, or @c describes a new object to create.
  *
- * A page with a delta candidate is tried against the first one (its
- * template base, else the first similar object) before it is compressed
- * plain: a delta of at most AZ_DELTA_SMALL bytes is kept as it is.  Any
- * other delta must beat delta_max_pct of the plain size, and the other
- * candidates are tried against that limit.
+ * A delta must come below delta_max_pct of the plain size.  The first
+ * candidate (the template base, else the first similar object) is tried
+ * before the page is compressed plain: a delta within delta_max_pct of
+ * AZ_PLAIN_FLOOR is kept at once.  Otherwise the plain encoding sets the
+ * limit the other candidates are tried against.
  */
 static void az_choose(struct az_store *s, struct az_ctx *ctx,
 		      const struct az_policy *pol, const void *page,
@@ -992,7 +993,7 @@ static void az_choose(struct az_store *s, struct az_ctx *ctx,
 {
 	/* At most one candidate per way of each super-feature's set. */
 	struct az_obj *cand[AZ_NR_SF * AZ_SIM_WAYS];
-	struct az_obj *tb = NULL;
+	struct az_obj *first = NULL;
 	u8 *spare = ctx->tbuf;
 	u32 limit;
 	int i = 0, n = 0;
@@ -1011,30 +1012,30 @@ static void az_choose(struct az_store *s, struct az_ctx *ctx,
 	/* Template pages must stay bases: never deltas. */
 	if (pin->reg && !pin->tmpl) {
 		if (pol->tdelta && pi)
-			tb = az_template_find(s, pin->group, pi->index);
+			first = az_template_find(s, pin->group, pi->index);
 		if (pol->xdelta && pol->sim_effort)
 			n = az_sim_find(s, pin->group, sf, cand,
 					az_min(pol->sim_effort,
 					       (u32)ARRAY_SIZE(cand)));
 	}
-	if (tb || n) {
+	if (first) {
 		/* The limit of the worst plain encoding (a raw page). */
-		limit = az_delta_limit(pol, AZ_PAGE_SIZE);
-		if (tb)
-			az_try_delta(s, ctx, pol, page, tb, AZ_KIND_TDELTA,
-				     limit, c, &spare);
-		else
-			az_try_delta(s, ctx, pol, page, cand[i++],
-				     AZ_KIND_XDELTA, limit, c, &spare);
-		if (c->base && c->size <= AZ_DELTA_SMALL)
-			goto out;
+		az_try_delta(s, ctx, pol, page, first, AZ_KIND_TDELTA,
+			     az_delta_limit(pol, AZ_PAGE_SIZE), c, &spare);
+	} else if (n) {
+		first = cand[i++];
+		az_try_delta(s, ctx, pol, page, first, AZ_KIND_XDELTA,
+			     az_delta_limit(pol, AZ_PAGE_SIZE), c, &spare);
 	}
+	if (c->base && c->size <= az_delta_limit(pol, AZ_PLAIN_FLOOR))
+		goto out;
 	limit = az_choose_plain(s, ctx, pol, page, c, &spare);
 	for (; i < n; i++) {
 		/* Good enough already: skip the rest. */
 		if (c->base && c->size <= AZ_DELTA_GOOD)
 			break;
-		if (cand[i] == c->base) {
+		/* Tried already (a template page is a similar one too). */
+		if (cand[i] == first || cand[i] == c->base) {
 			az_obj_put(s, cand[i]);
 			continue;
 		}

@@ -1,6 +1,6 @@
 """Store core: how a registered page's representation is chosen among its delta candidates and
 its plain encoding (the first candidate is tried before the plain compression; a small delta
-is kept without it; a larger one must still beat the plain size)."""
+is kept without it; any other must beat the plain size)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,11 @@ from . import pages
 
 TEMPLATE, SANDBOX, OTHER, GROUP = 100, 11, 12, 1
 CODECS = [{"codec": 0}, {"codec": 1, "level": 3}]
-# kmod/core/store.c: AZ_DELTA_SMALL (a delta this small skips the plain encoding)
-DELTA_SMALL = 256
+# kmod/core/store.c: a first delta within delta_max_pct (80) of AZ_PLAIN_FLOOR (256) is kept
+# without the plain encoding
+FIRST_KEPT = 256 * 80 // 100
+# encodings (kmod/core/az_internal.h)
+DICT_LZ4, XSHUF, SHUF = 5, (6, 7), (8, 9)
 
 
 def fleet(make_store, **pol: int) -> Store:
@@ -48,7 +51,25 @@ def test_a_near_duplicate_of_its_template_page_is_a_small_exact_delta(make_store
     page = pages.mutate(base, random.Random(1), 3)
     s.put(0, page, owner=SANDBOX, index=5)
     assert s.kind(0) == "tdelta"
-    assert s.slot_bytes(0) <= DELTA_SMALL
+    assert s.slot_bytes(0) <= FIRST_KEPT
+    assert s.get(0) == page
+    all_freed(s, [0])
+
+
+@pytest.mark.parametrize("pol", CODECS)
+def test_delta_max_pct_still_bounds_a_small_first_delta(make_store, pol):
+    """At delta_max_pct 8 a delta of 10 edited fields (136-167 bytes) fits the first attempt's
+    limit (8% of a page) but is neither within 8% of 256 bytes nor within 8% of the plain size:
+    the page is stored plain."""
+    s = fleet(make_store, delta_max_pct=8, **pol)
+    base = pages.make("records", 1)
+    s.template_load(TEMPLATE, 5, base)
+    page = pages.mutate(base, random.Random(1), 10)
+    plain, delta = len(s.encode(page)), len(s.encode(page, base=base))
+    assert plain * 8 // 100 < delta < PAGE_SIZE * 8 // 100 and delta <= 256
+    s.put(0, page, owner=SANDBOX, index=5)
+    assert s.kind(0) == "plain"
+    assert s.slot_bytes(0) == plain
     assert s.get(0) == page
     all_freed(s, [0])
 
@@ -59,11 +80,14 @@ def test_a_delta_that_does_not_beat_the_plain_size_is_dropped(make_store, pol):
     base as dictionary, nothing matching) fits the raw-page limit but not the plain one, so
     the page is stored plain, exactly as large as alone, and the base is released."""
     s = fleet(make_store, **pol)
-    s.template_load(TEMPLATE, 5, pages.make("random", 2))
+    noise = pages.make("random", 2)
+    s.template_load(TEMPLATE, 5, noise)
     page = pages.make("records", 3)
+    plain = len(s.encode(page))
+    assert plain * 80 // 100 <= len(s.encode(page, base=noise)) < PAGE_SIZE * 80 // 100
     s.put(0, page, owner=SANDBOX, index=5)
     assert s.kind(0) == "plain"
-    assert s.slot_bytes(0) == len(s.encode(page))
+    assert s.slot_bytes(0) == plain
     assert s.get(0) == page
     all_freed(s, [0])
 
@@ -71,17 +95,17 @@ def test_a_delta_that_does_not_beat_the_plain_size_is_dropped(make_store, pol):
 @pytest.mark.parametrize("pol", CODECS)
 def test_a_shifted_page_is_a_dictionary_delta_without_a_matching_word(make_store, pol):
     """Content moved by a few bytes leaves almost no zero word in the XOR (which is then not
-    compressed); the dictionary form still makes it a small delta."""
+    compressed): the dictionary form makes it a small delta."""
     s = fleet(make_store, **pol)
     base = pages.make("text", 4)
     s.template_load(TEMPLATE, 7, base)
-    rng = random.Random(4)
-    page = pages.shift(base, rng)
+    page = pages.shift(base, random.Random(4))
     xor = bytes(a ^ b for a, b in zip(page, base, strict=True))
     assert sum(1 for i in range(0, PAGE_SIZE, 8) if not any(xor[i : i + 8])) < 8
+    assert s.encode(page, base=base)[0] == DICT_LZ4
     s.put(0, page, owner=SANDBOX, index=7)
     assert s.kind(0) == "tdelta"
-    assert s.slot_bytes(0) * 4 < len(s.encode(page))
+    assert s.slot_bytes(0) == len(s.encode(page, base=base))
     assert s.get(0) == page
     all_freed(s, [0])
 
@@ -108,16 +132,52 @@ def test_later_candidates_are_tried_after_a_failed_first_one(make_store, pol):
 
 
 @pytest.mark.parametrize("pol", CODECS)
+def test_a_small_delta_of_the_first_similar_page_leaves_the_other_candidates(make_store, pol):
+    """No template page at the index: the first similar page is tried first, its delta is
+    small enough to keep, and the other similar pages (template pages at other indexes) are
+    released untried."""
+    s = fleet(make_store, **pol)
+    rng = random.Random(7)
+    base = pages.make("heap", 7)
+    for index in range(4):
+        s.template_load(TEMPLATE, index, pages.mutate(base, rng, 1 + index))
+    page = pages.mutate(base, rng, 2)
+    s.put(0, page, owner=SANDBOX, index=50)
+    assert s.kind(0) == "xdelta"
+    assert s.slot_bytes(0) <= FIRST_KEPT
+    assert s.get(0) == page
+    all_freed(s, [0])
+
+
+@pytest.mark.parametrize("pol", CODECS)
 def test_float_updates_against_a_shuffled_base_get_the_shuffled_xor(make_store, pol):
     """A template page of float32 weights is stored bit-shuffled; the same weights after an
-    optimizer step are stored as the bit-shuffled XOR against it, as small as the codec's own
-    choice with the shuffle allowed."""
+    optimizer step (every word changed: no zero word in the XOR) are stored as the
+    bit-shuffled XOR against it."""
     s = fleet(make_store, **pol)
     base = pages.make("floats", 2)
+    assert s.encode(base)[0] in SHUF
     s.template_load(TEMPLATE, 3, base)
+    page = pages.nudge_floats(base, random.Random(3))
+    delta = s.encode(page, base=base)
+    assert delta[0] in XSHUF
+    s.put(0, page, owner=SANDBOX, index=3)
+    assert s.kind(0) == "tdelta"
+    assert s.slot_bytes(0) == len(delta)
+    assert s.get(0) == page
+    all_freed(s, [0])
+
+
+def test_float_updates_against_a_raw_base_without_shuffle_stay_xor_deltas(make_store):
+    """shuffle=0: float32 weights are stored raw; their update (no zero word in the XOR) is
+    still compressed as an XOR against the raw base (zstd brings it below 3/4 page)."""
+    s = fleet(make_store, shuffle=0, codec=1, level=3)
+    base = pages.make("floats", 2)
+    s.template_load(TEMPLATE, 3, base)
+    assert s.kind(0) is None
     page = pages.nudge_floats(base, random.Random(3))
     s.put(0, page, owner=SANDBOX, index=3)
     assert s.kind(0) == "tdelta"
-    assert s.slot_bytes(0) == len(s.encode(page, base=base))
+    assert s.slot_bytes(0) < PAGE_SIZE * 3 // 4
     assert s.get(0) == page
     all_freed(s, [0])

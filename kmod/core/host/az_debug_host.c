@@ -101,7 +101,10 @@ int az_debug_decode(struct az_ctx *ctx, const u8 *obj, u32 size,
 	return err;
 }
 
-/* Encode @page as a shared object would be (a delta when @base is given). */
+/*
+ * Encode @page as a shared object would be (a delta when @base is given:
+ * against a numeric base, so that every delta form is tried).
+ */
 int az_debug_encode(struct az_ctx *ctx, const struct az_policy *pol,
 		    const void *page, const void *base, u8 *out)
 {
@@ -114,8 +117,8 @@ int az_debug_encode(struct az_ctx *ctx, const struct az_policy *pol,
 			memcpy(out, page, AZ_PAGE_SIZE);
 		return n;
 	}
-	n = az_encode_delta(ctx, pol, page, base, pol->shuffle, out,
-			    AZ_PAGE_SIZE, &enc);
+	n = az_encode_delta(ctx, pol, page, base, true, out, AZ_PAGE_SIZE,
+			    &enc);
 	return n ? (int)n : -ENOSPC;
 }
 
