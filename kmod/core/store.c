@@ -910,6 +910,27 @@ struct az_choice {
  */
 #define AZ_PLAIN_FLOOR	256
 
+/*
+ * Make the encoding in the spare buffer (@size bytes, @enc; a delta of
+ * @base, which holds a reference, or NULL) the choice; the choice's buffer
+ * becomes the spare one and its base, if any, is released.
+ */
+static void az_choice_take(struct az_store *s, struct az_choice *c,
+			   u8 **spare, u32 size, u8 enc, unsigned int kind,
+			   struct az_obj *base)
+{
+	u8 *t = c->buf;
+
+	if (c->base)
+		az_obj_put(s, c->base);
+	c->buf = *spare;
+	*spare = t;
+	c->size = size;
+	c->enc = enc;
+	c->kind = kind;
+	c->base = base;
+}
+
 /* Try a delta of @page against @b; keeps the better of it and @c. */
 static void az_try_delta(struct az_store *s, struct az_ctx *ctx,
 			 const struct az_policy *pol, const void *page,
@@ -917,7 +938,7 @@ static void az_try_delta(struct az_store *s, struct az_ctx *ctx,
 			 struct az_choice *c, u8 **spare)
 {
 	u32 n;
-	u8 enc, *t;
+	u8 enc;
 
 	if (c->size < limit)
 		limit = c->size;
@@ -927,15 +948,7 @@ static void az_try_delta(struct az_store *s, struct az_ctx *ctx,
 			    *spare, limit, &enc);
 	if (!n)
 		goto drop;
-	if (c->base)
-		az_obj_put(s, c->base);
-	t = c->buf;
-	c->buf = *spare;
-	*spare = t;
-	c->size = n;
-	c->enc = enc;
-	c->kind = kind;
-	c->base = b;
+	az_choice_take(s, c, spare, n, enc, kind, b);
 	return;
 drop:
 	az_obj_put(s, b);
@@ -956,21 +969,13 @@ static u32 az_choose_plain(struct az_store *s, struct az_ctx *ctx,
 			   struct az_choice *c, u8 **spare)
 {
 	u32 size, limit;
-	u8 enc, *t;
+	u8 enc;
 
 	size = az_encode_plain(ctx, pol, page, *spare, az_obj_max(pol), &enc);
 	limit = az_delta_limit(pol, size);
-	if (c->base && c->size < limit)
-		return limit;
-	if (c->base)
-		az_obj_put(s, c->base);
-	t = c->buf;
-	c->buf = *spare;
-	*spare = t;
-	c->size = size;
-	c->enc = enc;
-	c->kind = size == AZ_PAGE_SIZE ? AZ_KIND_RAW : AZ_KIND_PLAIN;
-	c->base = NULL;
+	if (!c->base || c->size >= limit)
+		az_choice_take(s, c, spare, size, enc, size == AZ_PAGE_SIZE ?
+			       AZ_KIND_RAW : AZ_KIND_PLAIN, NULL);
 	return limit;
 }
 

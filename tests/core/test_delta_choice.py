@@ -43,16 +43,22 @@ def all_freed(s: Store, slots: list[int]) -> None:
     s.check()
 
 
+def put(s: Store, page: bytes, kind: str, index: int, slot: int = 0) -> int:
+    """Store ``page`` as the sandbox's page at ``index``; check its kind and that it reads back
+    exactly; its stored bytes."""
+    s.put(slot, page, owner=SANDBOX, index=index)
+    assert s.kind(slot) == kind
+    assert s.get(slot) == page
+    return s.slot_bytes(slot)
+
+
 @pytest.mark.parametrize("pol", CODECS)
 def test_a_near_duplicate_of_its_template_page_is_a_small_exact_delta(make_store, pol):
     s = fleet(make_store, **pol)
     base = pages.make("text", 1)
     s.template_load(TEMPLATE, 5, base)
     page = pages.mutate(base, random.Random(1), 3)
-    s.put(0, page, owner=SANDBOX, index=5)
-    assert s.kind(0) == "tdelta"
-    assert s.slot_bytes(0) <= FIRST_KEPT
-    assert s.get(0) == page
+    assert put(s, page, "tdelta", 5) <= FIRST_KEPT
     all_freed(s, [0])
 
 
@@ -67,10 +73,7 @@ def test_delta_max_pct_still_bounds_a_small_first_delta(make_store, pol):
     page = pages.mutate(base, random.Random(1), 10)
     plain, delta = len(s.encode(page)), len(s.encode(page, base=base))
     assert plain * 8 // 100 < delta < PAGE_SIZE * 8 // 100 and delta <= 256
-    s.put(0, page, owner=SANDBOX, index=5)
-    assert s.kind(0) == "plain"
-    assert s.slot_bytes(0) == plain
-    assert s.get(0) == page
+    assert put(s, page, "plain", 5) == plain
     all_freed(s, [0])
 
 
@@ -85,10 +88,7 @@ def test_a_delta_that_does_not_beat_the_plain_size_is_dropped(make_store, pol):
     page = pages.make("records", 3)
     plain = len(s.encode(page))
     assert plain * 80 // 100 <= len(s.encode(page, base=noise)) < PAGE_SIZE * 80 // 100
-    s.put(0, page, owner=SANDBOX, index=5)
-    assert s.kind(0) == "plain"
-    assert s.slot_bytes(0) == plain
-    assert s.get(0) == page
+    assert put(s, page, "plain", 5) == plain
     all_freed(s, [0])
 
 
@@ -103,10 +103,7 @@ def test_a_shifted_page_is_a_dictionary_delta_without_a_matching_word(make_store
     xor = bytes(a ^ b for a, b in zip(page, base, strict=True))
     assert sum(1 for i in range(0, PAGE_SIZE, 8) if not any(xor[i : i + 8])) < 8
     assert s.encode(page, base=base)[0] == DICT_LZ4
-    s.put(0, page, owner=SANDBOX, index=7)
-    assert s.kind(0) == "tdelta"
-    assert s.slot_bytes(0) == len(s.encode(page, base=base))
-    assert s.get(0) == page
+    assert put(s, page, "tdelta", 7) == len(s.encode(page, base=base))
     all_freed(s, [0])
 
 
@@ -123,11 +120,8 @@ def test_later_candidates_are_tried_after_a_failed_first_one(make_store, pol):
     s.put(0, first, owner=OTHER)
     s.put(1, second, owner=OTHER)
     page = pages.mutate(second, rng, 2)
-    s.put(2, page, owner=SANDBOX, index=9)
-    assert s.kind(2) == "xdelta"
-    assert s.slot_bytes(2) * 2 < len(s.encode(page))
-    for slot, want in ((0, first), (1, second), (2, page)):
-        assert s.get(slot) == want
+    assert put(s, page, "xdelta", 9, slot=2) * 2 < len(s.encode(page))
+    assert s.get(0) == first and s.get(1) == second
     all_freed(s, [0, 1, 2])
 
 
@@ -142,10 +136,7 @@ def test_a_small_delta_of_the_first_similar_page_leaves_the_other_candidates(mak
     for index in range(4):
         s.template_load(TEMPLATE, index, pages.mutate(base, rng, 1 + index))
     page = pages.mutate(base, rng, 2)
-    s.put(0, page, owner=SANDBOX, index=50)
-    assert s.kind(0) == "xdelta"
-    assert s.slot_bytes(0) <= FIRST_KEPT
-    assert s.get(0) == page
+    assert put(s, page, "xdelta", 50) <= FIRST_KEPT
     all_freed(s, [0])
 
 
@@ -161,10 +152,7 @@ def test_float_updates_against_a_shuffled_base_get_the_shuffled_xor(make_store, 
     page = pages.nudge_floats(base, random.Random(3))
     delta = s.encode(page, base=base)
     assert delta[0] in XSHUF
-    s.put(0, page, owner=SANDBOX, index=3)
-    assert s.kind(0) == "tdelta"
-    assert s.slot_bytes(0) == len(delta)
-    assert s.get(0) == page
+    assert put(s, page, "tdelta", 3) == len(delta)
     all_freed(s, [0])
 
 
@@ -176,8 +164,5 @@ def test_float_updates_against_a_raw_base_without_shuffle_stay_xor_deltas(make_s
     s.template_load(TEMPLATE, 3, base)
     assert s.kind(0) is None
     page = pages.nudge_floats(base, random.Random(3))
-    s.put(0, page, owner=SANDBOX, index=3)
-    assert s.kind(0) == "tdelta"
-    assert s.slot_bytes(0) < PAGE_SIZE * 3 // 4
-    assert s.get(0) == page
+    assert put(s, page, "tdelta", 3) < PAGE_SIZE * 3 // 4
     all_freed(s, [0])
