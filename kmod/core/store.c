@@ -999,6 +999,7 @@ static void az_choose(struct az_store *s, struct az_ctx *ctx,
 	/* At most one candidate per way of each super-feature's set. */
 	struct az_obj *cand[AZ_NR_SF * AZ_SIM_WAYS];
 	struct az_obj *first = NULL;
+	unsigned int kind = AZ_KIND_TDELTA;
 	u8 *spare = ctx->tbuf;
 	u32 limit;
 	int i = 0, n = 0;
@@ -1023,15 +1024,14 @@ static void az_choose(struct az_store *s, struct az_ctx *ctx,
 					az_min(pol->sim_effort,
 					       (u32)ARRAY_SIZE(cand)));
 	}
-	if (first) {
-		/* The limit of the worst plain encoding (a raw page). */
-		az_try_delta(s, ctx, pol, page, first, AZ_KIND_TDELTA,
-			     az_delta_limit(pol, AZ_PAGE_SIZE), c, &spare);
-	} else if (n) {
+	if (!first && n) {
 		first = cand[i++];
-		az_try_delta(s, ctx, pol, page, first, AZ_KIND_XDELTA,
-			     az_delta_limit(pol, AZ_PAGE_SIZE), c, &spare);
+		kind = AZ_KIND_XDELTA;
 	}
+	/* Against the limit of the worst plain encoding (a raw page). */
+	if (first)
+		az_try_delta(s, ctx, pol, page, first, kind,
+			     az_delta_limit(pol, AZ_PAGE_SIZE), c, &spare);
 	if (c->base && c->size <= az_delta_limit(pol, AZ_PLAIN_FLOOR))
 		goto out;
 	limit = az_choose_plain(s, ctx, pol, page, c, &spare);
@@ -1039,8 +1039,8 @@ static void az_choose(struct az_store *s, struct az_ctx *ctx,
 		/* Good enough already: skip the rest. */
 		if (c->base && c->size <= AZ_DELTA_GOOD)
 			break;
-		/* Tried already (a template page is a similar one too). */
-		if (cand[i] == first || cand[i] == c->base) {
+		/* Tried first (a template page is a similar one too). */
+		if (cand[i] == first) {
 			az_obj_put(s, cand[i]);
 			continue;
 		}
