@@ -85,10 +85,20 @@ static inline bool az_enc_is_numeric(unsigned int enc)
  * can match, where the bytes are noise.  An XOR delta against a numeric
  * base (az_enc_is_numeric()) is tried shuffled when it did not compress
  * to AZ_SHUF_MIN_DELTA bytes or less, a page without base when it
- * compressed to more than AZ_SHUF_MIN_PLAIN (shared objects only).
+ * compressed to more than AZ_SHUF_MIN_PLAIN (shared objects only); a noisy
+ * one (below) is tried shuffled only.
  */
 #define AZ_SHUF_MIN_DELTA	(AZ_PAGE_SIZE / 4)
 #define AZ_SHUF_MIN_PLAIN	(AZ_PAGE_SIZE / 2)
+/*
+ * Noise in the two low bytes of a page's 4-byte words (float32 mantissas,
+ * random bytes; az_page_is_noisy() in codec.c): the page is compressed
+ * shuffled only (plain encoding, shuffle on), and so is an XOR delta that
+ * looks like it against a numeric base.  Such bytes do not compress as
+ * they are; the bit planes above them may.
+ */
+#define AZ_NOISE_MAX_SAME	16
+#define AZ_NOISE_MAX_ZERO	8
 /*
  * A delta form of at most AZ_DELTA_DONE bytes ends the search for a
  * smaller one: no other form could save more than that.  A delta is tried

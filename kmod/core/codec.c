@@ -239,27 +239,57 @@ u32 az_encode_pack(struct az_ctx *ctx, const struct az_policy *pol,
 	return m < max ? m : 0;
 }
 
+/*
+ * A page of 4-byte words whose two low bytes are noise (float32 mantissas;
+ * random bytes too): fewer than AZ_NOISE_MAX_SAME adjacent words share
+ * byte 0, as many byte 1, fewer than AZ_NOISE_MAX_ZERO words are zero, and
+ * byte 0 of at least a quarter of the words has its top bit set.  Text and
+ * JSON (7-bit bytes), pointers and sparse heap pages fail it.
+ */
+static bool az_page_is_noisy(const u8 *p)
+{
+	unsigned int i, same0 = 0, same1 = 0, zero = 0, high = 0;
+
+	for (i = 0; i < AZ_PAGE_SIZE; i += 4) {
+		zero += !(p[i] | p[i + 1] | p[i + 2] | p[i + 3]);
+		high += p[i] >> 7;
+		if (i) {
+			same0 += p[i] == p[i - 4];
+			same1 += p[i + 1] == p[i - 3];
+		}
+		if (same0 >= AZ_NOISE_MAX_SAME || same1 >= AZ_NOISE_MAX_SAME ||
+		    zero >= AZ_NOISE_MAX_ZERO)
+			return false;
+	}
+	return high >= AZ_PAGE_SIZE / 16;
+}
+
 u32 az_encode_plain(struct az_ctx *ctx, const struct az_policy *pol,
 		    const void *page, u8 *out, u32 max, u8 *enc)
 {
+	/* the shuffled form only where the object may exceed zram's threshold */
+	bool shuf = max > AZ_RAW_THRESHOLD;
 	u32 n, m;
 	u8 e;
 
-	n = az_compress(ctx, pol, page, out, max, AZ_ENC_LZ4, AZ_ENC_ZSTD,
-			enc);
-	/*
-	 * Numeric arrays: the bit planes compress where the bytes do not.
-	 * Only where the object may exceed zram's threshold (az_obj_max()).
-	 */
-	if (max > AZ_RAW_THRESHOLD && (!n || n > AZ_SHUF_MIN_PLAIN)) {
+	if (shuf && az_page_is_noisy(page)) {
+		/* its bytes compress no better than its bit planes */
 		az_shuffle(ctx->sbuf, page);
-		m = az_compress(ctx, pol, ctx->sbuf, ctx->xbuf,
-				n ? n - 1 : max, AZ_ENC_SHUF_LZ4,
-				AZ_ENC_SHUF_ZSTD, &e);
-		if (m) {
-			memcpy(out, ctx->xbuf, m);
-			*enc = e;
-			n = m;
+		n = az_compress(ctx, pol, ctx->sbuf, out, max, AZ_ENC_SHUF_LZ4,
+				AZ_ENC_SHUF_ZSTD, enc);
+	} else {
+		n = az_compress(ctx, pol, page, out, max, AZ_ENC_LZ4,
+				AZ_ENC_ZSTD, enc);
+		if (shuf && (!n || n > AZ_SHUF_MIN_PLAIN)) {
+			az_shuffle(ctx->sbuf, page);
+			m = az_compress(ctx, pol, ctx->sbuf, ctx->xbuf,
+					n ? n - 1 : max, AZ_ENC_SHUF_LZ4,
+					AZ_ENC_SHUF_ZSTD, &e);
+			if (m) {
+				memcpy(out, ctx->xbuf, m);
+				*enc = e;
+				n = m;
+			}
 		}
 	}
 	if (!n || n >= max) {
@@ -279,7 +309,8 @@ static u32 az_take(struct az_ctx *ctx, u8 *out, u32 m, u8 e, u8 *enc)
 
 /*
  * Delta against @base: XOR then the policy codec (good for in-place edits;
- * only with AZ_XOR_MIN_ZERO zero words, or against a @numeric base); when
+ * only with AZ_XOR_MIN_ZERO zero words, or against a @numeric base unless
+ * the XOR is noisy, az_page_is_noisy(), and shuffle is on); when
  * that is still large or not tried, the XOR bit-shuffled (good for numeric
  * arrays with small changes; only against a @numeric base); when enough of
  * its words moved by the same distance, the word-wise difference (good for
@@ -300,7 +331,8 @@ u32 az_encode_delta(struct az_ctx *ctx, const struct az_policy *pol,
 	if (limit <= AZ_HDR_SIZE + 1)
 		return 0;
 	n = 0;
-	if (az_xor_page(ctx->xbuf, page, base) >= AZ_XOR_MIN_ZERO || numeric) {
+	if (az_xor_page(ctx->xbuf, page, base) >= AZ_XOR_MIN_ZERO ||
+	    (numeric && !(pol->shuffle && az_page_is_noisy(ctx->xbuf)))) {
 		n = az_compress(ctx, pol, ctx->xbuf, out, cap, AZ_ENC_XOR_LZ4,
 				AZ_ENC_XOR_ZSTD, enc);
 		if (n)

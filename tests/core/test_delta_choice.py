@@ -166,3 +166,55 @@ def test_float_updates_against_a_raw_base_without_shuffle_stay_xor_deltas(make_s
     page = pages.nudge_floats(base, random.Random(3))
     assert put(s, page, "tdelta", 3) < PAGE_SIZE * 3 // 4
     all_freed(s, [0])
+
+
+def noisy_words(rng: random.Random, zero_words: int = 0) -> bytes:
+    """16 random 4-byte words repeated over the page (bytes 0 and 1 of adjacent words hardly
+    ever equal), the first ``zero_words`` words zeroed: lz4 and zstd compress it far below half
+    a page as it is, and further bit-shuffled (every 64-word group's planes are alike)."""
+    period = rng.randbytes(64)
+    page = bytearray(period * (PAGE_SIZE // 64))
+    page[: 4 * zero_words] = bytes(4 * zero_words)
+    return bytes(page)
+
+
+@pytest.mark.parametrize("pol", CODECS)
+def test_a_page_with_noisy_low_bytes_is_compressed_shuffled_only(make_store, pol):
+    """A page whose words' two low bytes look like noise (float32 mantissas) is compressed
+    bit-shuffled without a plain attempt, even where its bytes compress well as they are (the
+    plain attempt would have kept them); with 8 zero words it is not noisy and is compressed as
+    it is. Both read back exactly."""
+    s = fleet(make_store, **pol)
+    rng = random.Random(5)
+    noisy = noisy_words(rng)
+    assert s.encode(noisy)[0] in SHUF
+    assert put(s, noisy, "plain", 1) == len(s.encode(noisy))
+    sparse = noisy_words(rng, zero_words=8)
+    assert s.encode(sparse)[0] not in SHUF
+    assert put(s, sparse, "plain", 2, slot=1) == len(s.encode(sparse)) < PAGE_SIZE // 2
+    all_freed(s, [0, 1])
+
+
+def test_noisy_pages_without_shuffle_are_compressed_as_they_are(make_store):
+    """shuffle=0: the same noisy page is compressed plain; random bytes stay raw."""
+    s = fleet(make_store, shuffle=0)
+    noisy = noisy_words(random.Random(5))
+    assert s.encode(noisy)[0] not in SHUF
+    assert put(s, noisy, "plain", 1) < PAGE_SIZE // 2
+    assert put(s, pages.make("random", 1), "raw", 2, slot=1) == PAGE_SIZE
+    all_freed(s, [0, 1])
+
+
+@pytest.mark.parametrize("pol", CODECS)
+def test_a_noisy_xor_against_a_shuffled_base_is_compressed_shuffled_only(make_store, pol):
+    """Against a base of float32 weights (stored shuffled), a page whose XOR with it is noisy
+    gets the shuffled XOR without an attempt at the XOR as it is, even where that would have
+    been kept (this XOR repeats every 64 bytes); it reads back exactly."""
+    s = fleet(make_store, **pol)
+    base = pages.make("floats", 2)
+    s.template_load(TEMPLATE, 3, base)
+    page = bytes(a ^ b for a, b in zip(base, noisy_words(random.Random(6)), strict=True))
+    delta = s.encode(page, base=base)
+    assert delta[0] in XSHUF
+    assert put(s, page, "tdelta", 3) == len(delta)
+    all_freed(s, [0])
