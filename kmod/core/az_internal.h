@@ -97,8 +97,10 @@ static inline bool az_enc_is_numeric(unsigned int enc)
  * looks like it against a numeric base.  Such bytes do not compress as
  * they are; the bit planes above them may.
  */
-#define AZ_NOISE_MAX_SAME	16
-#define AZ_NOISE_MAX_ZERO	8
+#define AZ_NOISE_SAMPLES	128
+#define AZ_NOISE_STRIDE		(AZ_PAGE_SIZE / 8 / AZ_NOISE_SAMPLES)
+#define AZ_NOISE_MAX_SAME	4
+#define AZ_NOISE_MAX_ZERO	2
 /*
  * A delta form of at most AZ_DELTA_DONE bytes ends the search for a
  * smaller one: no other form could save more than that.  A delta is tried

@@ -241,27 +241,32 @@ u32 az_encode_pack(struct az_ctx *ctx, const struct az_policy *pol,
 
 /*
  * A page of 4-byte words whose two low bytes are noise (float32 mantissas;
- * random bytes too): fewer than AZ_NOISE_MAX_SAME adjacent words share
- * byte 0, as many byte 1, fewer than AZ_NOISE_MAX_ZERO words are zero, and
- * byte 0 of at least a quarter of the words has its top bit set.  Text and
- * JSON (7-bit bytes), pointers and sparse heap pages fail it.
+ * random bytes too), judged from AZ_NOISE_SAMPLES pairs of adjacent words
+ * (the two halves of every fourth 64-bit word): fewer than
+ * AZ_NOISE_MAX_SAME pairs share their low byte, as many the next one, fewer
+ * than AZ_NOISE_MAX_ZERO of the words are zero, and the low byte of at
+ * least a quarter of them has its top bit set.  Text and JSON (7-bit
+ * bytes) and sparse heap pages fail it.  A sample, not the whole page: the
+ * whole page took longer than lz4 takes to give up on noise.  Native
+ * words: the low byte is a native float's lowest mantissa bits.
  */
-static bool az_page_is_noisy(const u8 *p)
+static bool az_page_is_noisy(const void *page)
 {
+	const u64 *x = page;
 	unsigned int i, same0 = 0, same1 = 0, zero = 0, high = 0;
+	u32 lo, hi, d;
 
-	for (i = 0; i < AZ_PAGE_SIZE; i += 4) {
-		zero += !(p[i] | p[i + 1] | p[i + 2] | p[i + 3]);
-		high += p[i] >> 7;
-		if (i) {
-			same0 += p[i] == p[i - 4];
-			same1 += p[i + 1] == p[i - 3];
-		}
-		if (same0 >= AZ_NOISE_MAX_SAME || same1 >= AZ_NOISE_MAX_SAME ||
-		    zero >= AZ_NOISE_MAX_ZERO)
-			return false;
+	for (i = 0; i < AZ_PAGE_SIZE / 8; i += AZ_NOISE_STRIDE) {
+		lo = (u32)x[i];
+		hi = x[i] >> 32;
+		d = lo ^ hi;
+		same0 += !(d & 0xff);
+		same1 += !(d & 0xff00);
+		zero += !lo + !hi;
+		high += ((lo >> 7) & 1) + ((hi >> 7) & 1);
 	}
-	return high >= AZ_PAGE_SIZE / 16;
+	return same0 < AZ_NOISE_MAX_SAME && same1 < AZ_NOISE_MAX_SAME &&
+	       zero < AZ_NOISE_MAX_ZERO && high >= AZ_NOISE_SAMPLES / 2;
 }
 
 u32 az_encode_plain(struct az_ctx *ctx, const struct az_policy *pol,
