@@ -85,21 +85,22 @@ static inline bool az_enc_is_numeric(unsigned int enc)
  * can match, where the bytes are noise.  An XOR delta against a numeric
  * base (az_enc_is_numeric()) is tried shuffled when it did not compress
  * to AZ_SHUF_MIN_DELTA bytes or less, a page without base when it
- * compressed to more than AZ_SHUF_MIN_PLAIN (shared objects only); a noisy
- * one (below) is tried shuffled only.
+ * compressed to more than AZ_SHUF_MIN_PLAIN (shared objects only); under
+ * zstd a noisy one (below) is tried shuffled only.
  */
 #define AZ_SHUF_MIN_DELTA	(AZ_PAGE_SIZE / 4)
 #define AZ_SHUF_MIN_PLAIN	(AZ_PAGE_SIZE / 2)
 /*
  * Noise in the two low bytes of a page's 4-byte words (float32 mantissas,
- * random bytes; az_page_is_noisy() in codec.c): the page is compressed
- * shuffled only (plain encoding, shuffle on), and so is an XOR delta that
- * looks like it against a numeric base.  Such bytes do not compress as
- * they are; the bit planes above them may.
+ * random bytes; az_page_is_noisy() in codec.c): under zstd such a page is
+ * compressed shuffled only, and so is such an XOR delta against a numeric
+ * base (with fewer than AZ_XOR_MIN_ZERO zero words), unless lz4 finds the
+ * bytes repeat.  Their bytes do not compress as they are; the bit planes
+ * above them may.
  */
 #define AZ_NOISE_SAMPLES	128
-#define AZ_NOISE_STRIDE		(AZ_PAGE_SIZE / 8 / AZ_NOISE_SAMPLES)
 #define AZ_NOISE_MAX_SAME	4
+#define AZ_NOISE_MIN_HIGH	(AZ_NOISE_SAMPLES / 2)	/* of 2 x SAMPLES words */
 #define AZ_NOISE_MAX_ZERO	2
 /*
  * A delta form of at most AZ_DELTA_DONE bytes ends the search for a
@@ -508,15 +509,16 @@ struct az_ctx {
 /*
  * Encode @page without a base; returns the object size, AZ_PAGE_SIZE
  * (raw) unless it is below @max.  @max above AZ_RAW_THRESHOLD also tries
- * the bit-shuffled page.
+ * the bit-shuffled page (under zstd only that one for a noisy page).
  */
 u32 az_encode_plain(struct az_ctx *ctx, const struct az_policy *pol,
 		    const void *page, u8 *out, u32 max, u8 *enc);
 /*
  * Encode @page as a delta against @base; 0 when not smaller than @limit.
  * @numeric: the base is a numeric array (az_enc_is_numeric() of its
- * encoding): the XOR is always compressed, and also tried bit-shuffled
- * (XSHUF encodings) when the policy allows.
+ * encoding): the XOR is compressed (unless it is noisy and zstd takes it
+ * only shuffled), and also tried bit-shuffled (XSHUF encodings) when the
+ * policy allows.
  */
 u32 az_encode_delta(struct az_ctx *ctx, const struct az_policy *pol,
 		    const void *page, const void *base, bool numeric, u8 *out,

@@ -242,12 +242,13 @@ u32 az_encode_pack(struct az_ctx *ctx, const struct az_policy *pol,
 /*
  * A page of 4-byte words whose two low bytes are noise (float32 mantissas;
  * random bytes too), judged from AZ_NOISE_SAMPLES pairs of adjacent words
- * (the two halves of every fourth 64-bit word): fewer than
- * AZ_NOISE_MAX_SAME pairs share their low byte, as many the next one, fewer
- * than AZ_NOISE_MAX_ZERO of the words are zero, and the low byte of at
- * least a quarter of them has its top bit set.  Text and JSON (7-bit
- * bytes) and sparse heap pages fail it.  A sample, not the whole page: the
- * whole page took longer than lz4 takes to give up on noise.  Native
+ * (the two halves of one 64-bit word in every 32 bytes, at an offset that
+ * turns with the block so that 32-byte records are not seen through one
+ * field): fewer than AZ_NOISE_MAX_SAME pairs share their low byte, as many
+ * the next one, fewer than AZ_NOISE_MAX_ZERO of the words are zero, and
+ * the low byte of at least AZ_NOISE_MIN_HIGH of them has its top bit set.
+ * Text and JSON (7-bit bytes) and sparse heap pages fail it.  A sample:
+ * the whole page takes longer than lz4 takes to give up on noise.  Native
  * words: the low byte is a native float's lowest mantissa bits.
  */
 static bool az_page_is_noisy(const void *page)
@@ -256,9 +257,9 @@ static bool az_page_is_noisy(const void *page)
 	unsigned int i, same0 = 0, same1 = 0, zero = 0, high = 0;
 	u32 lo, hi, d;
 
-	for (i = 0; i < AZ_PAGE_SIZE / 8; i += AZ_NOISE_STRIDE) {
-		lo = (u32)x[i];
-		hi = x[i] >> 32;
+	for (i = 0; i < AZ_NOISE_SAMPLES; i++) {
+		lo = (u32)x[4 * i + (i & 3)];
+		hi = x[4 * i + (i & 3)] >> 32;
 		d = lo ^ hi;
 		same0 += !(d & 0xff);
 		same1 += !(d & 0xff00);
@@ -266,7 +267,21 @@ static bool az_page_is_noisy(const void *page)
 		high += ((lo >> 7) & 1) + ((hi >> 7) & 1);
 	}
 	return same0 < AZ_NOISE_MAX_SAME && same1 < AZ_NOISE_MAX_SAME &&
-	       zero < AZ_NOISE_MAX_ZERO && high >= AZ_NOISE_SAMPLES / 2;
+	       zero < AZ_NOISE_MAX_ZERO && high >= AZ_NOISE_MIN_HIGH;
+}
+
+/*
+ * Whether zstd should compress @src (a page) only bit-shuffled: it is
+ * noisy and lz4, which gives up on noise in a fraction of the time zstd
+ * takes, cannot bring it below @limit (content that repeats at a distance
+ * the shuffle's groups break up compresses as bytes).  @scratch: @limit
+ * bytes.  lz4 itself tries the bytes first as cheaply as this probe would.
+ */
+static bool az_noise_only(struct az_ctx *ctx, const struct az_policy *pol,
+			  const void *src, u8 *scratch, u32 limit)
+{
+	return pol->codec == AZ_CODEC_ZSTD && az_page_is_noisy(src) &&
+	       az_lz4_compress(ctx->ws, src, AZ_PAGE_SIZE, scratch, limit) <= 0;
 }
 
 u32 az_encode_plain(struct az_ctx *ctx, const struct az_policy *pol,
@@ -277,8 +292,7 @@ u32 az_encode_plain(struct az_ctx *ctx, const struct az_policy *pol,
 	u32 n, m;
 	u8 e;
 
-	if (shuf && az_page_is_noisy(page)) {
-		/* its bytes compress no better than its bit planes */
+	if (shuf && az_noise_only(ctx, pol, page, out, AZ_SHUF_MIN_PLAIN)) {
 		az_shuffle(ctx->sbuf, page);
 		n = az_compress(ctx, pol, ctx->sbuf, out, max, AZ_ENC_SHUF_LZ4,
 				AZ_ENC_SHUF_ZSTD, enc);
@@ -315,7 +329,8 @@ static u32 az_take(struct az_ctx *ctx, u8 *out, u32 m, u8 e, u8 *enc)
 /*
  * Delta against @base: XOR then the policy codec (good for in-place edits;
  * only with AZ_XOR_MIN_ZERO zero words, or against a @numeric base unless
- * the XOR is noisy, az_page_is_noisy(), and shuffle is on); when
+ * shuffle is on and zstd should take the XOR only shuffled,
+ * az_noise_only()); when
  * that is still large or not tried, the XOR bit-shuffled (good for numeric
  * arrays with small changes; only against a @numeric base); when enough of
  * its words moved by the same distance, the word-wise difference (good for
@@ -337,7 +352,9 @@ u32 az_encode_delta(struct az_ctx *ctx, const struct az_policy *pol,
 		return 0;
 	n = 0;
 	if (az_xor_page(ctx->xbuf, page, base) >= AZ_XOR_MIN_ZERO ||
-	    (numeric && !(pol->shuffle && az_page_is_noisy(ctx->xbuf)))) {
+	    (numeric && !(pol->shuffle &&
+			  az_noise_only(ctx, pol, ctx->xbuf, out,
+					AZ_SHUF_MIN_DELTA)))) {
 		n = az_compress(ctx, pol, ctx->xbuf, out, cap, AZ_ENC_XOR_LZ4,
 				AZ_ENC_XOR_ZSTD, enc);
 		if (n)
