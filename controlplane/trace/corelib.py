@@ -200,7 +200,8 @@ def load_lib(path: str | os.PathLike[str] | None = None) -> ctypes.CDLL:
         "az_store_set_map": (ctypes.c_int, [vp, u64, u64, u64, u64]),
         "az_store_owner_stats": (ctypes.c_int, [vp, u64, ctypes.POINTER(OwnerStats)]),
         "az_store_list_owners": (
-            ctypes.c_int, [vp, u32, ctypes.POINTER(OwnerStats), u32, ctypes.POINTER(u32)]
+            ctypes.c_int,
+            [vp, u32, ctypes.POINTER(OwnerStats), u32, ctypes.POINTER(u32)],
         ),
         "az_store_drain": (None, [vp]),
         "az_store_pack": (ctypes.c_int, [vp, vp, u64, u64, ctypes.POINTER(u64)]),
@@ -210,17 +211,17 @@ def load_lib(path: str | os.PathLike[str] | None = None) -> ctypes.CDLL:
         "az_host_fail_pool_allocs": (None, [ctypes.c_int]),
         "az_host_fail_allocs_of": (None, [ctypes.c_size_t, ctypes.c_int]),
         "az_host_sleeping_allocs": (u64, []),
+        "az_host_codec_calls": (None, [ctypes.POINTER(u64)]),
         "az_store_put_nowait": (
-            ctypes.c_int, [vp, vp, u64, cp, ctypes.POINTER(PageInfo), ctypes.POINTER(Reserve)]
+            ctypes.c_int,
+            [vp, vp, u64, cp, ctypes.POINTER(PageInfo), ctypes.POINTER(Reserve)],
         ),
         "az_reserve_fill": (ctypes.c_int, [vp, ctypes.POINTER(Reserve)]),
         "az_reserve_release": (None, [vp, ctypes.POINTER(Reserve)]),
         "az_store_free_notify": (ctypes.c_int, [vp, u64]),
         "az_store_debug_reg_lock_taken": (u64, [vp]),
         "az_store_debug_slot_lock": (ctypes.c_int, [vp, u64, ctypes.c_int]),
-        "az_store_debug_pack_race": (
-            ctypes.c_int, [vp, u64, cp, ctypes.POINTER(PageInfo)]
-        ),
+        "az_store_debug_pack_race": (ctypes.c_int, [vp, u64, cp, ctypes.POINTER(PageInfo)]),
         "az_debug_decode": (ctypes.c_int, [vp, cp, u32, cp, cp]),
         "az_debug_encode": (ctypes.c_int, [vp, ctypes.POINTER(Policy), cp, cp, cp]),
         "az_store_debug_check": (ctypes.c_int, [vp]),
@@ -519,6 +520,13 @@ class Store:
     def fail_allocs_of(self, size: int, n: int) -> None:
         """Make the next ``n`` slab allocations of ``size`` bytes fail (test only)."""
         self.lib.az_host_fail_allocs_of(size, n)
+
+    def codec_calls(self) -> dict[str, int]:
+        """Compressions made so far by every store of this process (test only): lz4, lz4 with a
+        dictionary, zstd."""
+        out = (u64 * 3)()
+        self.lib.az_host_codec_calls(out)
+        return {"lz4": out[0], "lz4_dict": out[1], "zstd": out[2]}
 
     def encode(self, page: bytes, base: bytes | None = None) -> bytes:
         """Encode ``page`` as a standalone object, or a delta against ``base``."""

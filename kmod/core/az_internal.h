@@ -93,14 +93,16 @@ static inline bool az_enc_is_numeric(unsigned int enc)
 /*
  * Noise in the two low bytes of a page's 4-byte words (float32 mantissas,
  * random bytes; az_page_is_noisy() in codec.c): under zstd such a page is
- * compressed shuffled only, and so is such an XOR delta against a numeric
- * base (with fewer than AZ_XOR_MIN_ZERO zero words), unless lz4 finds the
- * bytes repeat.  Their bytes do not compress as they are; the bit planes
- * above them may.
+ * compressed shuffled only (its bytes as they are if that fails), and so
+ * is such an XOR delta against a numeric base (with fewer than
+ * AZ_XOR_MIN_ZERO zero words), unless an lz4 probe finds the bytes repeat.
+ * Their bytes do not compress as they are; the bit planes above them may.
  */
 #define AZ_NOISE_SAMPLES	128
 #define AZ_NOISE_MAX_SAME	4
-#define AZ_NOISE_MIN_HIGH	(AZ_NOISE_SAMPLES / 2)	/* of 2 x SAMPLES words */
+/* of the 2 x AZ_NOISE_SAMPLES words sampled: 1/4 to 3/4 */
+#define AZ_NOISE_MIN_HIGH	(AZ_NOISE_SAMPLES / 2)
+#define AZ_NOISE_MAX_HIGH	(AZ_NOISE_SAMPLES * 3 / 2)
 #define AZ_NOISE_MAX_ZERO	2
 /*
  * A delta form of at most AZ_DELTA_DONE bytes ends the search for a
@@ -509,7 +511,9 @@ struct az_ctx {
 /*
  * Encode @page without a base; returns the object size, AZ_PAGE_SIZE
  * (raw) unless it is below @max.  @max above AZ_RAW_THRESHOLD also tries
- * the bit-shuffled page (under zstd only that one for a noisy page).
+ * the bit-shuffled page (under zstd first and only that one for a noisy
+ * page that lz4 cannot get to 3/4 page, unless its bit planes do not
+ * compress).
  */
 u32 az_encode_plain(struct az_ctx *ctx, const struct az_policy *pol,
 		    const void *page, u8 *out, u32 max, u8 *enc);

@@ -181,6 +181,11 @@ void az_host_fail_pool_allocs(int n);
 void az_host_fail_allocs_of(size_t size, int n);
 /* Test hook: allocations made with AZ_GFP_MAYSLEEP so far (pool and slab). */
 u64 az_host_sleeping_allocs(void);
+/*
+ * Test hook: compressions so far, process-wide: @out[0] lz4, @out[1] lz4
+ * with a dictionary, @out[2] zstd.
+ */
+void az_host_codec_calls(u64 out[3]);
 struct az_store;
 /*
  * Test hook: a pack is written and none of its slots switched yet (what a

@@ -242,24 +242,28 @@ u32 az_encode_pack(struct az_ctx *ctx, const struct az_policy *pol,
 /*
  * A page of 4-byte words whose two low bytes are noise (float32 mantissas;
  * random bytes too), judged from AZ_NOISE_SAMPLES pairs of adjacent words
- * (the two halves of one 64-bit word in every 32 bytes, at an offset that
- * turns with the block so that 32-byte records are not seen through one
- * field): fewer than AZ_NOISE_MAX_SAME pairs share their low byte, as many
- * the next one, fewer than AZ_NOISE_MAX_ZERO of the words are zero, and
- * the low byte of at least AZ_NOISE_MIN_HIGH of them has its top bit set.
- * Text and JSON (7-bit bytes) and sparse heap pages fail it.  A sample:
- * the whole page takes longer than lz4 takes to give up on noise.  Native
- * words: the low byte is a native float's lowest mantissa bits.
+ * (the two halves of one 64-bit word in every 32 bytes, the word within
+ * the block chosen by a hash of the block's number, so that every field of
+ * a record up to 512 bytes long is seen): fewer than AZ_NOISE_MAX_SAME
+ * pairs share their low byte, as many the next one, fewer than
+ * AZ_NOISE_MAX_ZERO of the words are zero, and the low byte of about half
+ * of them (AZ_NOISE_MIN_HIGH to AZ_NOISE_MAX_HIGH) has its top bit set, as
+ * in uniform bytes.  Text and JSON (7-bit bytes), non-Latin UTF-8 text
+ * (every byte's top bit set), sparse heap pages and records with a text
+ * field fail it.  A sample: the whole page takes longer than lz4 takes to
+ * give up on noise.  Native words: the low byte is a native float's
+ * lowest mantissa bits.
  */
 static bool az_page_is_noisy(const void *page)
 {
 	const u64 *x = page;
-	unsigned int i, same0 = 0, same1 = 0, zero = 0, high = 0;
+	unsigned int i, k, same0 = 0, same1 = 0, zero = 0, high = 0;
 	u32 lo, hi, d;
 
 	for (i = 0; i < AZ_NOISE_SAMPLES; i++) {
-		lo = (u32)x[4 * i + (i & 3)];
-		hi = x[4 * i + (i & 3)] >> 32;
+		k = 4 * i + ((i ^ i >> 2 ^ i >> 4) & 3);
+		lo = (u32)x[k];
+		hi = x[k] >> 32;
 		d = lo ^ hi;
 		same0 += !(d & 0xff);
 		same1 += !(d & 0xff00);
@@ -267,15 +271,17 @@ static bool az_page_is_noisy(const void *page)
 		high += ((lo >> 7) & 1) + ((hi >> 7) & 1);
 	}
 	return same0 < AZ_NOISE_MAX_SAME && same1 < AZ_NOISE_MAX_SAME &&
-	       zero < AZ_NOISE_MAX_ZERO && high >= AZ_NOISE_MIN_HIGH;
+	       zero < AZ_NOISE_MAX_ZERO && high >= AZ_NOISE_MIN_HIGH &&
+	       high <= AZ_NOISE_MAX_HIGH;
 }
 
 /*
- * Whether zstd should compress @src (a page) only bit-shuffled: it is
+ * Whether zstd should compress @src (a page) bit-shuffled only: it is
  * noisy and lz4, which gives up on noise in a fraction of the time zstd
- * takes, cannot bring it below @limit (content that repeats at a distance
- * the shuffle's groups break up compresses as bytes).  @scratch: @limit
- * bytes.  lz4 itself tries the bytes first as cheaply as this probe would.
+ * takes, cannot get it to @limit bytes or less (content that repeats at a
+ * distance the shuffle's groups break up compresses as bytes).  @scratch:
+ * @limit bytes.  Under lz4 the attempt as it is costs what this probe
+ * would: nothing changes.
  */
 static bool az_noise_only(struct az_ctx *ctx, const struct az_policy *pol,
 			  const void *src, u8 *scratch, u32 limit)
@@ -289,14 +295,17 @@ u32 az_encode_plain(struct az_ctx *ctx, const struct az_policy *pol,
 {
 	/* the shuffled form only where the object may exceed zram's threshold */
 	bool shuf = max > AZ_RAW_THRESHOLD;
-	u32 n, m;
+	u32 n = 0, m;
 	u8 e;
 
-	if (shuf && az_noise_only(ctx, pol, page, out, AZ_SHUF_MIN_PLAIN)) {
+	if (shuf && az_noise_only(ctx, pol, page, out, AZ_RAW_THRESHOLD)) {
 		az_shuffle(ctx->sbuf, page);
 		n = az_compress(ctx, pol, ctx->sbuf, out, max, AZ_ENC_SHUF_LZ4,
 				AZ_ENC_SHUF_ZSTD, enc);
-	} else {
+		/* if they did not compress, the bytes as they are (only) */
+		shuf = false;
+	}
+	if (!n) {
 		n = az_compress(ctx, pol, page, out, max, AZ_ENC_LZ4,
 				AZ_ENC_ZSTD, enc);
 		if (shuf && (!n || n > AZ_SHUF_MIN_PLAIN)) {
@@ -327,17 +336,16 @@ static u32 az_take(struct az_ctx *ctx, u8 *out, u32 m, u8 e, u8 *enc)
 }
 
 /*
- * Delta against @base: XOR then the policy codec (good for in-place edits;
- * only with AZ_XOR_MIN_ZERO zero words, or against a @numeric base unless
- * shuffle is on and zstd should take the XOR only shuffled,
- * az_noise_only()); when
- * that is still large or not tried, the XOR bit-shuffled (good for numeric
- * arrays with small changes; only against a @numeric base); when enough of
- * its words moved by the same distance, the word-wise difference (good for
- * pointers moved by ASLR); then lz4 with @base as dictionary (good for
- * shifted content; cheap, so tried whatever the policy codec).  A form of
- * at most AZ_DELTA_DONE bytes ends the search.  The smallest wins.
- * Returns 0 unless the result is < @limit.
+ * Delta against @base: XOR then the policy codec (good for in-place
+ * edits; only with AZ_XOR_MIN_ZERO zero words, or against a @numeric base
+ * unless shuffle is on and zstd should take the XOR only shuffled:
+ * az_noise_only()); when that is still large or not tried, the XOR
+ * bit-shuffled (good for numeric arrays with small changes; only against a
+ * @numeric base); when enough of its words moved by the same distance, the
+ * word-wise difference (good for pointers moved by ASLR); then lz4 with
+ * @base as dictionary (good for shifted content; cheap, so tried whatever
+ * the policy codec).  A form of at most AZ_DELTA_DONE bytes ends the
+ * search.  The smallest wins.  Returns 0 unless the result is < @limit.
  */
 u32 az_encode_delta(struct az_ctx *ctx, const struct az_policy *pol,
 		    const void *page, const void *base, bool numeric, u8 *out,
