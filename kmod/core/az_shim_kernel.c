@@ -128,20 +128,14 @@ void az_pool_read_end(struct az_pool *p, unsigned long handle, u32 len,
  * zs_map_object(): one mapping per CPU, preemption off until the unmap.
  * A write-only mapping of an object that spans two pages does not read
  * it first, so writes are whole objects, like zs_obj_write().  Copied a
- * word at a time: see az_copy_words() in store.c.
+ * word at a time: az_copy_words().
  */
 void az_pool_write(struct az_pool *p, unsigned long handle, const void *src,
 		   u32 len)
 {
 	u8 *dst = zs_map_object((struct zs_pool *)p, handle, ZS_MM_WO);
-	const u8 *from = src;
-	u32 i;
 
-	for (i = 0; i + 8 <= len; i += 8)
-		put_unaligned(get_unaligned((const u64 *)(from + i)),
-			      (u64 *)(dst + i));
-	for (; i < len; i++)
-		dst[i] = from[i];
+	az_copy_words(dst, src, len);
 	zs_unmap_object((struct zs_pool *)p, handle);
 }
 

@@ -174,7 +174,7 @@ static bool az_bcache_lookup(struct az_store *s, struct az_obj *o, void *dst)
 		for (i = e; i < e + AZ_BC_WAYS; i++) {
 			if (m->tags[i] != o)
 				continue;
-			memcpy(dst, m->pages[i], AZ_PAGE_SIZE);
+			az_copy_words(dst, m->pages[i], AZ_PAGE_SIZE);
 			m->used[i] = 1;
 			hit = true;
 			break;
@@ -240,7 +240,7 @@ static void az_bcache_insert(struct az_store *s, struct az_obj *o,
 		goto out;	/* no page for this set */
 	m->tags[victim] = o;
 	m->used[victim] = 1;
-	memcpy(m->pages[victim], page, AZ_PAGE_SIZE);
+	az_copy_words(m->pages[victim], page, AZ_PAGE_SIZE);
 	az_obj_flag_set(o, AZ_OBJ_CACHED);
 out:
 	az_spin_unlock(&s->bc_lock);

@@ -314,7 +314,7 @@ u32 az_encode_plain(struct az_ctx *ctx, const struct az_policy *pol,
 					n ? n - 1 : max, AZ_ENC_SHUF_LZ4,
 					AZ_ENC_SHUF_ZSTD, &e);
 			if (m) {
-				memcpy(out, ctx->xbuf, m);
+				az_copy_words(out, ctx->xbuf, m);
 				*enc = e;
 				n = m;
 			}
@@ -330,7 +330,7 @@ u32 az_encode_plain(struct az_ctx *ctx, const struct az_policy *pol,
 /* Copy the candidate in ctx->xbuf (@m bytes, encoding @e) to @out. */
 static u32 az_take(struct az_ctx *ctx, u8 *out, u32 m, u8 e, u8 *enc)
 {
-	memcpy(out, ctx->xbuf, m);
+	az_copy_words(out, ctx->xbuf, m);
 	*enc = e;
 	return m;
 }
@@ -417,7 +417,7 @@ int az_decode(struct az_ctx *ctx, const u8 *obj, u32 size, const void *base,
 		return -EIO;
 	switch (enc) {
 	case 0:
-		memcpy(page, obj, AZ_PAGE_SIZE);
+		az_copy_words(page, obj, AZ_PAGE_SIZE);
 		return 0;
 	case AZ_ENC_LZ4:
 	case AZ_ENC_XOR_LZ4:

@@ -307,23 +307,6 @@ static void az_reserve_want(struct az_reserve *res, u32 size, bool obj,
 }
 
 /*
- * Copy @n bytes 8 at a time.  A memcpy() of a size unknown at compile time
- * is "rep movsb" on x86 CPUs with ERMS, which QEMU's TCG (where this
- * project's tests and benchmarks run) executes a byte per iteration:
- * measured there, the two copies of a split object cost 19.6 k cycles, a
- * third of a whole load.  On hardware both ways are fast.
- */
-static void az_copy_words(u8 *dst, const u8 *src, u32 n)
-{
-	u32 i;
-
-	for (i = 0; i + 8 <= n; i += 8)
-		az_put_le64(az_get_le64(src + i), dst + i);
-	for (; i < n; i++)
-		dst[i] = src[i];
-}
-
-/*
  * Copy @src (@o->size bytes) into @o's pool memory (@h2: az_obj_get()).
  * A split object's first part is assembled in ctx->gbuf.
  */
@@ -571,7 +554,7 @@ static int az_pack_read(struct az_store *s, struct az_ctx *ctx,
 			ctx->kid = o->pack.id;
 		}
 	}
-	memcpy(page, ctx->kbuf + member * AZ_PAGE_SIZE, AZ_PAGE_SIZE);
+	az_copy_words(page, ctx->kbuf + member * AZ_PAGE_SIZE, AZ_PAGE_SIZE);
 	return 0;
 }
 
