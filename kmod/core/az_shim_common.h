@@ -8,12 +8,13 @@
 #define AZ_SHIM_COMMON_H
 
 /*
- * Copy @n bytes 8 at a time.  A memcpy() of a size unknown at compile time,
- * or of a whole page, is "rep movsb" on x86 CPUs with ERMS, which QEMU's
- * TCG (where this project's tests and benchmarks run) executes a byte per
- * iteration (5.5 cycles a byte measured there: a page 22 k cycles).  On
- * hardware both ways take a fraction of a microsecond.  Every copy of page
- * data on the store and load paths goes through it.
+ * Copy @n bytes 8 at a time.  A memcpy() of a size unknown at compile time
+ * is "rep movsb" on x86 CPUs with ERMS, which QEMU's TCG (where this
+ * project's tests and benchmarks run) executes a byte per iteration:
+ * measured there, the two copies of a split object cost 19.6 k cycles, a
+ * third of a whole load.  The core's other copies of page data use it too,
+ * so that it has one copy routine (in swapbench they made no measurable
+ * difference).  On hardware both ways are fast.
  */
 static inline void az_copy_words(u8 *dst, const u8 *src, u32 n)
 {
