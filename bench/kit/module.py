@@ -13,7 +13,7 @@ TOP = Path(__file__).resolve().parents[2]
 KO = TOP / "kmod" / "azswap.ko"
 # The debug build (make kmod-debug): the same module with the core's self-test.
 KO_DEBUG = TOP / "build" / "kmod-debug" / "kmod" / "azswap.ko"
-DEPS = ("zsmalloc", "lz4_compress", "lz4_decompress", "zstd_compress", "zstd_decompress")
+DEPS = ("zsmalloc", "lz4_decompress", "zstd_compress", "zstd_decompress")
 ZSWAP_ENABLED = Path("/sys/module/zswap/parameters/enabled")
 
 

@@ -228,6 +228,10 @@ def load_lib(path: str | os.PathLike[str] | None = None) -> ctypes.CDLL:
         "az_debug_obj_size": (u64, []),
         "az_debug_encode_pack": (ctypes.c_int, [vp, ctypes.POINTER(Policy), cp, u32, cp]),
         "az_debug_decode_pack": (ctypes.c_int, [vp, cp, u32, cp]),
+        "az_debug_lz4": (
+            ctypes.c_int,
+            [vp, cp, ctypes.c_int, cp, ctypes.c_int, cp, ctypes.c_int, u32, ctypes.POINTER(u32)],
+        ),
         "az_host_put_batch": (ctypes.c_int, [vp, vp, u64, cp, u32, ctypes.POINTER(PageInfo)]),
         "az_host_get_batch": (ctypes.c_int, [vp, vp, u64, vp, u32]),
     }
@@ -543,6 +547,28 @@ class Store:
             "encode",
         )
         return out.raw[:n]
+
+    def lz4_compress(
+        self, src: bytes, cap: int, dict_: bytes = b"", next_pos: int = 0
+    ) -> tuple[bytes | None, int, bytes]:
+        """Run the store's lz4 compressor (test only): the block (None when it did not fit in
+        ``cap``), the number its table gives the next byte, and the ``cap`` bytes of the output
+        buffer past the block (to check nothing was written there)."""
+        guard = 64
+        out = ctypes.create_string_buffer(b"\xa5" * (cap + guard), cap + guard)
+        after = u32()
+        n = self.lib.az_debug_lz4(
+            self._ctx.ptr,
+            bytes(dict_),
+            len(dict_),
+            bytes(src),
+            len(src),
+            out,
+            cap,
+            next_pos,
+            ctypes.byref(after),
+        )
+        return (out.raw[:n] if n > 0 else None), after.value, out.raw[cap : cap + guard]
 
     def encode_pack(self, data: bytes) -> bytes:
         """Encode 2..4 pages as one pack (the store's policy codec); b"" when they do not fit

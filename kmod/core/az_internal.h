@@ -494,8 +494,22 @@ static inline struct az_owner *az_owner_at(struct az_store *s, u32 i)
 	return &chunk[i % AZ_OWNER_CHUNK];
 }
 
+/* ---- lz4c.c ----------------------------------------------------------- */
+
+#define AZ_LZ4C_HASH_LOG	12
+#define AZ_LZ4C_MAX_INPUT	(1U << 20)
+
+/* The lz4 compressor's hash table (see lz4c.c); zeroed, or az_lz4c_init(). */
+struct az_lz4c {
+	u32 next;		/* number of the next call's first byte */
+	u32 table[1U << AZ_LZ4C_HASH_LOG];
+};
+
+void az_lz4c_init(struct az_lz4c *t);
+
 struct az_ctx {
 	struct az_codec_ws *ws;
+	struct az_lz4c *lz4c;	/* the lz4 compressor's table */
 	u8 *obuf;		/* AZ_OBUF_SIZE: best encoding so far */
 	u8 *tbuf;		/* AZ_OBUF_SIZE: candidate encoding */
 	u8 *pbuf;		/* page: decoded base or candidate */
@@ -505,6 +519,16 @@ struct az_ctx {
 	u8 *kbuf;		/* AZ_PACK_MAX pages: a pack's pages */
 	u64 kid;		/* id of the pack @kbuf holds verified, 0 none */
 };
+
+/*
+ * LZ4 block of @len bytes at @src into @dst, at most @cap bytes (0 when it
+ * does not fit); with @dict (@dlen bytes) as an external dictionary for
+ * az_lz4_compress_dict(), decoded by az_lz4_decompress_dict().
+ */
+int az_lz4_compress(struct az_ctx *ctx, const void *src, int len, void *dst,
+		    int cap);
+int az_lz4_compress_dict(struct az_ctx *ctx, const void *dict, int dlen,
+			 const void *src, int len, void *dst, int cap);
 
 /* ---- codec.c ---------------------------------------------------------- */
 

@@ -61,19 +61,22 @@ u64 az_pool_compact(struct az_pool *p);
  * Codec workspaces (one per az_ctx, process context to create).  All
  * compressors return the compressed size, or 0 when the output did not
  * fit in @cap; decompressors return the decompressed size or a negative
- * value on malformed input and never write past @cap.
+ * value on malformed input and never write past @cap.  The lz4
+ * compressor is the core's own (lz4c.c); the shim has its decoders.
  */
 struct az_codec_ws;
+/* What az_codec_count() counts (a no-op in the module). */
+enum {
+	AZ_CODEC_COUNT_LZ4,
+	AZ_CODEC_COUNT_LZ4_DICT,
+	AZ_CODEC_COUNT_ZSTD,
+};
 struct az_codec_ws *az_codec_ws_create(void);
 void az_codec_ws_destroy(struct az_codec_ws *w);
 size_t az_codec_ws_bytes(struct az_codec_ws *w);
 
-int az_lz4_compress(struct az_codec_ws *w, const void *src, int len,
-		    void *dst, int cap);
 int az_lz4_decompress(const void *src, int slen, void *dst, int cap);
-/* LZ4 with @dict as a prefix dictionary (delta encoding). */
-int az_lz4_compress_dict(struct az_codec_ws *w, const void *dict, int dlen,
-			 const void *src, int len, void *dst, int cap);
+/* LZ4 with @dict as an external dictionary (delta encoding). */
 int az_lz4_decompress_dict(const void *src, int slen, void *dst, int cap,
 			   const void *dict, int dlen);
 /* zstd with a @len-byte size hint (compression parameters for 4 KiB). */

@@ -186,6 +186,8 @@ u64 az_host_sleeping_allocs(void);
  * with a dictionary, @out[2] zstd.
  */
 void az_host_codec_calls(u64 out[3]);
+/* Count one compression (@which: the index in az_host_codec_calls()). */
+void az_codec_count(unsigned int which);
 struct az_store;
 /*
  * Test hook: a pack is written and none of its slots switched yet (what a

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: GPL-2.0
 /*
  * Kernel implementation of the shim functions declared in
- * az_shim_common.h: zsmalloc pool, lz4 and zstd library calls (not the
+ * az_shim_common.h: zsmalloc pool, lz4 decoders and zstd library calls (not the
  * crypto API), deferral over an llist and the core's own workqueue.
  */
 #include <linux/module.h>
@@ -164,7 +164,6 @@ u64 az_pool_compact(struct az_pool *p)
 
 /* Codecs */
 struct az_codec_ws {
-	void *lz4_mem;		/* LZ4_MEM_COMPRESS, also the dict stream */
 	void *cws;		/* zstd compression workspace */
 	void *dws;		/* zstd decompression workspace */
 	zstd_cctx *cctx;
@@ -181,9 +180,6 @@ struct az_codec_ws *az_codec_ws_create(void)
 	w = kzalloc(sizeof(*w), GFP_KERNEL);
 	if (!w)
 		return NULL;
-	w->lz4_mem = kvmalloc(LZ4_MEM_COMPRESS, GFP_KERNEL);
-	if (!w->lz4_mem)
-		goto fail;
 	for (l = AZ_ZSTD_LEVEL_MIN; l <= AZ_ZSTD_LEVEL_MAX; l++) {
 		zstd_parameters prm = zstd_get_params(l, AZ_PACK_MAX *
 							 AZ_PAGE_SIZE);
@@ -216,35 +212,17 @@ void az_codec_ws_destroy(struct az_codec_ws *w)
 		return;
 	kvfree(w->dws);
 	kvfree(w->cws);
-	kvfree(w->lz4_mem);
 	kfree(w);
 }
 
 size_t az_codec_ws_bytes(struct az_codec_ws *w)
 {
-	return LZ4_MEM_COMPRESS + w->csize + w->dsize;
-}
-
-int az_lz4_compress(struct az_codec_ws *w, const void *src, int len,
-		    void *dst, int cap)
-{
-	return LZ4_compress_fast(src, dst, len, cap, 1, w->lz4_mem);
+	return w->csize + w->dsize;
 }
 
 int az_lz4_decompress(const void *src, int slen, void *dst, int cap)
 {
 	return LZ4_decompress_safe(src, dst, slen, cap);
-}
-
-int az_lz4_compress_dict(struct az_codec_ws *w, const void *dict, int dlen,
-			 const void *src, int len, void *dst, int cap)
-{
-	LZ4_stream_t *st = w->lz4_mem;
-
-	/* LZ4_resetStream is not exported in 6.1; it is this memset. */
-	memset(st, 0, sizeof(*st));
-	LZ4_loadDict(st, dict, dlen);
-	return LZ4_compress_fast_continue(st, src, dst, len, cap, 1);
 }
 
 int az_lz4_decompress_dict(const void *src, int slen, void *dst, int cap,

@@ -207,7 +207,7 @@ static u32 az_compress_len(struct az_ctx *ctx, const struct az_policy *pol,
 		n = az_zstd_compress(ctx->ws, pol->level, src, len, dst, cap);
 		*enc = enc_zstd;
 	} else {
-		n = az_lz4_compress(ctx->ws, src, len, dst, cap);
+		n = az_lz4_compress(ctx, src, len, dst, cap);
 		*enc = enc_lz4;
 	}
 	if (n <= 0 || (u32)n > cap)
@@ -287,7 +287,7 @@ static bool az_noise_only(struct az_ctx *ctx, const struct az_policy *pol,
 			  const void *src, u8 *scratch, u32 limit)
 {
 	return pol->codec == AZ_CODEC_ZSTD && az_page_is_noisy(src) &&
-	       az_lz4_compress(ctx->ws, src, AZ_PAGE_SIZE, scratch, limit) <= 0;
+	       az_lz4_compress(ctx, src, AZ_PAGE_SIZE, scratch, limit) <= 0;
 }
 
 u32 az_encode_plain(struct az_ctx *ctx, const struct az_policy *pol,
@@ -394,7 +394,7 @@ u32 az_encode_delta(struct az_ctx *ctx, const struct az_policy *pol,
 	if ((n && n <= AZ_DELTA_DONE) || cap <= AZ_HDR_SIZE)
 		return n;
 	/* Dictionary mode into the scratch page, then keep the smaller. */
-	r = az_lz4_compress_dict(ctx->ws, base, AZ_PAGE_SIZE, page,
+	r = az_lz4_compress_dict(ctx, base, AZ_PAGE_SIZE, page,
 				 AZ_PAGE_SIZE, ctx->xbuf + AZ_HDR_SIZE,
 				 cap - AZ_HDR_SIZE);
 	if (r <= 0)

@@ -33,6 +33,7 @@ struct az_ctx *az_ctx_create(void)
 	if (!ctx)
 		return NULL;
 	ctx->ws = az_codec_ws_create();
+	ctx->lz4c = az_valloc(sizeof(*ctx->lz4c));
 	ctx->obuf = az_valloc(AZ_OBUF_SIZE);
 	ctx->tbuf = az_valloc(AZ_OBUF_SIZE);
 	ctx->pbuf = az_valloc(AZ_PAGE_SIZE);
@@ -40,11 +41,12 @@ struct az_ctx *az_ctx_create(void)
 	ctx->sbuf = az_valloc(AZ_PAGE_SIZE);
 	ctx->gbuf = az_valloc(AZ_PAGE_SIZE);
 	ctx->kbuf = az_valloc(AZ_PACK_MAX * AZ_PAGE_SIZE);
-	if (!ctx->ws || !ctx->obuf || !ctx->tbuf || !ctx->pbuf || !ctx->xbuf ||
+	if (!ctx->ws || !ctx->lz4c || !ctx->obuf || !ctx->tbuf || !ctx->pbuf || !ctx->xbuf ||
 	    !ctx->sbuf || !ctx->gbuf || !ctx->kbuf) {
 		az_ctx_destroy(ctx);
 		return NULL;
 	}
+	az_lz4c_init(ctx->lz4c);
 	return ctx;
 }
 
@@ -59,6 +61,7 @@ void az_ctx_destroy(struct az_ctx *ctx)
 	az_vfree(ctx->pbuf);
 	az_vfree(ctx->tbuf);
 	az_vfree(ctx->obuf);
+	az_vfree(ctx->lz4c);
 	az_codec_ws_destroy(ctx->ws);
 	az_vfree(ctx);
 }

@@ -122,6 +122,27 @@ int az_debug_encode(struct az_ctx *ctx, const struct az_policy *pol,
 	return n ? (int)n : -ENOSPC;
 }
 
+/*
+ * The lz4 compressor on caller buffers (a dictionary when @dlen > 0).  A
+ * non-zero @next first sets the number its table gives the next byte (to
+ * reach the point where the table is cleared); returns the compressed
+ * size (0: it did not fit in @cap) and the number after the call in
+ * *@after.
+ */
+int az_debug_lz4(struct az_ctx *ctx, const void *dict, int dlen,
+		 const void *src, int len, void *dst, int cap, u32 next,
+		 u32 *after)
+{
+	int n;
+
+	if (next)
+		ctx->lz4c->next = next;
+	n = dlen ? az_lz4_compress_dict(ctx, dict, dlen, src, len, dst, cap) :
+		   az_lz4_compress(ctx, src, len, dst, cap);
+	*after = ctx->lz4c->next;
+	return n;
+}
+
 /* Encode @n pages as a pack would be: its size, or 0 (not below 15/16 page). */
 int az_debug_encode_pack(struct az_ctx *ctx, const struct az_policy *pol,
 			 const void *pages, u32 n, u8 *out)

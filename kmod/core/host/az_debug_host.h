@@ -20,6 +20,9 @@ int az_debug_decode_pack(struct az_ctx *ctx, const u8 *obj, u32 size,
 			 void *pages);
 /* sizeof(struct az_obj), for tests of the memory accounting. */
 u64 az_debug_obj_size(void);
+int az_debug_lz4(struct az_ctx *ctx, const void *dict, int dlen,
+		 const void *src, int len, void *dst, int cap, u32 next,
+		 u32 *after);
 int az_host_put_batch(struct az_store *s, struct az_ctx *ctx, u64 first,
 		      const u8 *pages, u32 n, const struct az_page_info *pi);
 u64 az_store_debug_reg_lock_taken(struct az_store *s);

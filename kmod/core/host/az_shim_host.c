@@ -302,8 +302,6 @@ u64 az_pool_compact(struct az_pool *p)
 
 /* Codecs */
 struct az_codec_ws {
-	void *lz4_state;
-	LZ4_stream_t *lz4_stream;
 	ZSTD_CCtx *cctx;
 	ZSTD_DCtx *dctx;
 };
@@ -314,11 +312,9 @@ struct az_codec_ws *az_codec_ws_create(void)
 
 	if (!w)
 		return NULL;
-	w->lz4_state = malloc(LZ4_sizeofState());
-	w->lz4_stream = LZ4_createStream();
 	w->cctx = ZSTD_createCCtx();
 	w->dctx = ZSTD_createDCtx();
-	if (!w->lz4_state || !w->lz4_stream || !w->cctx || !w->dctx) {
+	if (!w->cctx || !w->dctx) {
 		az_codec_ws_destroy(w);
 		return NULL;
 	}
@@ -329,8 +325,6 @@ void az_codec_ws_destroy(struct az_codec_ws *w)
 {
 	if (!w)
 		return;
-	free(w->lz4_state);
-	LZ4_freeStream(w->lz4_stream);
 	ZSTD_freeCCtx(w->cctx);
 	ZSTD_freeDCtx(w->dctx);
 	free(w);
@@ -338,8 +332,7 @@ void az_codec_ws_destroy(struct az_codec_ws *w)
 
 size_t az_codec_ws_bytes(struct az_codec_ws *w)
 {
-	return LZ4_sizeofState() + sizeof(LZ4_stream_t) +
-	       ZSTD_sizeof_CCtx(w->cctx) + ZSTD_sizeof_DCtx(w->dctx);
+	return ZSTD_sizeof_CCtx(w->cctx) + ZSTD_sizeof_DCtx(w->dctx);
 }
 
 static u64 az_host_codec[3];
@@ -352,25 +345,15 @@ void az_host_codec_calls(u64 out[3])
 		out[i] = __atomic_load_n(&az_host_codec[i], AZ_SC);
 }
 
-int az_lz4_compress(struct az_codec_ws *w, const void *src, int len,
-		    void *dst, int cap)
+void az_codec_count(unsigned int which)
 {
-	__atomic_add_fetch(&az_host_codec[0], 1, __ATOMIC_RELAXED);
-	return LZ4_compress_fast_extState(w->lz4_state, src, dst, len, cap, 1);
+	if (!AZ_WARN_ON(which >= 3))
+		__atomic_add_fetch(&az_host_codec[which], 1, __ATOMIC_RELAXED);
 }
 
 int az_lz4_decompress(const void *src, int slen, void *dst, int cap)
 {
 	return LZ4_decompress_safe(src, dst, slen, cap);
-}
-
-int az_lz4_compress_dict(struct az_codec_ws *w, const void *dict, int dlen,
-			 const void *src, int len, void *dst, int cap)
-{
-	__atomic_add_fetch(&az_host_codec[1], 1, __ATOMIC_RELAXED);
-	LZ4_resetStream(w->lz4_stream);
-	LZ4_loadDict(w->lz4_stream, dict, dlen);
-	return LZ4_compress_fast_continue(w->lz4_stream, src, dst, len, cap, 1);
 }
 
 int az_lz4_decompress_dict(const void *src, int slen, void *dst, int cap,
@@ -385,7 +368,7 @@ int az_zstd_compress(struct az_codec_ws *w, int level, const void *src,
 	/* One-shot: parameters are selected for srcSize == @len. */
 	size_t r;
 
-	__atomic_add_fetch(&az_host_codec[2], 1, __ATOMIC_RELAXED);
+	az_codec_count(AZ_CODEC_COUNT_ZSTD);
 	r = ZSTD_compressCCtx(w->cctx, dst, cap, src, len, level);
 
 	return ZSTD_isError(r) ? 0 : (int)r;

@@ -20,7 +20,7 @@ azcore-selftest-y := azcore_selftest.o $(azcore-objs) $(azcore-selftest-objs)
 ccflags-y := -Werror -DAZSWAP_SELFTEST
 KB
 make -s -C "$kdir" M="$tmp" modules
-mods="zsmalloc lz4_compress lz4_decompress zstd_compress zstd_decompress"
+mods="zsmalloc lz4_decompress zstd_compress zstd_decompress"
 "$top/vm-tests/run" --timeout 300 -- sh -c "
 	for m in $mods; do modprobe \$m; done
 	insmod $tmp/azcore-selftest.ko || { dmesg | grep azswap; exit 1; }
