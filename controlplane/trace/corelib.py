@@ -557,16 +557,19 @@ class Store:
         guard = 64
         out = ctypes.create_string_buffer(b"\xa5" * (cap + guard), cap + guard)
         after = u32()
-        n = self.lib.az_debug_lz4(
-            self._ctx.ptr,
-            bytes(dict_),
-            len(dict_),
-            bytes(src),
-            len(src),
-            out,
-            cap,
-            next_pos,
-            ctypes.byref(after),
+        n = _check(
+            self.lib.az_debug_lz4(
+                self._ctx.ptr,
+                bytes(dict_),
+                len(dict_),
+                bytes(src),
+                len(src),
+                out,
+                cap,
+                next_pos,
+                ctypes.byref(after),
+            ),
+            "lz4",
         )
         return (out.raw[:n] if n > 0 else None), after.value, out.raw[cap : cap + guard]
 

@@ -499,17 +499,19 @@ static inline struct az_owner *az_owner_at(struct az_store *s, u32 i)
 #define AZ_LZ4C_HASH_LOG	12
 #define AZ_LZ4C_MAX_INPUT	(1U << 20)
 
-/* The lz4 compressor's hash table (see lz4c.c); zeroed, or az_lz4c_init(). */
+#define AZ_LZ4C_TABLE_BYTES	(sizeof(u32) << AZ_LZ4C_HASH_LOG)
+
+/* The lz4 compressor's state (see lz4c.c): az_lz4c_init() before use. */
 struct az_lz4c {
+	u32 *table;		/* AZ_LZ4C_TABLE_BYTES */
 	u32 next;		/* number of the next call's first byte */
-	u32 table[1U << AZ_LZ4C_HASH_LOG];
 };
 
 void az_lz4c_init(struct az_lz4c *t);
 
 struct az_ctx {
 	struct az_codec_ws *ws;
-	struct az_lz4c *lz4c;	/* the lz4 compressor's table */
+	struct az_lz4c lz4c;	/* the lz4 compressor's table */
 	u8 *obuf;		/* AZ_OBUF_SIZE: best encoding so far */
 	u8 *tbuf;		/* AZ_OBUF_SIZE: candidate encoding */
 	u8 *pbuf;		/* page: decoded base or candidate */

@@ -27,12 +27,11 @@
  * it is at most 64 KiB back, extend the match both ways, and step ahead
  * faster the longer nothing is found.  With a dictionary, the dictionary
  * is numbered before the input and every third position of it is hashed
- * first (as LZ4_loadDict() does); a match that starts in the dictionary
- * ends there.  The block rules every decoder relies on hold: no match
+ * first (LZ4_loadDict() does so for its last 64 KiB); a match that starts
+ * in the dictionary may run on into the input, as the decoders allow.  The block rules every decoder relies on hold: no match
  * starts in the last 12 bytes, and the last 5 bytes are literals.
  *
- * One caller at a time per table (the table is part of a codec workspace,
- * which belongs to one struct az_ctx).
+ * One caller at a time per table (it belongs to one struct az_ctx).
  */
 #include "az_internal.h"
 
@@ -111,7 +110,7 @@ static u8 *az_lz4_put_len(u8 *op, u32 len)
 
 void az_lz4c_init(struct az_lz4c *t)
 {
-	memset(t->table, 0, sizeof(t->table));
+	memset(t->table, 0, AZ_LZ4C_TABLE_BYTES);
 	t->next = 1;
 }
 
@@ -199,11 +198,17 @@ next_match:
 		*op++ = (u8)e;
 		*op++ = (u8)(e >> 8);
 		mlimit = matchlimit;
-		if (mv < src0)		/* in the dictionary: it ends there */
+		if (mv < src0)		/* in the dictionary up to its end */
 			mlimit = az_min(matchlimit, ip + (src0 - mv));
 		ml = az_lz4_count(ip + AZ_LZ4_MINMATCH, m + AZ_LZ4_MINMATCH,
 				  mlimit);
 		ip += AZ_LZ4_MINMATCH + ml;
+		if (mv < src0 && ip == mlimit) {
+			/* then on into the input, which follows it */
+			e = az_lz4_count(ip, src, matchlimit);
+			ml += e;
+			ip += e;
+		}
 		if (op + (ml + 240) / 255 > oend)
 			return 0;
 		if (ml >= AZ_LZ4_ML_MASK) {
@@ -254,7 +259,7 @@ int az_lz4_compress(struct az_ctx *ctx, const void *src, int len, void *dst,
 	az_codec_count(AZ_CODEC_COUNT_LZ4);
 	if (len < 0 || cap <= 0)
 		return 0;
-	return az_lz4c_compress(ctx->lz4c, NULL, 0, src, len, dst, cap);
+	return az_lz4c_compress(&ctx->lz4c, NULL, 0, src, len, dst, cap);
 }
 
 int az_lz4_compress_dict(struct az_ctx *ctx, const void *dict, int dlen,
@@ -263,5 +268,5 @@ int az_lz4_compress_dict(struct az_ctx *ctx, const void *dict, int dlen,
 	az_codec_count(AZ_CODEC_COUNT_LZ4_DICT);
 	if (dlen < 0 || len < 0 || cap <= 0)
 		return 0;
-	return az_lz4c_compress(ctx->lz4c, dict, dlen, src, len, dst, cap);
+	return az_lz4c_compress(&ctx->lz4c, dict, dlen, src, len, dst, cap);
 }

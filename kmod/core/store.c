@@ -33,7 +33,7 @@ struct az_ctx *az_ctx_create(void)
 	if (!ctx)
 		return NULL;
 	ctx->ws = az_codec_ws_create();
-	ctx->lz4c = az_valloc(sizeof(*ctx->lz4c));
+	ctx->lz4c.table = az_valloc(AZ_LZ4C_TABLE_BYTES);
 	ctx->obuf = az_valloc(AZ_OBUF_SIZE);
 	ctx->tbuf = az_valloc(AZ_OBUF_SIZE);
 	ctx->pbuf = az_valloc(AZ_PAGE_SIZE);
@@ -41,12 +41,12 @@ struct az_ctx *az_ctx_create(void)
 	ctx->sbuf = az_valloc(AZ_PAGE_SIZE);
 	ctx->gbuf = az_valloc(AZ_PAGE_SIZE);
 	ctx->kbuf = az_valloc(AZ_PACK_MAX * AZ_PAGE_SIZE);
-	if (!ctx->ws || !ctx->lz4c || !ctx->obuf || !ctx->tbuf || !ctx->pbuf || !ctx->xbuf ||
+	if (!ctx->ws || !ctx->lz4c.table || !ctx->obuf || !ctx->tbuf || !ctx->pbuf || !ctx->xbuf ||
 	    !ctx->sbuf || !ctx->gbuf || !ctx->kbuf) {
 		az_ctx_destroy(ctx);
 		return NULL;
 	}
-	az_lz4c_init(ctx->lz4c);
+	az_lz4c_init(&ctx->lz4c);
 	return ctx;
 }
 
@@ -61,7 +61,7 @@ void az_ctx_destroy(struct az_ctx *ctx)
 	az_vfree(ctx->pbuf);
 	az_vfree(ctx->tbuf);
 	az_vfree(ctx->obuf);
-	az_vfree(ctx->lz4c);
+	az_vfree(ctx->lz4c.table);
 	az_codec_ws_destroy(ctx->ws);
 	az_vfree(ctx);
 }

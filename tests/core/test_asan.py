@@ -17,7 +17,12 @@ import pytest
 
 from .conftest import REPO
 
-TESTS = ["tests/core/test_store.py", "tests/core/test_redundancy.py", "tests/core/test_stateful.py"]
+TESTS = [
+    "tests/core/test_store.py",
+    "tests/core/test_redundancy.py",
+    "tests/core/test_stateful.py",
+    "tests/core/test_lz4c.py",
+]
 
 pytestmark = pytest.mark.skipif(
     bool(os.environ.get("AZCORE_UNDER_ASAN")), reason="already running under ASan"

@@ -15,7 +15,7 @@ from collections.abc import Callable
 import lz4.block
 import pytest
 
-from controlplane.trace.corelib import Store
+from controlplane.trace.corelib import CoreError, Store
 
 from .pages import KINDS, make, mutate, nudge_floats, shift
 
@@ -136,21 +136,55 @@ def test_the_table_is_cleared_when_the_numbering_wraps(make_store: Callable[...,
     rng = random.Random(17)
     a = make("heap", 1)
     b = mutate(a, rng)  # shares most 4-byte sequences with a, at the same offsets
+    c = make("text", 2)
     fresh = check_block(make_store(), b)
+    fresh_d = check_block(make_store(), c, b)
     st = make_store()
+    # entries at low numbers (1 .. 2 pages), then at the top of the numbering
+    check_block(st, b, a)
     blk, after, _ = st.lz4_compress(a, bound(PAGE), next_pos=WRAP - PAGE - 10)
     assert blk is not None and after == WRAP - 10
-    # b does not fit below the wrap: the table starts again from 1, a's entries gone
+    # b does not fit below the wrap: the numbering starts again from 1 and every entry is
+    # gone (the low ones would look current again)
     blk, after, guard = st.lz4_compress(b, bound(PAGE))
     assert after == 1 + PAGE and guard == GUARD
     assert blk == fresh
     assert lz4.block.decompress(blk, uncompressed_size=PAGE) == b
     # with a dictionary, the dictionary is numbered too
     st.lz4_compress(a, bound(PAGE), next_pos=WRAP - 2 * PAGE + 1)
-    blk, after, _ = st.lz4_compress(b, bound(PAGE), a)
+    blk, after, _ = st.lz4_compress(c, bound(PAGE), b)
     assert after == 1 + 2 * PAGE
-    assert blk is not None
-    assert lz4.block.decompress(blk, uncompressed_size=PAGE, dict=a) == b
+    assert blk == fresh_d
+    assert lz4.block.decompress(blk, uncompressed_size=PAGE, dict=b) == c
+
+
+def test_the_numbering_only_moves_forward(store: Store) -> None:
+    store.lz4_compress(make("heap", 1), bound(PAGE), next_pos=1 << 20)
+    with pytest.raises(CoreError):
+        store.lz4_compress(make("heap", 1), bound(PAGE), next_pos=1 << 10)
+
+
+def test_matches_stay_within_the_dictionary_and_the_input(store: Store) -> None:
+    """A match never extends backwards past the start of the dictionary or of the input (the
+    library copies both into buffers of their exact size: ASan sees a read before them)."""
+    rng = random.Random(23)
+    d = rng.randbytes(PAGE)
+    # the input repeats the dictionary from its second byte on: a match at the dictionary's start
+    check_block(store, b"\x01" + d[: PAGE - 1], d)
+    check_block(store, d[-1:] + d[: PAGE - 1], d)
+    # a run from the input's first byte, with a dictionary (base != the input's first number)
+    check_block(store, bytes(PAGE), d)
+    check_block(store, b"\xee" * PAGE, b"\xee" * 64 + d)
+
+
+def test_no_offset_beyond_64_kib(store: Store) -> None:
+    rng = random.Random(29)
+    r = rng.randbytes(65_600)
+    # the only repeat is 65,600 bytes back: out of reach, stored as literals
+    assert len(check_block(store, r + r[:3000])) > 65_600 + 3000
+    # 65,535 back is the farthest an offset reaches
+    r = r[:65_535]
+    assert len(check_block(store, r + r[:3000])) < 65_535 + 600
 
 
 def test_blocks_are_as_small_as_lz4s(store: Store) -> None:

@@ -123,23 +123,38 @@ int az_debug_encode(struct az_ctx *ctx, const struct az_policy *pol,
 }
 
 /*
- * The lz4 compressor on caller buffers (a dictionary when @dlen > 0).  A
- * non-zero @next first sets the number its table gives the next byte (to
- * reach the point where the table is cleared); returns the compressed
- * size (0: it did not fit in @cap) and the number after the call in
- * *@after.
+ * The lz4 compressor on exact-size copies of the caller's buffers (so that
+ * ASan sees any overread; a dictionary when @dlen > 0).  A non-zero @next
+ * first moves the number its table gives the next byte forward (to reach
+ * the point where the table is cleared; -EINVAL backwards, which would
+ * make old entries look current); returns the compressed size (0: it did
+ * not fit in @cap) and the number after the call in *@after.
  */
 int az_debug_lz4(struct az_ctx *ctx, const void *dict, int dlen,
 		 const void *src, int len, void *dst, int cap, u32 next,
 		 u32 *after)
 {
-	int n;
+	u8 *d = NULL, *s;
+	int n = -ENOMEM;
 
+	if (dlen < 0 || len < 0 || (next && next < ctx->lz4c.next))
+		return -EINVAL;
+	s = malloc(len ? len : 1);
+	if (dlen)
+		d = malloc(dlen);
+	if (!s || (dlen && !d))
+		goto out;
+	memcpy(s, src, len);
+	if (dlen)
+		memcpy(d, dict, dlen);
 	if (next)
-		ctx->lz4c->next = next;
-	n = dlen ? az_lz4_compress_dict(ctx, dict, dlen, src, len, dst, cap) :
-		   az_lz4_compress(ctx, src, len, dst, cap);
-	*after = ctx->lz4c->next;
+		ctx->lz4c.next = next;
+	n = dlen ? az_lz4_compress_dict(ctx, d, dlen, s, len, dst, cap) :
+		   az_lz4_compress(ctx, s, len, dst, cap);
+	*after = ctx->lz4c.next;
+out:
+	free(d);
+	free(s);
 	return n;
 }
 
