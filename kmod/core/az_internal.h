@@ -496,7 +496,7 @@ static inline struct az_owner *az_owner_at(struct az_store *s, u32 i)
 
 /* ---- lz4c.c ----------------------------------------------------------- */
 
-#define AZ_LZ4C_HASH_LOG	12
+#define AZ_LZ4C_HASH_LOG	13
 #define AZ_LZ4C_MAX_INPUT	(1U << 20)
 
 #define AZ_LZ4C_TABLE_BYTES	(sizeof(u32) << AZ_LZ4C_HASH_LOG)

@@ -52,7 +52,11 @@ static inline u32 az_lz4_read32(const u8 *p)
 	return (u32)p[0] | (u32)p[1] << 8 | (u32)p[2] << 16 | (u32)p[3] << 24;
 }
 
-/* lz4's hash of the 5 bytes at @p (8 readable), as its 64-bit builds have it. */
+/*
+ * lz4's hash of the 5 bytes at @p (8 readable), as its 64-bit builds have
+ * it, into a table twice the size of lz4's (13 bits): fewer false
+ * candidates, faster and smaller blocks on the test pages.
+ */
 static inline u32 az_lz4_hash(const u8 *p)
 {
 	return (u32)(((az_get_le64(p) << 24) * 889523592379ULL) >>
