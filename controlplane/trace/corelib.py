@@ -552,8 +552,8 @@ class Store:
         self, src: bytes, cap: int, dict_: bytes = b"", next_pos: int = 0
     ) -> tuple[bytes | None, int, bytes]:
         """Run the store's lz4 compressor (test only): the block (None when it did not fit in
-        ``cap``), the number its table gives the next byte, and the ``cap`` bytes of the output
-        buffer past the block (to check nothing was written there)."""
+        ``cap``), the number its table gives the next byte, and the 64 bytes of the output buffer
+        past ``cap`` (to check nothing was written there)."""
         guard = 64
         out = ctypes.create_string_buffer(b"\xa5" * (cap + guard), cap + guard)
         after = u32()

@@ -68,16 +68,16 @@ static inline void az_free(const void *p)
 	kfree(p);
 }
 
-/*
- * Big tables and workspaces, process context only.  kvzalloc refuses
- * (with a WARN) anything above INT_MAX; az_valloc_big has no such limit
- * (vmalloc only) and is what a table sized by the disk uses.
- */
 /* Compressions are counted on the host only (az_host_codec_calls()). */
 static inline void az_codec_count(unsigned int which)
 {
 }
 
+/*
+ * Big tables and workspaces, process context only.  kvzalloc refuses
+ * (with a WARN) anything above INT_MAX; az_valloc_big has no such limit
+ * (vmalloc only) and is what a table sized by the disk uses.
+ */
 static inline void *az_valloc(size_t size)
 {
 	return kvzalloc(size, GFP_KERNEL);
