@@ -56,9 +56,13 @@ The control law, per sandbox:
   (over the recorded waits longer than the current age) reaches ``deep_min_remaining`` seconds,
   or at once for a sandbox whose recent waits were announced while its waits are predicted
   (``wait_ending``: the announcement brings it back ahead of the tool; with
-  ``deep_after_kept``, once the compression reached it, :meth:`WaitPlanner.kept_level`), or
-  at ``deep_after``
-  seconds when the history says nothing about waits that long; or when the scheduler takes it
+  ``deep_after_kept``, once the compression reached it, :meth:`WaitPlanner.kept_level`).  A
+  wait longer than every recorded one (the history says nothing about waits that long) is
+  expected to last about as long again as it has lasted (the rule for a heavy tail: the
+  longer a wait has run, the longer it is likely to run on): its working set goes once its age
+  reaches ``deep_min_remaining`` (or a fixed ``deep_after`` seconds, if set); a wait that
+  outlives the history is the long one where keeping the working set costs most.  Or when the
+  scheduler takes it
   anyway (``must``: host memory pressure, a request by hand, nothing measured yet).  Only then
   is this wait's prefetch planned: the pages a prefetch brings back are the working set's.  A
   tool after a wait that kept it faults in little more than the pages its working set drifted
@@ -105,7 +109,9 @@ class PlanConfig:
     recompress_after: float = 1.0  # seconds after a finished prefetch with the wait still on
     keep_hot: bool = True  # a wait's hot set goes only when deep_ok() says so
     deep_min_remaining: float = 4.0  # mean remaining wait (s) from which the hot set goes
-    deep_after: float = 10.0  # wait age (s) from which it goes when the history has no say
+    # wait age (s) from which it goes when the history has no say (None: once the age reaches
+    # deep_min_remaining, the wait being expected to last as long again)
+    deep_after: float | None = None
     announced_share: float = 0.5  # of the last judge_waits waits announced: hot set goes at once
     # a prefetcher brings an announced wait's working set back (without one, the announcement
     # cannot, and an announced wait keeps its working set like any other)
@@ -128,7 +134,7 @@ class PlanConfig:
             raise errors.InvalidValue("max_lead must be > 0, default_lead >= 0")
         if self.recompress_after < 0:
             raise errors.InvalidValue("recompress_after must be >= 0")
-        if self.deep_min_remaining < 0 or self.deep_after < 0:
+        if self.deep_min_remaining < 0 or (self.deep_after is not None and self.deep_after < 0):
             raise errors.InvalidValue("deep_min_remaining and deep_after must be >= 0")
         if not 0 < self.announced_share <= 1:
             raise errors.InvalidValue("announced_share must be in (0, 1]")
@@ -315,8 +321,8 @@ class WaitPlanner:
         longer = [w for w in self.samples(name) if w > age]
         if longer:
             ok = statistics.fmean(longer) - age >= c.deep_min_remaining
-        else:
-            ok = age >= c.deep_after
+        else:  # longer than every recorded wait: expected to last as long again
+            ok = age >= (c.deep_min_remaining if c.deep_after is None else c.deep_after)
         if ok:
             self._go_deep(name, sp, age)
         return ok

@@ -586,6 +586,14 @@ def policy_set(ctx: click.Context, assignments: tuple[str, ...], as_json: bool) 
     "--no-predict).",
 )
 @click.option(
+    "--deep-after",
+    type=click.FloatRange(0),
+    default=None,
+    help="Wait age (seconds) from which the working set is compressed when the wait is longer "
+    "than every recorded one.  Default: once the age reaches --deep-min-remaining (a wait "
+    "that has outlived the history is expected to last about as long again).",
+)
+@click.option(
     "--metrics-port",
     type=click.IntRange(1, 65535),
     default=None,
@@ -611,6 +619,7 @@ def daemon(
     no_age_kept: bool,
     pack_every: float,
     deep_min_remaining: float,
+    deep_after: float | None,
     metrics_port: int | None,
     log_level: str,
 ) -> None:
@@ -623,7 +632,8 @@ def daemon(
                      (then clears the kept pages' accessed bits: the next
                      wait keeps what the next tool touched);
       once the wait is expected to last --deep-min-remaining more (from its own
-      or the fleet's earlier waits; 10 s when they know no wait that long)
+      or the fleet's earlier waits; a wait longer than all of them is expected
+      to last as long again)
                      compress the working set too;
       with --prefetch, before the wait's predicted end or when it is announced
       (azctl ending)
@@ -667,7 +677,8 @@ def daemon(
         predict=not no_predict,
         hint_prefetch=hint_prefetch,
         metrics_port=metrics_port,
-        plan=PlanConfig(keep_hot=not no_keep_hot, deep_min_remaining=deep_min_remaining),
+        plan=PlanConfig(keep_hot=not no_keep_hot, deep_min_remaining=deep_min_remaining,
+                        deep_after=deep_after),
         scheduler=SchedulerConfig(
             interval=interval,
             grace=grace,

@@ -225,12 +225,14 @@ def test_daemon_flags_reach_its_config(offline: World, monkeypatch: pytest.Monke
     assert not cfg.prefetch and cfg.predict and not cfg.hint_prefetch
     assert cfg.scheduler.age_kept and cfg.plan.keep_hot
     assert cfg.prefetch_from == "faults"
+    assert cfg.plan.deep_after is None
     r, cfg = _daemon_config(offline, monkeypatch, "--prefetch", "--hint-prefetch", "--no-predict",
-                            "--no-age-kept", "--no-keep-hot", "--deep-min-remaining", "2.5")
+                            "--no-age-kept", "--no-keep-hot", "--deep-min-remaining", "2.5",
+                            "--deep-after", "10")
     assert r.exit_code == 0, r.output
     assert cfg.prefetch and not cfg.predict and cfg.hint_prefetch
     assert not cfg.scheduler.age_kept and not cfg.plan.keep_hot
-    assert cfg.plan.deep_min_remaining == 2.5
+    assert cfg.plan.deep_min_remaining == 2.5 and cfg.plan.deep_after == 10.0
     r, cfg = _daemon_config(offline, monkeypatch, "--prefetch", "--prefetch-from", "resident")
     assert r.exit_code == 0, r.output
     assert cfg.prefetch_from == "resident"

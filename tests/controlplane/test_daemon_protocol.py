@@ -803,11 +803,13 @@ def test_the_scheduler_asks_the_planner_before_a_waits_hot_set_goes(tmp_path: Pa
             c.phase("a", "llm-wait")
             assert d.scheduler.deep("a", False) is False  # no history: the hot set stays
             start = d.planner._sb["a"].wait_start
-            clock.advance(5.0)
+            clock.advance(1.0)
             # a repeated hint is the same wait: its clock does not start again
             c.phase("a", "llm-wait")
             assert d.planner._sb["a"].wait_start == start
-            clock.advance(d.config.plan.deep_after - 5.0)
+            assert d.scheduler.deep("a", False) is False
+            # as old as deep_min_remaining: expected to last as long again, the hot set goes
+            clock.advance(d.config.plan.deep_min_remaining - 1.0)
             assert d.scheduler.deep("a", False) is True
             c.phase("a", "tool")
             assert c.stats("a")["phase"]["plan"]["deep"] == 1

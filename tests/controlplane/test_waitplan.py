@@ -369,6 +369,40 @@ def test_without_history_the_hot_set_goes_only_after_deep_after() -> None:
     assert p.snapshot("a", 10.5)["deep"] == 1
 
 
+def test_without_history_the_hot_set_goes_once_the_age_reaches_deep_min_remaining() -> None:
+    # the default: a wait no recorded one is as long as is expected to last as long again
+    p = WaitPlanner(hot(deep_after=None))
+    assert p.wait_started("a", 0.0) is None
+    assert not p.deep_ok("a", 3.9)
+    assert p.deep_ok("a", 4.0)
+    assert p.snapshot("a", 4.0)["deep"] == 1
+
+
+def test_a_wait_longer_than_the_history_gives_up_its_hot_set_at_deep_min_remaining() -> None:
+    p = WaitPlanner(hot(deep_after=None, deep_min_remaining=2.0))
+    t = 0.0
+    for _ in range(3):
+        t = kept_wait(p, "a", t, 1.0)
+    p.wait_started("a", t)
+    # 1 s waits recorded: none expected to last long from the start
+    assert not p.deep_ok("a", t + 0.5)
+    # past every recorded wait, but not yet 2 s old: expected to last about 1.5 s more
+    assert not p.deep_ok("a", t + 1.5)
+    assert p.deep_ok("a", t + 2.0)  # as long again: 2 s more
+    # a fixed deep_after overrides the rule (the age from which it goes)
+    q = WaitPlanner(hot(deep_after=10.0, deep_min_remaining=2.0))
+    t = 0.0
+    for _ in range(3):
+        t = kept_wait(q, "a", t, 1.0)
+    q.wait_started("a", t)
+    assert not q.deep_ok("a", t + 9.9) and q.deep_ok("a", t + 10.0)
+
+
+def test_deep_after_must_not_be_negative() -> None:
+    with pytest.raises(errors.InvalidValue):
+        hot(deep_after=-1.0).validate()
+
+
 def test_short_waits_keep_the_hot_set_and_their_tools_fetch_nothing() -> None:
     p = WaitPlanner(hot())
     t = 0.0
