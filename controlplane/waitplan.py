@@ -57,12 +57,13 @@ The control law, per sandbox:
   or at once for a sandbox whose recent waits were announced while its waits are predicted
   (``wait_ending``: the announcement brings it back ahead of the tool; with
   ``deep_after_kept``, once the compression reached it, :meth:`WaitPlanner.kept_level`).  A
-  wait longer than every recorded one (the history says nothing about waits that long) is
-  expected to last about as long again as it has lasted (the rule for a heavy tail: the
-  longer a wait has run, the longer it is likely to run on): its working set goes once its age
-  reaches ``deep_min_remaining`` (or a fixed ``deep_after`` seconds, if set); a wait that
-  outlives the history is the long one where keeping the working set costs most.  Or when the
-  scheduler takes it
+  wait longer than every recorded one, or of a sandbox (and fleet) with fewer than
+  ``min_samples`` waits recorded, has no history to go by: it is expected to last about as
+  long again as it has lasted (the rule for a heavy tail: the longer a wait has run, the
+  longer it is likely to run on), so its working set goes once its age reaches
+  ``deep_min_remaining`` (or a fixed ``deep_after`` seconds, if set).  A wait that outlives
+  the history is the long one, where keeping the working set costs most.  The working set
+  also goes whenever the scheduler takes it
   anyway (``must``: host memory pressure, a request by hand, nothing measured yet).  Only then
   is this wait's prefetch planned: the pages a prefetch brings back are the working set's.  A
   tool after a wait that kept it faults in little more than the pages its working set drifted
@@ -321,7 +322,7 @@ class WaitPlanner:
         longer = [w for w in self.samples(name) if w > age]
         if longer:
             ok = statistics.fmean(longer) - age >= c.deep_min_remaining
-        else:  # longer than every recorded wait: expected to last as long again
+        else:  # longer than every recorded wait (or none): expected to last as long again
             ok = age >= (c.deep_min_remaining if c.deep_after is None else c.deep_after)
         if ok:
             self._go_deep(name, sp, age)

@@ -582,16 +582,17 @@ def policy_set(ctx: click.Context, assignments: tuple[str, ...], as_json: bool) 
     default=_PLAN.deep_min_remaining,
     show_default=True,
     help="Mean remaining wait (seconds, from the sandbox's or the fleet's earlier waits) from "
-    "which a waiting sandbox's working set is compressed too (no effect with --no-keep-hot or "
-    "--no-predict).",
+    "which a waiting sandbox's working set is compressed too (0: at once; no effect with "
+    "--no-keep-hot or --no-predict).",
 )
 @click.option(
     "--deep-after",
     type=click.FloatRange(0),
     default=None,
     help="Wait age (seconds) from which the working set is compressed when the wait is longer "
-    "than every recorded one.  Default: once the age reaches --deep-min-remaining (a wait "
-    "that has outlived the history is expected to last about as long again).",
+    "than every recorded one (or too few are recorded).  Default: once the age reaches "
+    "--deep-min-remaining (a wait that has outlived the history is expected to last about as "
+    "long again).  No effect with --no-keep-hot or --no-predict.",
 )
 @click.option(
     "--metrics-port",
@@ -633,7 +634,7 @@ def daemon(
                      wait keeps what the next tool touched);
       once the wait is expected to last --deep-min-remaining more (from its own
       or the fleet's earlier waits; a wait longer than all of them is expected
-      to last as long again)
+      to last as long again; --deep-after S: at a fixed age instead)
                      compress the working set too;
       with --prefetch, before the wait's predicted end or when it is announced
       (azctl ending)

@@ -370,7 +370,8 @@ def test_without_history_the_hot_set_goes_only_after_deep_after() -> None:
 
 
 def test_without_history_the_hot_set_goes_once_the_age_reaches_deep_min_remaining() -> None:
-    # the default: a wait no recorded one is as long as is expected to last as long again
+    # the default: a wait longer than every recorded one (here there are none) is expected to
+    # last as long again
     p = WaitPlanner(hot(deep_after=None))
     assert p.wait_started("a", 0.0) is None
     assert not p.deep_ok("a", 3.9)
@@ -396,6 +397,35 @@ def test_a_wait_longer_than_the_history_gives_up_its_hot_set_at_deep_min_remaini
         t = kept_wait(q, "a", t, 1.0)
     q.wait_started("a", t)
     assert not q.deep_ok("a", t + 9.9) and q.deep_ok("a", t + 10.0)
+
+
+def test_deep_after_is_the_age_itself_whether_below_or_above_deep_min_remaining() -> None:
+    def planner(after: float | None) -> tuple[WaitPlanner, float]:
+        p = WaitPlanner(hot(deep_after=after, deep_min_remaining=2.0))
+        t = 0.0
+        for _ in range(3):
+            t = kept_wait(p, "a", t, 1.0)
+        p.wait_started("a", t)
+        return p, t
+
+    # just past the 1 s waits recorded: the history has no say from here on
+    for after, goes in ((0.0, True), (1.0, True), (3.0, False), (None, False)):
+        p, t = planner(after)
+        assert not p.deep_ok("a", t + 0.9)  # the 1 s waits say: 0.1 s left
+        assert p.deep_ok("a", t + 1.05) is goes, after
+    p, t = planner(3.0)
+    assert not p.deep_ok("a", t + 2.9) and p.deep_ok("a", t + 3.0)
+    p, t = planner(None)
+    assert not p.deep_ok("a", t + 1.9) and p.deep_ok("a", t + 2.0)
+
+
+def test_deep_min_remaining_zero_lets_the_hot_set_go_at_once() -> None:
+    p = WaitPlanner(hot(deep_after=None, deep_min_remaining=0.0))
+    t = 0.0
+    for _ in range(3):
+        t = kept_wait(p, "a", t, 1.0)
+    p.wait_started("a", t)
+    assert p.deep_ok("a", t)
 
 
 def test_deep_after_must_not_be_negative() -> None:
