@@ -379,52 +379,42 @@ def test_without_history_the_hot_set_goes_once_the_age_reaches_deep_min_remainin
     assert p.snapshot("a", 4.0)["deep"] == 1
 
 
-def test_a_wait_longer_than_the_history_gives_up_its_hot_set_at_deep_min_remaining() -> None:
-    p = WaitPlanner(hot(deep_after=None, deep_min_remaining=2.0))
+def after_short_waits(after: float | None, remaining: float) -> tuple[WaitPlanner, float]:
+    """A planner that recorded three kept 1 s waits, and the start of the next wait."""
+    p = WaitPlanner(hot(deep_after=after, deep_min_remaining=remaining))
     t = 0.0
     for _ in range(3):
         t = kept_wait(p, "a", t, 1.0)
     p.wait_started("a", t)
+    return p, t
+
+
+def test_a_wait_longer_than_the_history_gives_up_its_hot_set_at_deep_min_remaining() -> None:
+    p, t = after_short_waits(None, 2.0)
     # 1 s waits recorded: none expected to last long from the start
     assert not p.deep_ok("a", t + 0.5)
     # past every recorded wait, but not yet 2 s old: expected to last about 1.5 s more
     assert not p.deep_ok("a", t + 1.5)
     assert p.deep_ok("a", t + 2.0)  # as long again: 2 s more
     # a fixed deep_after overrides the rule (the age from which it goes)
-    q = WaitPlanner(hot(deep_after=10.0, deep_min_remaining=2.0))
-    t = 0.0
-    for _ in range(3):
-        t = kept_wait(q, "a", t, 1.0)
-    q.wait_started("a", t)
+    q, t = after_short_waits(10.0, 2.0)
     assert not q.deep_ok("a", t + 9.9) and q.deep_ok("a", t + 10.0)
 
 
 def test_deep_after_is_the_age_itself_whether_below_or_above_deep_min_remaining() -> None:
-    def planner(after: float | None) -> tuple[WaitPlanner, float]:
-        p = WaitPlanner(hot(deep_after=after, deep_min_remaining=2.0))
-        t = 0.0
-        for _ in range(3):
-            t = kept_wait(p, "a", t, 1.0)
-        p.wait_started("a", t)
-        return p, t
-
     # just past the 1 s waits recorded: the history has no say from here on
     for after, goes in ((0.0, True), (1.0, True), (3.0, False), (None, False)):
-        p, t = planner(after)
+        p, t = after_short_waits(after, 2.0)
         assert not p.deep_ok("a", t + 0.9)  # the 1 s waits say: 0.1 s left
         assert p.deep_ok("a", t + 1.05) is goes, after
-    p, t = planner(3.0)
+    p, t = after_short_waits(3.0, 2.0)
     assert not p.deep_ok("a", t + 2.9) and p.deep_ok("a", t + 3.0)
-    p, t = planner(None)
+    p, t = after_short_waits(None, 2.0)
     assert not p.deep_ok("a", t + 1.9) and p.deep_ok("a", t + 2.0)
 
 
 def test_deep_min_remaining_zero_lets_the_hot_set_go_at_once() -> None:
-    p = WaitPlanner(hot(deep_after=None, deep_min_remaining=0.0))
-    t = 0.0
-    for _ in range(3):
-        t = kept_wait(p, "a", t, 1.0)
-    p.wait_started("a", t)
+    p, t = after_short_waits(None, 0.0)
     assert p.deep_ok("a", t)
 
 
