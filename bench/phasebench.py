@@ -17,8 +17,10 @@ parses Python, runs regular expressions, JSON and an in-memory sqlite3 query ins
 so the interpreter's own heap is part of what gets compressed).  Every page a tool reads is
 checked against its expected content, and every page once more at the end.
 
-Hosts: ``idle`` (--sandboxes, staggered starts) and ``loaded`` (--loaded-sandboxes, more busy
-sandboxes than vCPUs, all starting at once so tool phases overlap).
+Hosts: ``idle`` (--sandboxes, staggered starts: for the daemon, a sandbox waiting for its start
+is parked with an ``idle`` hint, as an orchestrator's warm pool is) and ``loaded``
+(--loaded-sandboxes, more busy sandboxes than vCPUs, all starting at once so tool phases
+overlap).
 
 Regimes, each with fresh sandboxes and the same trajectories, on one azswap-lz4 device:
 
@@ -333,6 +335,53 @@ class Box:
     error: str = ""
 
 
+def agent_loop(b: Box, offset: float, client: Any, rate: float, announce: bool = False,
+               sync_hints: bool = False) -> None:
+    """One sandbox's agent loop: its trajectory's waits and tool phases, with the daemon's
+    hints when ``client`` is a DaemonClient (None: no daemon).  A sandbox waiting ``offset``
+    seconds for its start is parked first (the ``idle`` hint, as a warm pool's sandbox is).
+    A failure is kept in ``b.error`` (the caller fails the regime after the join)."""
+
+    def hint(phase: str) -> None:
+        # an agent loop does not wait for the daemon's answer (a failure is read later)
+        if sync_hints:
+            client.phase(b.name, phase)
+        else:
+            client.hint(b.name, phase)
+
+    try:
+        if client is not None and offset > 0:
+            hint("idle")  # spawned ahead of its staggered start: parked
+        time.sleep(offset)
+        for c in b.traj:
+            if client is not None:
+                hint("llm-wait")
+            end = time.monotonic() + c.wait_s
+            if announce:  # the model begins to stream its tool call
+                time.sleep(c.wait_s - c.stream_s)
+                client.ending(b.name)
+            time.sleep(max(0.0, end - time.monotonic()))
+            t0 = max(time.monotonic(), end)
+            if client is not None:
+                hint("tool")
+            hint_s = time.monotonic() - t0  # the tool waits for its hint to be sent
+            r = b.sb.touch(c.hot, write_every=8, units=max(round(c.work_s * rate), 1))
+            b.tool_s.append(time.monotonic() - t0)
+            b.majflt.append(int(r["majflt"]))
+            b.cycles.append({"wait_s": round(c.wait_s, 3), "work_s": round(c.work_s, 3),
+                             "hot": len(c.hot), "tool_s": round(b.tool_s[-1], 4),
+                             "majflt": int(r["majflt"]), "t": round(t0, 3),
+                             "hint_s": round(hint_s, 4),
+                             **{k: round(float(r.get(k, 0.0)), 4) for k in TOOL_SPLIT}})
+            b.bad += int(r["bad"])
+        if client is not None:
+            client.phase(b.name, "idle")  # waits: a hint that failed is known now
+            if client.async_errors:
+                raise BenchError(f"hints failed: {client.async_errors[:3]}")
+    except Exception as e:  # reported after the join: a failed life fails the regime
+        b.error = f"{type(e).__name__}: {e}"
+
+
 def _rel(cg: Path) -> str:
     return "/" + str(cg.relative_to(CGROOT))
 
@@ -493,45 +542,11 @@ def run_regime(regime: str, host: Host, style: str, cfg: Config, dev: Any,
 
         announce = regime.endswith("-stream")
 
-        def hint(client: Any, name: str, phase: str) -> None:
-            # an agent loop does not wait for the daemon's answer (a failure is read later)
-            if cfg.sync_hints:
-                client.phase(name, phase)
-            else:
-                client.hint(name, phase)
-
         def life(b: Box, offset: float) -> None:
             client = client_for() if client_for is not None else None
             try:
-                time.sleep(offset)
-                for c in b.traj:
-                    if client is not None:
-                        hint(client, b.name, "llm-wait")
-                    end = time.monotonic() + c.wait_s
-                    if announce:  # the model begins to stream its tool call
-                        time.sleep(c.wait_s - c.stream_s)
-                        client.ending(b.name)
-                    time.sleep(max(0.0, end - time.monotonic()))
-                    t0 = max(time.monotonic(), end)
-                    if client is not None:
-                        hint(client, b.name, "tool")
-                    hint_s = time.monotonic() - t0  # the tool waits for its hint to be sent
-                    r = b.sb.touch(c.hot, write_every=8, units=max(round(c.work_s * rate), 1))
-                    b.tool_s.append(time.monotonic() - t0)
-                    b.majflt.append(int(r["majflt"]))
-                    b.cycles.append({"wait_s": round(c.wait_s, 3), "work_s": round(c.work_s, 3),
-                                     "hot": len(c.hot), "tool_s": round(b.tool_s[-1], 4),
-                                     "majflt": int(r["majflt"]), "t": round(t0, 3),
-                                     "hint_s": round(hint_s, 4),
-                                     **{k: round(float(r.get(k, 0.0)), 4)
-                                        for k in TOOL_SPLIT}})
-                    b.bad += int(r["bad"])
-                if client is not None:
-                    client.phase(b.name, "idle")  # waits: a hint that failed is known now
-                    if client.async_errors:
-                        raise BenchError(f"hints failed: {client.async_errors[:3]}")
-            except Exception as e:  # reported after the join: a failed life fails the regime
-                b.error = f"{type(e).__name__}: {e}"
+                agent_loop(b, offset, client, rate, announce=announce,
+                           sync_hints=cfg.sync_hints)
             finally:
                 if client is not None:
                     client.close()

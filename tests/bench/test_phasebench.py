@@ -27,6 +27,9 @@ from bench.phasebench import (
     WAIT_MIN,
     WORK_MAX,
     WORK_MIN,
+    Box,
+    Cycle,
+    agent_loop,
     compare,
     print_spread,
     regime_figures,
@@ -251,3 +254,59 @@ def test_the_daemon_traces_faults_only_when_its_prefetcher_learns_from_them() ->
     assert not _tracing(["--prefetch", "--prefetch-from", "resident"])
     assert not _tracing(["--prefetch-from=resident", "--prefetch"])
     assert _tracing(["--prefetch-from=resident", "--prefetch", "--prefetch-from", "faults"])
+
+
+class HintLog:
+    """A DaemonClient's hint side, recorded."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.sent: list[tuple[str, str]] = []
+        self.async_errors: list[str] = ["refused"] if fail else []
+
+    def hint(self, name: str, phase: str) -> None:
+        self.sent.append(("hint", phase))
+
+    def phase(self, name: str, phase: str) -> dict[str, str]:
+        self.sent.append(("phase", phase))
+        return {"name": name, "phase": phase}
+
+    def ending(self, name: str) -> None:
+        self.sent.append(("ending", ""))
+
+
+class TouchLog:
+    def __init__(self) -> None:
+        self.touched: list[tuple[int, ...]] = []
+
+    def touch(self, hot: tuple[int, ...], write_every: int, units: int) -> dict[str, float]:
+        self.touched.append(hot)
+        return {"majflt": 2, "bad": 0, "seconds": 0.0}
+
+
+def _box(cycles: int = 2) -> Box:
+    traj = [Cycle(0.0, 0.01, (k, k + 1), 0, 0.0) for k in range(cycles)]
+    return Box("sb", None, TouchLog(), traj)  # type: ignore[arg-type]
+
+
+def test_a_sandbox_waiting_for_its_start_is_parked_then_hinted_around_every_wait() -> None:
+    b, client = _box(), HintLog()
+    agent_loop(b, 0.01, client, rate=100.0)
+    assert not b.error
+    assert client.sent == [("hint", "idle"), ("hint", "llm-wait"), ("hint", "tool"),
+                           ("hint", "llm-wait"), ("hint", "tool"), ("phase", "idle")]
+    assert b.sb.touched == [(0, 1), (1, 2)] and b.majflt == [2, 2] and len(b.cycles) == 2
+
+
+def test_a_sandbox_that_starts_at_once_is_not_parked_and_hints_can_wait_for_answers() -> None:
+    b, client = _box(1), HintLog()
+    agent_loop(b, 0.0, client, rate=100.0, sync_hints=True)
+    assert client.sent == [("phase", "llm-wait"), ("phase", "tool"), ("phase", "idle")]
+
+
+def test_without_a_daemon_no_hints_and_a_failed_hint_fails_the_sandbox() -> None:
+    b = _box(1)
+    agent_loop(b, 0.01, None, rate=100.0)
+    assert not b.error and len(b.tool_s) == 1
+    b = _box(1)
+    agent_loop(b, 0.0, HintLog(fail=True), rate=100.0)
+    assert b.error.startswith("BenchError: hints failed")
