@@ -81,6 +81,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.kit.daemon import DaemonError, DaemonProcess
+from bench.phaseloss import print_shortfall
 
 MiB = float(1 << 20)
 REGIMES = ("none", "aggressive", "daemon", "daemon-stream", "daemon-alt", "daemon-alt-stream")
@@ -257,7 +258,7 @@ def print_spread(rows: list[dict[str, Any]]) -> None:
             "saved MiB min/med/max", "bad pages")
     body = [(r["host"], r["style"], r["regime"], str(r["runs"]), mmm(r["slowdown"]),
              mmm(r["keeps"], pct=True), mmm(r["saved_mib"]), str(r["bad_pages"])) for r in rows]
-    _table("Tool phases through the daemon (spread over runs)", head, body)
+    table("Tool phases through the daemon (spread over runs)", head, body)
 
     def split(r: dict[str, Any]) -> tuple[str, ...]:
         sp = r.get("tool_split_s") or {}
@@ -270,10 +271,10 @@ def print_spread(rows: list[dict[str, Any]]) -> None:
             "CPU wait s", "blocked s")
     body = [(r["host"], r["style"], r["regime"], f"{r.get('majflt_per_tool', 0.0):.0f}",
              *split(r)) for r in rows]
-    _table("Where a tool's time went (medians over runs of each run's mean)", head, body)
+    table("Where a tool's time went (medians over runs of each run's mean)", head, body)
 
 
-def _table(title: str, head: tuple[str, ...], body: list[tuple[str, ...]]) -> None:
+def table(title: str, head: tuple[str, ...], body: list[tuple[str, ...]]) -> None:
     try:
         from rich.console import Console
         from rich.table import Table
@@ -775,6 +776,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = spread(runs)
     print()
     print_spread(rows)
+    print_shortfall(runs)
     print(f"JSON: {ns.json}")
     bad = sum(r["bad_pages"] for r in rows)
     if bad:

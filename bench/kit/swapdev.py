@@ -20,6 +20,9 @@
     azdev-ALGO             /dev/azswap0 with nothing registered: same-filled + per-page lz4/zstd
                            only (the zram-parity setup)
 
+Every system runs under the vm sysctls the product's swap service sets while its device is up
+(page-cluster, swappiness: packaging/default/azswap as shipped), put back afterwards.
+
 No fallback: a system that does not come up raises :class:`SwapDevError` with the reason
 (:class:`FeatureMissing` when the running kernel lacks what it needs), and setup checks that the
 device it asked for is the one swapping.  Stats are parsed by column name: azswap's from
@@ -800,10 +803,44 @@ def make_system(name: str) -> System:
     return KINDS[kind](algo)  # type: ignore[call-arg]
 
 
+# the vm sysctls azswap-swap.service sets while its device is up (packaging/azswap-swap-setup),
+# by their name in its settings file
+PRODUCT_SETTINGS = module.TOP / "packaging" / "default" / "azswap"
+PRODUCT_SYSCTLS = {"PAGE_CLUSTER": "page-cluster", "SWAPPINESS": "swappiness"}
+PROC_VM = Path("/proc/sys/vm")
+
+
+def product_vm_settings(path: Path = PRODUCT_SETTINGS) -> dict[str, str]:
+    """The vm sysctls the product's swap service sets, as shipped in its settings file
+    (``KEY=VALUE`` lines; an empty value is left alone, as the service leaves it)."""
+    out: dict[str, str] = {}
+    for line in path.read_text().splitlines():
+        key, eq, value = line.split("#", 1)[0].strip().partition("=")
+        value = value.strip().strip("\"'")
+        if eq and key in PRODUCT_SYSCTLS and value:
+            out[PRODUCT_SYSCTLS[key]] = value
+    return out
+
+
+@contextlib.contextmanager
+def vm_settings(settings: dict[str, str], proc_vm: Path = PROC_VM) -> Iterator[None]:
+    """/proc/sys/vm files set for the block, and put back as they were."""
+    old = {k: (proc_vm / k).read_text().strip() for k in settings}
+    try:
+        for k, v in settings.items():
+            write(proc_vm / k, v)
+        yield
+    finally:
+        for k, v in old.items():
+            write(proc_vm / k, v)
+
+
 @contextlib.contextmanager
 def swap_device(name: str, nbytes: int) -> Iterator[System]:
-    """``name`` as the only swap device for the block; azswap's module is loaded fresh for it
-    and unloaded afterwards.  Raises SwapDevError when it does not come up."""
+    """``name`` as the only swap device for the block, with the vm sysctls the product's swap
+    service sets (product_vm_settings(): every system is measured under them); azswap's module
+    is loaded fresh for it and unloaded afterwards.  Raises SwapDevError when it does not come
+    up."""
     module.disable_zswap()
     sh("swapoff", "-a", check=False)
     system = make_system(name)
@@ -811,8 +848,9 @@ def swap_device(name: str, nbytes: int) -> Iterator[System]:
     if az:
         module.cleanup_module()
     try:
-        system.setup(nbytes)
-        yield system
+        with vm_settings(product_vm_settings()):
+            system.setup(nbytes)
+            yield system
     finally:
         try:
             system.teardown()

@@ -1,0 +1,139 @@
+"""Where a phase-aware regime's memory saving falls short of blind aggressive compression's.
+
+    python -m bench.phaseloss bench-report/phase.json
+
+The phase benchmark (bench/phasebench.py) keeps each regime's footprint timeline (every 0.5 s:
+the device's MiB and each sandbox's memory.current) and each sandbox's cycles (a tool phase
+starts at ``t`` after a wait of ``wait_s`` and lasts ``tool_s``).  This splits the time-averaged
+footprint into what the device holds and what the sandboxes hold in their waits, in their tool
+phases and outside their cycles (before the first wait, after the last tool), and subtracts
+aggressive's split of the same run: the MiB by which the regime keeps less.  ``keeps`` is the
+benchmark's own figure; ``keeps_if_waits_free`` is what it would be if the regime's waits held
+no more than aggressive's (the rest of the shortfall unchanged): the most any wait policy can
+reach while tool phases and the device stay as they are.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+PARTS = ("device", "tool", "wait", "outside")
+
+
+@dataclass(frozen=True)
+class Split:
+    """Time-averaged MiB of a footprint timeline, by where each sandbox was."""
+
+    device: float
+    tool: float
+    wait: float
+    outside: float
+
+    def minus(self, other: Split) -> Split:
+        return Split(*(getattr(self, k) - getattr(other, k) for k in PARTS))
+
+
+def phase_split(regime: dict[str, Any]) -> Split:
+    """The regime's timeline split by phase (its sandboxes' columns in the order of its
+    ``cycles``).  ValueError without a timeline."""
+    timeline = regime.get("timeline") or []
+    if not timeline:
+        raise ValueError("no footprint timeline in this regime")
+    cycles = list(regime["cycles"].values())
+    sums = dict.fromkeys(PARTS, 0.0)
+    for row in timeline:
+        t = row[0]
+        sums["device"] += row[1]
+        for i, cy in enumerate(cycles):
+            where = "outside"
+            for c in cy:
+                if c["t"] - c["wait_s"] <= t < c["t"]:
+                    where = "wait"
+                    break
+                if c["t"] <= t < c["t"] + c["tool_s"]:
+                    where = "tool"
+                    break
+            sums[where] += row[2 + i]
+    return Split(**{k: v / len(timeline) for k, v in sums.items()})
+
+
+def shortfall(run: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per regime of one run other than none and aggressive: its extra MiB over aggressive's
+    by part, its keeps, and its keeps if its waits cost what aggressive's do.  Empty without
+    an aggressive regime with a saving to compare with."""
+    regimes = run["regimes"]
+    agg = regimes.get("aggressive")
+    if not agg or not agg.get("saved_mib") or agg["saved_mib"] <= 0:
+        return []
+    base = phase_split(agg)
+    out = []
+    for name, r in regimes.items():
+        if name in ("none", "aggressive") or not r.get("timeline"):
+            continue
+        extra = phase_split(r).minus(base)
+        free = 1.0 - (sum(asdict(extra).values()) - extra.wait) / agg["saved_mib"]
+        out.append({"host": run["host"], "style": run["style"], "regime": name,
+                    "keeps": r.get("keeps"), "extra_mib": asdict(extra),
+                    "keeps_if_waits_free": min(1.0, max(0.0, free))})
+    return out
+
+
+def spread(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per host, style and regime over runs: the median extra MiB by part, and min/median/max
+    of keeps and of keeps_if_waits_free."""
+    groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault((r["host"], r["style"], r["regime"]), []).append(r)
+    out = []
+    for (host, style, name), rs in groups.items():
+        row: dict[str, Any] = {"host": host, "style": style, "regime": name, "runs": len(rs)}
+        row["extra_mib"] = {k: statistics.median(r["extra_mib"][k] for r in rs) for k in PARTS}
+        for k in ("keeps", "keeps_if_waits_free"):
+            xs = [r[k] for r in rs if r.get(k) is not None]
+            row[k] = (min(xs), statistics.median(xs), max(xs)) if xs else None
+        out.append(row)
+    return out
+
+
+def print_shortfall(runs: list[dict[str, Any]]) -> None:
+    from bench.phasebench import table
+
+    rows = spread([row for run in runs for row in shortfall(run)])
+    if not rows:
+        return
+
+    def pct(v: tuple[float, float, float] | None) -> str:
+        return "-" if v is None else " / ".join(f"{x * 100:.0f}%" for x in v)
+
+    head = ("host", "style", "regime", "device MiB", "tool MiB", "wait MiB", "outside MiB",
+            "keeps min/med/max", "if waits free")
+    body = [(r["host"], r["style"], r["regime"],
+             *(f"{r['extra_mib'][k]:+.1f}" for k in PARTS), pct(r["keeps"]),
+             pct(r["keeps_if_waits_free"])) for r in rows]
+    table("What each regime holds beyond aggressive, time-averaged (medians over runs)",
+          head, body)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.phaseloss", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("json", type=Path, help="a phase benchmark's JSON (--json, phase.json)")
+    ns = ap.parse_args(argv)
+    try:
+        doc = json.loads(ns.json.read_text())
+        runs = doc["runs"]
+        print_shortfall(runs)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        print(f"phaseloss: {ns.json}: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
