@@ -58,8 +58,9 @@ answer: part of the tool's latency; by default hints are sent without waiting fo
 agent loop on its hot path does, and a failed one fails the run). JSON: ``{"runs": [{"host",
 "style", "repeat", "regimes": {"none": R, "aggressive": R, "daemon": R}}]}`` to --json (default
 $AZSWAP_OUT/phase.json); a table of min/median/max of slowdown and keeps per host, style and regime
-at the end. Nothing here asserts a time; the exit status is non-zero when a page was wrong or the
-daemon died or never answered. """
+at the end, then where a tool's time went and what each regime holds beyond aggressive by phase
+(bench/phaseloss.py). Nothing here asserts a time; the exit status is non-zero when a page was
+wrong or the daemon died or never answered. """
 
 from __future__ import annotations
 
