@@ -61,8 +61,8 @@ import numpy as np
 from bench.kit import cgroups
 from bench.kit.cgroups import reclaim_all as reclaim
 from bench.kit.cgroups import stat as cg_stat
-from bench.kit.shell import logger, read, sh, write
-from bench.kit.swapdev import Azswap, make_system
+from bench.kit.shell import logger, read, sh
+from bench.kit.swapdev import Azswap, apply_product_vm_settings, make_system
 from bench.swapbench import Player, build_player, checksums, pct
 from controlplane.trace import PAGE_SIZE, ROLE_TEMPLATE, Vma, read_trace
 
@@ -605,8 +605,7 @@ def main(argv: list[str] | None = None) -> int:
     out_dir = Path(os.environ.get("AZSWAP_OUT", TOP / "vm-tests" / "out"))
     jpath = a.json or out_dir / "microvm-live.json"
     log.file = jpath.with_suffix(".log")
-    write("/proc/sys/vm/page-cluster", "0")
-    write("/proc/sys/vm/swappiness", "100")
+    apply_product_vm_settings()  # page-cluster and swappiness as the product's service sets
     sh("swapoff", "-a", check=False)
     if not RUN.is_mount():
         RUN.mkdir(parents=True, exist_ok=True)

@@ -82,6 +82,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.kit.daemon import DaemonError, DaemonProcess
+from bench.kit.table import table
 from bench.phaseloss import print_shortfall
 
 MiB = float(1 << 20)
@@ -273,24 +274,6 @@ def print_spread(rows: list[dict[str, Any]]) -> None:
     body = [(r["host"], r["style"], r["regime"], f"{r.get('majflt_per_tool', 0.0):.0f}",
              *split(r)) for r in rows]
     table("Where a tool's time went (medians over runs of each run's mean)", head, body)
-
-
-def table(title: str, head: tuple[str, ...], body: list[tuple[str, ...]]) -> None:
-    try:
-        from rich.console import Console
-        from rich.table import Table
-
-        t = Table(title=title)
-        for h in head:
-            t.add_column(h, justify="left" if h in head[:3] else "right")
-        for b in body:
-            t.add_row(*b)
-        Console(width=140).print(t)
-    except ImportError:
-        w = [max(len(x[i]) for x in (head, *body)) for i in range(len(head))]
-        print(title)
-        for row in (head, *body):
-            print("  ".join(c.ljust(w[i]) for i, c in enumerate(row)))
 
 
 # -- in the guest --------------------------------------------------------------------------------

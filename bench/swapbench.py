@@ -67,8 +67,8 @@ import numpy as np
 from bench.kit import cgroups
 from bench.kit.cgroups import reclaim_all as reclaim
 from bench.kit.cgroups import stat as cg_stat
-from bench.kit.shell import logger, read, sh, write
-from bench.kit.swapdev import FeatureMissing, make_system
+from bench.kit.shell import logger, read, sh
+from bench.kit.swapdev import FeatureMissing, apply_product_vm_settings, make_system
 from controlplane.trace import PAGE_SIZE, ROLE_TEMPLATE, Owner, Trace, Vma, read_trace
 
 TOP = Path(__file__).resolve().parents[1]
@@ -569,8 +569,7 @@ def main(argv: list[str] | None = None) -> int:
         if s not in SYSTEMS:
             print(f"swapbench: unknown system {s!r} (known: {', '.join(SYSTEMS)})", file=sys.stderr)
             return 2
-    write("/proc/sys/vm/page-cluster", "0")
-    write("/proc/sys/vm/swappiness", "100")
+    apply_product_vm_settings()  # page-cluster and swappiness as the product's service sets
     sh("swapoff", "-a", check=False)
     tmp = Path(tempfile.mkdtemp(prefix="swapbench-"))
     exe = build_player(tmp)

@@ -21,7 +21,8 @@
                            only (the zram-parity setup)
 
 Every system runs under the vm sysctls the product's swap service sets while its device is up
-(page-cluster, swappiness: packaging/default/azswap as shipped), put back afterwards.
+(page-cluster, swappiness as packaging/azswap-swap-setup and packaging/default/azswap ship them):
+swap_device() sets them for its block, apply_product_vm_settings() for a whole throwaway guest.
 
 No fallback: a system that does not come up raises :class:`SwapDevError` with the reason
 (:class:`FeatureMissing` when the running kernel lacks what it needs), and setup checks that the
@@ -803,32 +804,54 @@ def make_system(name: str) -> System:
     return KINDS[kind](algo)  # type: ignore[call-arg]
 
 
-# the vm sysctls azswap-swap.service sets while its device is up (packaging/azswap-swap-setup),
-# by their name in its settings file
-PRODUCT_SETTINGS = module.TOP / "packaging" / "default" / "azswap"
+# the vm sysctls azswap-swap.service sets while its device is up, by their name in its script
+# (packaging/azswap-swap-setup: its defaults, then the settings file it sources)
+PRODUCT_SETTINGS = (module.TOP / "packaging" / "azswap-swap-setup",
+                    module.TOP / "packaging" / "default" / "azswap")
 PRODUCT_SYSCTLS = {"PAGE_CLUSTER": "page-cluster", "SWAPPINESS": "swappiness"}
 PROC_VM = Path("/proc/sys/vm")
 
 
-def product_vm_settings(path: Path = PRODUCT_SETTINGS) -> dict[str, str]:
-    """The vm sysctls the product's swap service sets, as shipped in its settings file
-    (``KEY=VALUE`` lines; an empty value is left alone, as the service leaves it)."""
+def product_vm_settings(files: Sequence[Path] = PRODUCT_SETTINGS) -> dict[str, str]:
+    """The vm sysctls the product's swap service sets, as shipped: the ``KEY=VALUE``
+    assignments of its script's defaults and then of its settings file, the last one of a key
+    winning, as the shell that sources them sees them (an empty value: left alone)."""
     out: dict[str, str] = {}
-    for line in path.read_text().splitlines():
-        key, eq, value = line.split("#", 1)[0].strip().partition("=")
-        value = value.strip().strip("\"'")
-        if eq and key in PRODUCT_SYSCTLS and value:
-            out[PRODUCT_SYSCTLS[key]] = value
+    for path in files:
+        for line in path.read_text().splitlines():
+            key, eq, value = line.split("#", 1)[0].strip().partition("=")
+            if not eq or key not in PRODUCT_SYSCTLS:
+                continue
+            value = value.strip().strip("\"'")
+            if value:
+                out[PRODUCT_SYSCTLS[key]] = value
+            else:
+                out.pop(PRODUCT_SYSCTLS[key], None)
     return out
+
+
+def apply_product_vm_settings(proc_vm: Path = PROC_VM) -> dict[str, str]:
+    """Set the product's vm sysctls for the rest of this (throwaway) guest's life: for a
+    benchmark that brings its systems up itself (make_system()).  Returns what it set."""
+    settings = product_vm_settings()
+    for k, v in settings.items():
+        write(proc_vm / k, v)
+    return settings
 
 
 @contextlib.contextmanager
 def vm_settings(settings: dict[str, str], proc_vm: Path = PROC_VM) -> Iterator[None]:
-    """/proc/sys/vm files set for the block, and put back as they were."""
-    old = {k: (proc_vm / k).read_text().strip() for k in settings}
+    """/proc/sys/vm files set for the block, and put back as they were.  SwapDevError when one
+    cannot be read or set."""
+    old: dict[str, str] = {}  # what was set, to put back
     try:
-        for k, v in settings.items():
-            write(proc_vm / k, v)
+        try:
+            for k, v in settings.items():
+                was = (proc_vm / k).read_text().strip()
+                write(proc_vm / k, v)
+                old[k] = was
+        except OSError as e:
+            raise SwapDevError(f"vm.{k} = {v}: {e}") from e
         yield
     finally:
         for k, v in old.items():
@@ -848,12 +871,17 @@ def swap_device(name: str, nbytes: int) -> Iterator[System]:
     if az:
         module.cleanup_module()
     try:
-        with vm_settings(product_vm_settings()):
+        settings = product_vm_settings()
+    except OSError as e:
+        raise SwapDevError(f"the product's swap settings: {e}") from e
+    # as the service does: swap goes off before the sysctls are put back
+    with vm_settings(settings):
+        try:
             system.setup(nbytes)
             yield system
-    finally:
-        try:
-            system.teardown()
         finally:
-            if az:
-                module.cleanup_module()
+            try:
+                system.teardown()
+            finally:
+                if az:
+                    module.cleanup_module()

@@ -303,6 +303,13 @@ def test_a_sandbox_that_starts_at_once_is_not_parked_and_hints_can_wait_for_answ
     assert client.sent == [("phase", "llm-wait"), ("phase", "tool"), ("phase", "idle")]
 
 
+def test_a_streaming_agent_loop_announces_each_wait_s_end() -> None:
+    b, client = _box(1), HintLog()
+    agent_loop(b, 0.0, client, rate=100.0, announce=True)
+    assert client.sent == [("hint", "llm-wait"), ("ending", ""), ("hint", "tool"),
+                           ("phase", "idle")]
+
+
 def test_without_a_daemon_no_hints_and_a_failed_hint_fails_the_sandbox() -> None:
     b = _box(1)
     agent_loop(b, 0.01, None, rate=100.0)

@@ -51,6 +51,16 @@ def test_shortfall_against_aggressive_and_the_keeps_if_waits_were_free() -> None
     assert row["keeps_if_waits_free"] == pytest.approx(0.93)
 
 
+def test_waits_that_held_less_than_aggressive_s_give_nothing_back() -> None:
+    run = {"host": "loaded", "style": "coding", "regimes": {
+        "aggressive": regime(2.0, [9, 9, 3, 3, 3, 5, 5, 2, 2, 2], 10.0, 1.0),
+        "daemon": regime(2.0, [9, 9, 1, 1, 1, 8, 8, 2, 2, 2], 9.0, 0.9),
+    }}
+    (row,) = shortfall(run)
+    assert row["extra_mib"]["wait"] == pytest.approx(-0.6)
+    assert row["keeps_if_waits_free"] == 0.9  # no more than its keeps
+
+
 def test_no_comparison_without_aggressive_or_its_saving() -> None:
     r = regime(0.0, [1.0] * 10, 1.0, 1.0)
     assert shortfall({"host": "idle", "style": "ml", "regimes": {"daemon": r}}) == []
@@ -85,7 +95,7 @@ def test_the_command_prints_the_table_and_refuses_a_bad_file(
     good.write_text(json.dumps({"runs": [run]}))
     assert main([str(good)]) == 0
     out = capsys.readouterr().out
-    assert "daemon" in out and "90%" in out
+    assert "daemon" in out and "90%" in out and "93%" in out
     bad = tmp_path / "bad.json"
     bad.write_text("{}")
     assert main([str(bad)]) == 2
