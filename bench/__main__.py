@@ -45,6 +45,7 @@ from typing import Any
 
 from bench import hostbench, trimbench
 from bench.kit.shell import logger
+from bench.kit.table import fmt_min_med_max
 from bench.record import STYLES, run_and_record
 from bench.swapbench import DEFAULT_SYSTEMS, SYSTEMS
 from controlplane.trace import PAGE_SIZE, ROLE_TEMPLATE, Trace, read_trace
@@ -515,15 +516,11 @@ def fmt_phase(ph: dict[str, Any]) -> list[str]:
         "|---|---|---|--:|--:|--:|--:|--:|",
     ]
     for r in spread(runs):
-        def mmm(v: Any, pct: bool = False) -> str:
-            if v is None:
-                return "-"
-            return " / ".join(f"{x:.0%}" if pct else f"{x:.2f}" for x in v)
-
         saved = f"{r['saved_mib'][1]:.1f}" if r["saved_mib"] else "-"
         lines.append(
             f"| {r['host']} | {r['style']} | {REGIMES.get(r['regime'], r['regime'])} | "
-            f"{r['runs']} | {mmm(r['slowdown'])} | {mmm(r['keeps'], pct=True)} | {saved} | "
+            f"{r['runs']} | {fmt_min_med_max(r['slowdown'])} | "
+            f"{fmt_min_med_max(r['keeps'], pct=True)} | {saved} | "
             f"{r['bad_pages']} |"
         )
     lines.append("")

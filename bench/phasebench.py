@@ -82,7 +82,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.kit.daemon import DaemonError, DaemonProcess
-from bench.kit.table import table
+from bench.kit.table import fmt_min_med_max, min_med_max, table
 from bench.phaseloss import print_shortfall
 
 MiB = float(1 << 20)
@@ -237,7 +237,7 @@ def spread(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                                "bad_pages": sum(r["bad_pages"] for r in rs)}
         for k in ("slowdown", "keeps", "saved_mib"):
             xs = [r[k] for r in rs if r.get(k) is not None]
-            row[k] = (min(xs), statistics.median(xs), max(xs)) if xs else None
+            row[k] = min_med_max(xs)
         row["majflt_per_tool"] = statistics.median(r.get("majflt_per_tool", 0.0) for r in rs)
         splits = [r["tool_split_s"] for r in rs if r.get("tool_split_s")]
         row["tool_split_s"] = {k: statistics.median(sp[k] for sp in splits)
@@ -250,16 +250,12 @@ def spread(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def print_spread(rows: list[dict[str, Any]]) -> None:
-    def mmm(v: tuple[float, float, float] | None, pct: bool = False) -> str:
-        if v is None:
-            return "-"
-        f = (lambda x: f"{x * 100:.0f}%") if pct else (lambda x: f"{x:.2f}")
-        return " / ".join(f(x) for x in v)
 
     head = ("host", "style", "regime", "runs", "slowdown min/med/max", "keeps min/med/max",
             "saved MiB min/med/max", "bad pages")
-    body = [(r["host"], r["style"], r["regime"], str(r["runs"]), mmm(r["slowdown"]),
-             mmm(r["keeps"], pct=True), mmm(r["saved_mib"]), str(r["bad_pages"])) for r in rows]
+    body = [(r["host"], r["style"], r["regime"], str(r["runs"]), fmt_min_med_max(r["slowdown"]),
+             fmt_min_med_max(r["keeps"], pct=True), fmt_min_med_max(r["saved_mib"]),
+             str(r["bad_pages"])) for r in rows]
     table("Tool phases through the daemon (spread over runs)", head, body)
 
     def split(r: dict[str, Any]) -> tuple[str, ...]:

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.kit.table import table
+from bench.kit.table import fmt_min_med_max, min_med_max, table
 
 PARTS = ("device", "tool", "wait", "outside")
 
@@ -102,7 +102,7 @@ def spread(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         row["extra_mib"] = {k: statistics.median(r["extra_mib"][k] for r in rs) for k in PARTS}
         for k in ("keeps", "keeps_if_waits_free"):
             xs = [r[k] for r in rs if r.get(k) is not None]
-            row[k] = (min(xs), statistics.median(xs), max(xs)) if xs else None
+            row[k] = min_med_max(xs)
         out.append(row)
     return out
 
@@ -119,14 +119,11 @@ def print_shortfall(runs: list[dict[str, Any]]) -> None:
     if not rows:
         return
 
-    def pct(v: tuple[float, float, float] | None) -> str:
-        return "-" if v is None else " / ".join(f"{x * 100:.0f}%" for x in v)
-
     head = ("host", "style", "regime", "device MiB", "tool MiB", "wait MiB", "outside MiB",
             "keeps min/med/max", "if waits free")
     body = [(r["host"], r["style"], r["regime"],
-             *(f"{r['extra_mib'][k]:+.1f}" for k in PARTS), pct(r["keeps"]),
-             pct(r["keeps_if_waits_free"])) for r in rows]
+             *(f"{r['extra_mib'][k]:+.1f}" for k in PARTS), fmt_min_med_max(r["keeps"], pct=True),
+             fmt_min_med_max(r["keeps_if_waits_free"], pct=True)) for r in rows]
     table("What each regime holds beyond aggressive, time-averaged (medians over runs)",
           head, body)
 
