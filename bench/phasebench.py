@@ -52,7 +52,9 @@ CPU time at start (the BPF compile) and during the run (and of that, its memory.
 compression), its CPU time by thread at the end (``threads_cpu_s``: the daemon names its threads;
 "exited" is what ended threads used), and the wait planner's outcomes. Each regime also keeps its
 footprint timeline (every 0.5 s: monotonic time, the device's MiB, then each sandbox's
-memory.current in MiB, in the order of its cycles) beside its cycles (each tool phase's start "t"
+memory.current in MiB, in the order of its cycles; ``device_timeline``, at the same times, splits
+the device's MiB into its payload, its pool (payload and the allocator's holes) and its
+metadata) beside its cycles (each tool phase's start "t"
 on the same clock, and "hint_s", how long its tool hint took to send, or with --sync-hints to
 answer: part of the tool's latency; by default hints are sent without waiting for the answer, as an
 agent loop on its hot path does, and a failed one fails the run). JSON: ``{"runs": [{"host",
@@ -457,6 +459,8 @@ def run_regime(regime: str, host: Host, style: str, cfg: Config, dev: Any,
         stop = threading.Event()
         footprint: list[int] = []
         timeline: list[list[float]] = []  # [monotonic s, device MiB, each sandbox's MiB...]
+        # beside it, what the device's MiB are: [monotonic s, payload, pool, metadata]
+        device_timeline: list[list[float]] = []
         template_mem: list[int] = []
         events: list[dict[str, Any]] = []
 
@@ -466,11 +470,15 @@ def run_regime(regime: str, host: Host, style: str, cfg: Config, dev: Any,
             try:
                 while not stop.is_set():
                     each = [cgroups.of(b.cg).memory_current() for b in boxes]
-                    used = dev.used_bytes()
+                    ds = dev.stats()
+                    used = dev.used_bytes(ds)
                     footprint.append(sum(each) + used)
                     if len(footprint) % TIMELINE_EVERY == 1:
-                        timeline.append([round(time.monotonic(), 2), round(used / MiB, 2),
+                        now = round(time.monotonic(), 2)
+                        timeline.append([now, round(used / MiB, 2),
                                          *(round(m / MiB, 2) for m in each)])
+                        device_timeline.append([now, *(round(ds.get(k, 0) / MiB, 2)
+                                                       for k in ("payload", "pool", "meta"))])
                     template_mem.append(cgroups.of(cgs["template"]).memory_current())
                     stop.wait(0.1)
             except Exception as e:  # a footprint with a hole in it is no figure: fail the run
@@ -572,6 +580,7 @@ def run_regime(regime: str, host: Host, style: str, cfg: Config, dev: Any,
         out["pgmajfault"] = sum(cgroups.stat(b.cg).get("pgmajfault", 0) for b in boxes)
         out["cycles"] = {b.name: b.cycles for b in boxes}  # "t": a tool phase's start
         out["timeline"] = timeline
+        out["device_timeline"] = device_timeline
         if daemon is not None:
             out["daemon"]["cpu_s"] = daemon.cpu_seconds()
             out["daemon"]["threads_cpu_s"] = daemon.thread_cpu_seconds()

@@ -11,7 +11,9 @@ aggressive's split of the same run: the MiB by which the regime keeps less.  ``k
 benchmark's own figure; ``keeps_if_waits_free`` is keeps plus what the regime's waits held
 beyond aggressive's (a share of aggressive's saving; nothing when they held less): what it would
 reach if its waits held no more than aggressive's, the rest unchanged, i.e. the most any wait
-policy can reach while tool phases and the device stay as they are.
+policy can reach while tool phases and the device stay as they are.  Where the regimes kept a
+``device_timeline``, "of which holes" is the part of the device's extra that is the allocator's
+free space (pool minus payload: holes that compaction has not given back yet).
 """
 
 from __future__ import annotations
@@ -66,6 +68,13 @@ def phase_split(regime: dict[str, Any]) -> Split:
     return Split(**{k: v / len(timeline) for k, v in sums.items()})
 
 
+def holes(regime: dict[str, Any]) -> float | None:
+    """Time-averaged MiB of the device's pool beyond its payload; None without a
+    ``device_timeline`` (rows: time, payload, pool, metadata)."""
+    rows = regime.get("device_timeline") or []
+    return statistics.fmean(r[2] - r[1] for r in rows) if rows else None
+
+
 def shortfall(run: dict[str, Any]) -> list[dict[str, Any]]:
     """Per regime of one run other than none and aggressive: its extra MiB over aggressive's
     by part, its keeps, and its keeps if its waits cost what aggressive's do.  Empty without
@@ -85,8 +94,10 @@ def shortfall(run: dict[str, Any]) -> list[dict[str, Any]]:
         # gives nothing: it already counts in keeps)
         free = (None if keeps is None
                 else min(1.0, keeps + max(extra.wait, 0.0) / agg["saved_mib"]))
+        h, h_agg = holes(r), holes(agg)
         out.append({"host": run["host"], "style": run["style"], "regime": name,
-                    "keeps": keeps, "extra_mib": asdict(extra), "keeps_if_waits_free": free})
+                    "keeps": keeps, "extra_mib": asdict(extra), "keeps_if_waits_free": free,
+                    "extra_holes_mib": None if h is None or h_agg is None else h - h_agg})
     return out
 
 
@@ -100,6 +111,8 @@ def spread(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for (host, style, name), rs in groups.items():
         row: dict[str, Any] = {"host": host, "style": style, "regime": name, "runs": len(rs)}
         row["extra_mib"] = {k: statistics.median(r["extra_mib"][k] for r in rs) for k in PARTS}
+        hs = [r["extra_holes_mib"] for r in rs if r.get("extra_holes_mib") is not None]
+        row["extra_holes_mib"] = statistics.median(hs) if hs else None
         for k in ("keeps", "keeps_if_waits_free"):
             xs = [r[k] for r in rs if r.get(k) is not None]
             row[k] = min_med_max(xs)
@@ -119,10 +132,12 @@ def print_shortfall(runs: list[dict[str, Any]]) -> None:
     if not rows:
         return
 
-    head = ("host", "style", "regime", "device MiB", "tool MiB", "wait MiB", "outside MiB",
-            "keeps min/med/max", "if waits free")
-    body = [(r["host"], r["style"], r["regime"],
-             *(f"{r['extra_mib'][k]:+.1f}" for k in PARTS), fmt_min_med_max(r["keeps"], pct=True),
+    head = ("host", "style", "regime", "device MiB", "of which holes", "tool MiB", "wait MiB",
+            "outside MiB", "keeps min/med/max", "if waits free")
+    body = [(r["host"], r["style"], r["regime"], f"{r['extra_mib']['device']:+.1f}",
+             "-" if r["extra_holes_mib"] is None else f"{r['extra_holes_mib']:+.1f}",
+             *(f"{r['extra_mib'][k]:+.1f}" for k in PARTS[1:]),
+             fmt_min_med_max(r["keeps"], pct=True),
              fmt_min_med_max(r["keeps_if_waits_free"], pct=True)) for r in rows]
     table("What each regime holds beyond aggressive, time-averaged (medians over runs)",
           head, body)

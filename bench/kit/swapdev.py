@@ -141,9 +141,10 @@ class System:
     def owner_stats(self) -> list[dict[str, Any]]:
         return []
 
-    def used_bytes(self) -> int:
-        """Memory the device itself holds for the stored pages (allocator pool + metadata)."""
-        s = self.stats()
+    def used_bytes(self, stats: dict[str, int] | None = None) -> int:
+        """Memory the device itself holds for the stored pages (allocator pool + metadata), from
+        ``stats`` (a stats() snapshot) or read now."""
+        s = self.stats() if stats is None else stats
         return s.get("pool", 0) + s.get("meta", 0)
 
     def _swapon(self) -> None:
