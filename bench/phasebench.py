@@ -54,7 +54,8 @@ compression), its CPU time by thread at the end (``threads_cpu_s``: the daemon n
 footprint timeline (every 0.5 s: monotonic time, the device's MiB, then each sandbox's
 memory.current in MiB, in the order of its cycles; ``device_timeline``, at the same times, splits
 the device's MiB into its payload, its pool (payload and the allocator's holes) and its
-metadata) beside its cycles (each tool phase's start "t"
+metadata; ``device_end``, the device's stats when the cycles ended, its metadata by component)
+beside its cycles (each tool phase's start "t"
 on the same clock, and "hint_s", how long its tool hint took to send, or with --sync-hints to
 answer: part of the tool's latency; by default hints are sent without waiting for the answer, as an
 agent loop on its hot path does, and a failed one fails the run). JSON: ``{"runs": [{"host",
@@ -569,6 +570,8 @@ def run_regime(regime: str, host: Host, style: str, cfg: Config, dev: Any,
                 except DaemonError as e:
                     raise BenchError(str(e)) from None
             bad = sum(b.bad for b in boxes) + sum(b.sb.verify() for b in boxes)
+            # the device as the cycles left it, metadata by component (meta_stat)
+            out["device_end"] = dev.stats()
         tool = [s for b in boxes for s in b.tool_s[cfg.warmup:]]
         maj = [m for b in boxes for m in b.majflt[cfg.warmup:]]
         out = {**regime_figures(tool, e2e, footprint, bad, maj), **out}
