@@ -53,7 +53,7 @@ compression), its CPU time by thread at the end (``threads_cpu_s``: the daemon n
 "exited" is what ended threads used), and the wait planner's outcomes. Each regime also keeps its
 footprint timeline (every 0.5 s: monotonic time, the device's MiB, then each sandbox's
 memory.current in MiB, in the order of its cycles; ``device_timeline``, at the same times, splits
-the device's MiB into its payload, its pool (payload and the allocator's holes) and its
+the device's MiB into its payload, its pool (payload and the allocator's overhead) and its
 metadata; ``device_end``, the device's stats when the cycles ended, its metadata by component)
 beside its cycles (each tool phase's start "t"
 on the same clock, and "hint_s", how long its tool hint took to send, or with --sync-hints to
@@ -569,9 +569,10 @@ def run_regime(regime: str, host: Host, style: str, cfg: Config, dev: Any,
                     daemon.check()
                 except DaemonError as e:
                     raise BenchError(str(e)) from None
-            bad = sum(b.bad for b in boxes) + sum(b.sb.verify() for b in boxes)
-            # the device as the cycles left it, metadata by component (meta_stat)
+            # the device as the cycles left it (before the read-back below), metadata by
+            # component (meta_stat)
             out["device_end"] = dev.stats()
+            bad = sum(b.bad for b in boxes) + sum(b.sb.verify() for b in boxes)
         tool = [s for b in boxes for s in b.tool_s[cfg.warmup:]]
         maj = [m for b in boxes for m in b.majflt[cfg.warmup:]]
         out = {**regime_figures(tool, e2e, footprint, bad, maj), **out}

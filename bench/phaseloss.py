@@ -12,8 +12,9 @@ benchmark's own figure; ``keeps_if_waits_free`` is keeps plus what the regime's 
 beyond aggressive's (a share of aggressive's saving; nothing when they held less): what it would
 reach if its waits held no more than aggressive's, the rest unchanged, i.e. the most any wait
 policy can reach while tool phases and the device stay as they are.  Where the regimes kept a
-``device_timeline``, "of which holes" is the part of the device's extra that is the allocator's
-free space (pool minus payload: holes that compaction has not given back yet).
+``device_timeline``, "of which pool overhead" is the part of the device's extra that is the
+allocator's overhead (pool minus payload: size-class rounding, object handles and free space in
+partly used pages that compaction has not given back yet).
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ def phase_split(regime: dict[str, Any]) -> Split:
     return Split(**{k: v / len(timeline) for k, v in sums.items()})
 
 
-def holes(regime: dict[str, Any]) -> float | None:
+def pool_overhead(regime: dict[str, Any]) -> float | None:
     """Time-averaged MiB of the device's pool beyond its payload; None without a
     ``device_timeline`` (rows: time, payload, pool, metadata)."""
     rows = regime.get("device_timeline") or []
@@ -94,10 +95,11 @@ def shortfall(run: dict[str, Any]) -> list[dict[str, Any]]:
         # gives nothing: it already counts in keeps)
         free = (None if keeps is None
                 else min(1.0, keeps + max(extra.wait, 0.0) / agg["saved_mib"]))
-        h, h_agg = holes(r), holes(agg)
+        h, h_agg = pool_overhead(r), pool_overhead(agg)
         out.append({"host": run["host"], "style": run["style"], "regime": name,
                     "keeps": keeps, "extra_mib": asdict(extra), "keeps_if_waits_free": free,
-                    "extra_holes_mib": None if h is None or h_agg is None else h - h_agg})
+                    "extra_pool_overhead_mib": (None if h is None or h_agg is None
+                                                else h - h_agg)})
     return out
 
 
@@ -111,8 +113,10 @@ def spread(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for (host, style, name), rs in groups.items():
         row: dict[str, Any] = {"host": host, "style": style, "regime": name, "runs": len(rs)}
         row["extra_mib"] = {k: statistics.median(r["extra_mib"][k] for r in rs) for k in PARTS}
-        hs = [r["extra_holes_mib"] for r in rs if r.get("extra_holes_mib") is not None]
-        row["extra_holes_mib"] = statistics.median(hs) if hs else None
+        # over the same runs as the device's part, or not at all
+        hs = [r.get("extra_pool_overhead_mib") for r in rs]
+        row["extra_pool_overhead_mib"] = (None if None in hs
+                                          else statistics.median(h for h in hs if h is not None))
         for k in ("keeps", "keeps_if_waits_free"):
             xs = [r[k] for r in rs if r.get(k) is not None]
             row[k] = min_med_max(xs)
@@ -132,10 +136,12 @@ def print_shortfall(runs: list[dict[str, Any]]) -> None:
     if not rows:
         return
 
-    head = ("host", "style", "regime", "device MiB", "of which holes", "tool MiB", "wait MiB",
+    head = ("host", "style", "regime", "device MiB", "of which pool overhead", "tool MiB",
+            "wait MiB",
             "outside MiB", "keeps min/med/max", "if waits free")
     body = [(r["host"], r["style"], r["regime"], f"{r['extra_mib']['device']:+.1f}",
-             "-" if r["extra_holes_mib"] is None else f"{r['extra_holes_mib']:+.1f}",
+             ("-" if r["extra_pool_overhead_mib"] is None
+              else f"{r['extra_pool_overhead_mib']:+.1f}"),
              *(f"{r['extra_mib'][k]:+.1f}" for k in PARTS[1:]),
              fmt_min_med_max(r["keeps"], pct=True),
              fmt_min_med_max(r["keeps_if_waits_free"], pct=True)) for r in rows]

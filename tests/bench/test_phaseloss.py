@@ -8,7 +8,15 @@ from typing import Any
 
 import pytest
 
-from bench.phaseloss import Split, holes, main, phase_split, shortfall, spread
+from bench.phaseloss import (
+    Split,
+    main,
+    phase_split,
+    pool_overhead,
+    print_shortfall,
+    shortfall,
+    spread,
+)
 
 # one sandbox: outside for t < 2, waiting for t in [2, 5), its tool in [5, 7), outside after
 CYCLES = {"sb0": [{"t": 5.0, "wait_s": 3.0, "tool_s": 2.0}]}
@@ -61,21 +69,29 @@ def test_waits_that_held_less_than_aggressive_s_give_nothing_back() -> None:
     assert row["keeps_if_waits_free"] == 0.9  # no more than its keeps
 
 
-def test_the_device_s_holes_are_told_apart_where_a_device_timeline_was_kept() -> None:
+def test_the_pool_overhead_is_told_apart_where_a_device_timeline_was_kept(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     agg = regime(2.0, [1.0] * 10, 10.0, 1.0)
     dae = regime(3.0, [1.0] * 10, 9.0, 0.9)
     run = {"host": "idle", "style": "ml", "regimes": {"aggressive": agg, "daemon": dae}}
     (row,) = shortfall(run)
-    assert holes(agg) is None and row["extra_holes_mib"] is None  # not recorded
-    # rows: time, payload, pool, metadata (MiB); holes = pool - payload
+    assert pool_overhead(agg) is None and row["extra_pool_overhead_mib"] is None  # not kept
+    # rows: time, payload, pool, metadata (MiB); overhead = pool - payload
     agg["device_timeline"] = [[0.0, 1.5, 1.8, 0.2], [1.0, 1.5, 1.6, 0.2]]
     dae["device_timeline"] = [[0.0, 1.5, 2.5, 0.3], [1.0, 1.5, 2.7, 0.3]]
-    assert holes(agg) == pytest.approx(0.2) and holes(dae) == pytest.approx(1.1)
+    assert pool_overhead(agg) == pytest.approx(0.2) and pool_overhead(dae) == pytest.approx(1.1)
     (row,) = shortfall(run)
     assert row["extra_mib"]["device"] == pytest.approx(1.0)
-    assert row["extra_holes_mib"] == pytest.approx(0.9)
-    (sp,) = spread([row, {**row, "extra_holes_mib": None}])
-    assert sp["extra_holes_mib"] == pytest.approx(0.9)
+    assert row["extra_pool_overhead_mib"] == pytest.approx(0.9)
+    (sp,) = spread([row, {**row, "extra_pool_overhead_mib": 0.5}])
+    assert sp["extra_pool_overhead_mib"] == pytest.approx(0.7)
+    # a run without it: no figure rather than one over other runs than the device's part
+    (sp,) = spread([row, {**row, "extra_pool_overhead_mib": None}])
+    assert sp["extra_pool_overhead_mib"] is None
+    run["regimes"]["none"] = regime(0.0, [20.0] * 10, 0.0, 0.0)
+    print_shortfall([run])
+    assert "+0.9" in capsys.readouterr().out
 
 
 def test_no_comparison_without_aggressive_or_its_saving() -> None:
