@@ -55,10 +55,10 @@ footprint timeline (every 0.5 s: monotonic time, the device's MiB, then each san
 memory.current in MiB, in the order of its cycles; ``device_timeline``, at the same times, splits
 the device's MiB into its payload, its pool (payload and the allocator's overhead) and its
 metadata; ``device_end``, the device's stats when the cycles ended, its metadata by component)
-beside its cycles (each tool phase's start "t"
-on the same clock, and "hint_s", how long its tool hint took to send, or with --sync-hints to
-answer: part of the tool's latency; by default hints are sent without waiting for the answer, as an
-agent loop on its hot path does, and a failed one fails the run). JSON: ``{"runs": [{"host",
+beside its cycles (each tool phase's start "t" on the same clock, and "hint_s", how long its
+tool hint took to send, or with --sync-hints to answer: part of the tool's latency; by default
+hints are sent without waiting for the answer, as an agent loop on its hot path does, and a
+failed one fails the run). JSON: ``{"runs": [{"host",
 "style", "repeat", "regimes": {"none": R, "aggressive": R, "daemon": R}}]}`` to --json (default
 $AZSWAP_OUT/phase.json); a table of min/median/max of slowdown and keeps per host, style and regime
 at the end, then where a tool's time went and what each regime holds beyond aggressive by phase
@@ -253,7 +253,6 @@ def spread(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def print_spread(rows: list[dict[str, Any]]) -> None:
-
     head = ("host", "style", "regime", "runs", "slowdown min/med/max", "keeps min/med/max",
             "saved MiB min/med/max", "bad pages")
     body = [(r["host"], r["style"], r["regime"], str(r["runs"]), fmt_min_med_max(r["slowdown"]),

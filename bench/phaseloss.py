@@ -115,8 +115,7 @@ def spread(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         row["extra_mib"] = {k: statistics.median(r["extra_mib"][k] for r in rs) for k in PARTS}
         # over the same runs as the device's part, or not at all
         hs = [r.get("extra_pool_overhead_mib") for r in rs]
-        row["extra_pool_overhead_mib"] = (None if None in hs
-                                          else statistics.median(h for h in hs if h is not None))
+        row["extra_pool_overhead_mib"] = None if None in hs else statistics.median(hs)
         for k in ("keeps", "keeps_if_waits_free"):
             xs = [r[k] for r in rs if r.get(k) is not None]
             row[k] = min_med_max(xs)
@@ -137,8 +136,7 @@ def print_shortfall(runs: list[dict[str, Any]]) -> None:
         return
 
     head = ("host", "style", "regime", "device MiB", "of which pool overhead", "tool MiB",
-            "wait MiB",
-            "outside MiB", "keeps min/med/max", "if waits free")
+            "wait MiB", "outside MiB", "keeps min/med/max", "if waits free")
     body = [(r["host"], r["style"], r["regime"], f"{r['extra_mib']['device']:+.1f}",
              ("-" if r["extra_pool_overhead_mib"] is None
               else f"{r['extra_pool_overhead_mib']:+.1f}"),
