@@ -59,6 +59,8 @@ class Reserve(ctypes.Structure):
         ("obj", ctypes.c_bool),
         ("tnode", ctypes.c_bool),
         ("filled", ctypes.c_bool),
+        ("leaf", ctypes.c_bool),
+        ("l", ctypes.c_void_p),
         ("o", ctypes.c_void_p),
         ("t", ctypes.c_void_p),
         ("h", ctypes.c_ulong * 2),

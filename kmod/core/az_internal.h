@@ -300,6 +300,29 @@ struct az_slot {
 	u64 val;
 };
 
+/*
+ * The slot table is two levels: a directory entry per AZ_LEAF_SLOTS slots
+ * (allocated for the whole device at create, 16 bytes per 256 slots) and
+ * leaves of AZ_LEAF_SLOTS slots (one 4 KiB allocation each), allocated by
+ * the first put into their range and freed when their last slot is.
+ *
+ * @ref counts the leaf's used slots plus the holds of callers working on
+ * one of its slots (az_leaf_hold() and friends in store.c); @leaf is
+ * valid while the caller holds a reference.  @ref goes from 0 to 1, and
+ * @leaf is installed or cleared, only under s->leaf_lock; any other
+ * change is an atomic increment from a nonzero value or a decrement.  So
+ * a leaf is freed only when nobody holds it, and a hold taken on an entry
+ * whose leaf is going fails (the slot is empty: nothing to read or free).
+ */
+#define AZ_LEAF_SHIFT		8
+#define AZ_LEAF_SLOTS		(1U << AZ_LEAF_SHIFT)
+#define AZ_LEAF_BYTES		(AZ_LEAF_SLOTS * sizeof(struct az_slot))
+
+struct az_leaf_dir {
+	struct az_slot *leaf;
+	az_atomic_t ref;
+};
+
 #define AZ_SLOT_OWNER_MASK	0xfffUL
 #define AZ_SLOT_KIND_SHIFT	12
 #define AZ_SLOT_KIND_MASK	(0xfUL << AZ_SLOT_KIND_SHIFT)
@@ -333,6 +356,13 @@ static inline unsigned long az_slot_check(u64 hash)
 	return (unsigned long)(hash >> AZ_SLOT_CHECK_SHIFT) <<
 	       AZ_SLOT_CHECK_SHIFT;
 }
+
+struct az_store;
+struct az_reserve;
+struct az_slot *az_slot_hold(struct az_store *s, u64 slot);
+struct az_slot *az_slot_hold_new(struct az_store *s, struct az_reserve *res,
+				 u64 slot, int *err);
+void az_leaf_put(struct az_store *s, u64 slot);
 
 /* ---- owners ----------------------------------------------------------- */
 
@@ -430,7 +460,10 @@ struct az_index {
 
 struct az_store {
 	u64 nr_slots;
-	struct az_slot *slots;
+	struct az_leaf_dir *dir;	/* slot table directory (see az_slot) */
+	u64 nr_dir;			/* directory entries */
+	az_spinlock_t leaf_lock;	/* installs and removes leaves */
+	az_atomic64_t leaves;		/* leaves allocated */
 	struct az_pool *pool;
 	u64 mem_limit;
 	struct az_policy pol;

@@ -195,6 +195,8 @@ struct az_reserve {
 	bool obj;		/* its struct az_obj too (not a DIRECT slot) */
 	bool tnode;		/* a template index chunk */
 	bool filled;		/* filled once: a second shortfall is -ENOMEM */
+	bool leaf;		/* a slot table leaf */
+	void *l;
 	struct az_obj *o;
 	struct az_tchunk *t;
 	unsigned long h[2];	/* pool handles ... */

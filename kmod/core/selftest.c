@@ -97,7 +97,7 @@ static bool st_empty(struct az_selftest *t)
 	return !st.pages_stored && !st.stored_bytes && !st.objects &&
 	       !st.bases && !st.template_pages && !st.pool_bytes &&
 	       !st.deferred && !st.cross_group && !st.packs &&
-	       !st.packed_pages;
+	       !st.packed_pages && !az_atomic64_read(&t->s->leaves);
 }
 
 static int st_plain(struct az_selftest *t)
@@ -149,7 +149,7 @@ static int st_plain(struct az_selftest *t)
 	if (ST_FAILED(t, az_store_slot_kind(t->s, 10) == AZ_KIND_PLAIN))
 		goto fail;
 	{
-		struct az_slot *sl = &t->s->slots[10];
+		struct az_slot *sl = az_slot_hold(t->s, 10);
 		unsigned long h = (unsigned long)sl->val;
 		u32 size = az_slot_size(sl->flags);
 		const u8 *obj = az_pool_read_begin(t->s->pool, h, size,
@@ -160,6 +160,7 @@ static int st_plain(struct az_selftest *t)
 		az_pool_read_end(t->s->pool, h, size, obj);
 		t->out[AZ_HDR_SIZE + 7] ^= 0x10;
 		az_pool_write(t->s->pool, h, t->out, size);
+		az_leaf_put(t->s, 10);
 	}
 	if (ST_FAILED(t, az_store_get(t->s, t->ctx, 10, t->out) == -EIO ||
 		     !memcmp(t->out, st_fam(t, 0), AZ_PAGE_SIZE)))
@@ -452,8 +453,11 @@ out:
 }
 
 /*
- * Concurrent stress (az_core_stress): workers own disjoint slot ranges
- * (one writer per slot, as the swap layer guarantees) and store, load and
+ * Concurrent stress (az_core_stress): workers own disjoint sets of slots
+ * (one writer per slot, as the swap layer guarantees): a range of SS_PER
+ * and SS_SPARSE slots spread over leaves that every worker shares, which
+ * empty and refill often (the slot table's leaves come and go); they store,
+ * load and
  * free related pages of sandboxes in two trust groups, an unregistered
  * cgroup and a template; a control thread concurrently loads template
  * pages, removes and re-adds the template and a sandbox, flips policy
@@ -462,6 +466,8 @@ out:
  * all memory must return to zero.
  */
 #define SS_PER		256
+#define SS_SPARSE	4	/* one per shared leaf ... */
+#define SS_GAP		64	/* ... this far apart: 4 workers share a leaf */
 #define SS_T1		1000
 #define SS_SA		11
 #define SS_SB		12
@@ -475,6 +481,7 @@ struct az_stress {
 	az_atomic_t failures;
 	az_atomic64_t packed;	/* slots the control thread packed */
 	u64 end_ms;
+	u32 nthreads;
 };
 
 struct az_stress_worker {
@@ -482,7 +489,18 @@ struct az_stress_worker {
 	struct az_thread *th;
 	u64 first;
 	u64 rnd;
+	u32 t;
 };
+
+/* Worker @w's slot number @k (0 .. SS_PER + SS_SPARSE - 1). */
+static u64 ss_slot(struct az_stress_worker *w, u64 k)
+{
+	u32 n = w->ss->nthreads;
+
+	if (k < SS_PER)
+		return w->first + k;
+	return (u64)n * SS_PER + ((k - SS_PER) * n + w->t) * SS_GAP;
+}
 
 static u64 ss_rnd(u64 *x)
 {
@@ -539,7 +557,7 @@ static int ss_worker(void *arg)
 	struct az_stress_worker *w = arg;
 	struct az_stress *ss = w->ss;
 	struct az_ctx *ctx = az_ctx_create();
-	u8 *model = az_valloc((size_t)SS_PER * AZ_PAGE_SIZE);
+	u8 *model = az_valloc((size_t)(SS_PER + SS_SPARSE) * AZ_PAGE_SIZE);
 	u8 *buf = az_valloc(AZ_PAGE_SIZE);
 	u64 i;
 
@@ -548,7 +566,10 @@ static int ss_worker(void *arg)
 		goto out;
 	}
 	while (ss_running(ss)) {
-		u64 k = ss_rnd(&w->rnd) % SS_PER, slot = w->first + k;
+		u64 k = ss_rnd(&w->rnd) % 4 ?
+			ss_rnd(&w->rnd) % SS_PER :
+			SS_PER + ss_rnd(&w->rnd) % SS_SPARSE;
+		u64 slot = ss_slot(w, k);
 		u8 *m = model + k * AZ_PAGE_SIZE;
 		unsigned int f = ss_rnd(&w->rnd) % ST_FAM;
 		/* half the puts: the sandbox of the slot's block of four */
@@ -575,10 +596,10 @@ static int ss_worker(void *arg)
 		}
 		az_cond_resched();
 	}
-	for (i = 0; i < SS_PER; i++)
-		if (az_store_get(ss->s, ctx, w->first + i, buf) ||
+	for (i = 0; i < SS_PER + SS_SPARSE; i++)
+		if (az_store_get(ss->s, ctx, ss_slot(w, i), buf) ||
 		    memcmp(buf, model + i * AZ_PAGE_SIZE, AZ_PAGE_SIZE))
-			ss_fail(ss, "final load mismatch", w->first + i);
+			ss_fail(ss, "final load mismatch", ss_slot(w, i));
 out:
 	az_vfree(buf);
 	az_vfree(model);
@@ -671,7 +692,8 @@ int az_core_stress(unsigned int nthreads, unsigned int ms)
 
 	if (!nthreads || nthreads > 64)
 		return -EINVAL;
-	nslots = (u64)nthreads * SS_PER;
+	nslots = (u64)nthreads * (SS_PER + SS_SPARSE * SS_GAP);
+	ss.nthreads = nthreads;
 	w = az_valloc(nthreads * sizeof(*w));
 	ss.fam = az_valloc((size_t)ST_FAM * AZ_PAGE_SIZE);
 	ss.s = az_store_create(nslots, "azswap-stress");
@@ -689,11 +711,12 @@ int az_core_stress(unsigned int nthreads, unsigned int ms)
 	if (err)
 		goto out;
 	/* Tight enough that some stores fail with -ENOMEM. */
-	az_store_set_mem_limit(ss.s, nslots * 1280);
+	az_store_set_mem_limit(ss.s, (u64)nthreads * SS_PER * 1280);
 	ss.end_ms = az_now_ms() + ms;
 	for (t = 0; t < nthreads; t++) {
 		w[t].ss = &ss;
 		w[t].first = (u64)t * SS_PER;
+		w[t].t = t;
 		w[t].rnd = 0x9e3779b97f4a7c15ULL * (t + 1);
 		w[t].th = az_thread_start(ss_worker, &w[t], "azswap-stress");
 		if (!w[t].th)
@@ -723,7 +746,8 @@ int az_core_stress(unsigned int nthreads, unsigned int ms)
 	az_store_get_stats(ss.s, &st);
 	if (st.objects || st.pool_bytes || st.stored_bytes || st.bases ||
 	    st.template_pages || st.pages_stored || st.cross_group ||
-	    st.packs || st.packed_pages)
+	    st.packs || st.packed_pages ||
+	    az_atomic64_read(&ss.s->leaves))
 		ss_fail(&ss, "not empty after freeing everything", 0);
 	/* text pages in blocks of one sandbox: packs must have been made */
 	if (!az_atomic64_read(&ss.packed))

@@ -258,6 +258,11 @@ int az_reserve_fill(struct az_store *s, struct az_reserve *res)
 	int i;
 
 	res->filled = true;
+	if (res->leaf && !res->l) {
+		res->l = az_zalloc(AZ_LEAF_BYTES, AZ_GFP_MAYSLEEP);
+		if (!res->l)
+			goto fail;
+	}
 	if (res->obj && !res->o) {
 		res->o = az_zalloc(sizeof(*res->o), AZ_GFP_MAYSLEEP);
 		if (!res->o)
@@ -294,8 +299,10 @@ void az_reserve_release(struct az_store *s, struct az_reserve *res)
 			az_pool_free(s->pool, res->h[i]);
 		res->h[i] = 0;
 	}
+	az_free(res->l);
 	az_free(res->o);
 	az_free(res->t);
+	res->l = NULL;
 	res->o = NULL;
 	res->t = NULL;
 }
@@ -563,14 +570,105 @@ static int az_pack_read(struct az_store *s, struct az_ctx *ctx,
 
 /* ---- slots ------------------------------------------------------------ */
 
-static inline void az_slot_lock(struct az_store *s, u64 slot)
+static inline struct az_leaf_dir *az_dir(struct az_store *s, u64 slot)
 {
-	az_bit_lock(AZ_SLOT_LOCK_BIT, &s->slots[slot].flags);
+	return &s->dir[slot >> AZ_LEAF_SHIFT];
 }
 
-static inline void az_slot_unlock(struct az_store *s, u64 slot)
+/*
+ * A hold on @slot's leaf, NULL if it has none (no slot in its range is
+ * used, @slot neither).  The hold keeps the leaf; az_leaf_put() ends it.
+ * Atomic context safe.
+ */
+struct az_slot *az_slot_hold(struct az_store *s, u64 slot)
 {
-	az_bit_unlock(AZ_SLOT_LOCK_BIT, &s->slots[slot].flags);
+	struct az_leaf_dir *d = az_dir(s, slot);
+	struct az_slot *leaf;
+
+	if (!az_atomic_inc_not_zero(&d->ref))
+		return NULL;
+	/* nonzero: installed before the count left 0 (az_slot_hold_new) */
+	leaf = az_load_acquire(&d->leaf);
+	return &leaf[slot & (AZ_LEAF_SLOTS - 1)];
+}
+
+/*
+ * A hold on @slot's leaf, which is allocated if it has none (no-wait, or
+ * the reserve's).  NULL with *@err as az_short() if there is no memory.
+ * Atomic context safe: s->leaf_lock is never held across the allocation.
+ */
+struct az_slot *az_slot_hold_new(struct az_store *s, struct az_reserve *res,
+				 u64 slot, int *err)
+{
+	struct az_leaf_dir *d = az_dir(s, slot);
+	struct az_slot *leaf, *fresh = NULL;
+
+	leaf = az_slot_hold(s, slot);
+	if (leaf)
+		return leaf;
+	for (;;) {
+		az_spin_lock(&s->leaf_lock);
+		leaf = d->leaf;		/* a leaf that is going comes back */
+		if (!leaf && fresh) {
+			leaf = fresh;
+			fresh = NULL;
+			az_store_release(&d->leaf, leaf);
+			az_smp_mb();	/* the leaf before the count */
+			az_atomic64_inc(&s->leaves);
+		}
+		if (leaf) {
+			az_atomic_inc(&d->ref);
+			az_spin_unlock(&s->leaf_lock);
+			break;
+		}
+		az_spin_unlock(&s->leaf_lock);
+		fresh = res->l;
+		res->l = NULL;
+		if (!fresh)
+			fresh = az_zalloc(AZ_LEAF_BYTES, AZ_GFP_NOWAIT);
+		if (!fresh) {
+			*err = az_short(res);
+			if (*err == -EAGAIN)
+				res->leaf = true;
+			return NULL;
+		}
+	}
+	az_free(fresh);
+	return &leaf[slot & (AZ_LEAF_SLOTS - 1)];
+}
+
+/*
+ * Drop a hold or a used slot's reference on @slot's leaf; the last frees
+ * it.  Atomic context safe.
+ */
+void az_leaf_put(struct az_store *s, u64 slot)
+{
+	struct az_leaf_dir *d = az_dir(s, slot);
+	struct az_slot *leaf = NULL;
+
+	if (!az_atomic_dec_and_test(&d->ref))
+		return;
+	az_spin_lock(&s->leaf_lock);
+	/* az_slot_hold_new() may have taken it back meanwhile */
+	if (!az_atomic_read(&d->ref)) {
+		leaf = d->leaf;
+		AZ_WRITE_ONCE(d->leaf, NULL);
+	}
+	az_spin_unlock(&s->leaf_lock);
+	if (leaf) {
+		az_free(leaf);
+		az_atomic64_dec(&s->leaves);
+	}
+}
+
+static inline void az_slot_lock(struct az_slot *sl)
+{
+	az_bit_lock(AZ_SLOT_LOCK_BIT, &sl->flags);
+}
+
+static inline void az_slot_unlock(struct az_slot *sl)
+{
+	az_bit_unlock(AZ_SLOT_LOCK_BIT, &sl->flags);
 }
 
 static void az_account_slot(struct az_store *s, unsigned int kind, u16 own,
@@ -616,59 +714,64 @@ static void az_slot_release(struct az_store *s, unsigned long flags, u64 val)
 	az_obj_put(s, o);
 }
 
-/* Take what @slot holds and empty it; the caller holds the slot lock. */
-static void az_slot_take(struct az_store *s, u64 slot, unsigned long *flags,
-			 u64 *val)
+/* Take what @sl holds and empty it; the caller holds the slot lock. */
+static void az_slot_take(struct az_slot *sl, unsigned long *flags, u64 *val)
 {
-	struct az_slot *sl = &s->slots[slot];
-
 	*flags = sl->flags;
 	*val = sl->val;
 	sl->val = 0;
 	sl->flags &= 1UL << AZ_SLOT_LOCK_BIT;
 }
 
-static void az_slot_drop(struct az_store *s, unsigned long flags, u64 val)
+/* Release what @slot held (az_slot_take()) and its leaf reference. */
+static void az_slot_drop(struct az_store *s, u64 slot, unsigned long flags,
+			 u64 val)
 {
 	if (!(flags & AZ_SLOT_USED))
 		return;
 	az_atomic64_inc(&s->frees);
 	az_slot_release(s, flags, val);
+	az_leaf_put(s, slot);
 }
 
 /* Empty @slot.  Atomic context safe. */
 static void az_slot_clear(struct az_store *s, u64 slot)
 {
+	struct az_slot *sl = az_slot_hold(s, slot);
 	unsigned long flags;
 	u64 val;
 
-	az_slot_lock(s, slot);
-	az_slot_take(s, slot, &flags, &val);
-	az_slot_unlock(s, slot);
-	az_slot_drop(s, flags, val);
+	if (!sl)
+		return;
+	az_slot_lock(sl);
+	az_slot_take(sl, &flags, &val);
+	az_slot_unlock(sl);
+	az_slot_drop(s, slot, flags, val);
+	az_leaf_put(s, slot);
 }
 
 /*
- * Fill @slot, releasing what it held.  @extra: AZ_SLOT_DIRECT, size and
- * check bits.  A racing put on the same slot (callers must not do that)
- * loses its page.
+ * Fill @slot (@sl, held: the hold becomes the slot's reference on its
+ * leaf), releasing what it held.  @extra: AZ_SLOT_DIRECT, size and check
+ * bits.  A racing put on the same slot (callers must not do that) loses
+ * its page.
  */
-static void az_slot_set(struct az_store *s, u64 slot, unsigned int kind,
-			u16 own, u64 val, unsigned long extra)
+static void az_slot_set(struct az_store *s, struct az_slot *sl, u64 slot,
+			unsigned int kind, u16 own, u64 val,
+			unsigned long extra)
 {
-	struct az_slot *sl = &s->slots[slot];
 	unsigned long old;
 	u64 oval;
 
 	az_account_slot(s, kind, own, 1);
-	az_slot_lock(s, slot);
+	az_slot_lock(sl);
 	old = sl->flags;
 	oval = sl->val;
 	sl->val = val;
 	sl->flags = (old & (1UL << AZ_SLOT_LOCK_BIT)) | AZ_SLOT_USED |
 		    ((unsigned long)kind << AZ_SLOT_KIND_SHIFT) | own | extra;
-	az_slot_unlock(s, slot);
-	az_slot_drop(s, old, oval);
+	az_slot_unlock(sl);
+	az_slot_drop(s, slot, old, oval);
 }
 
 /* ---- store ------------------------------------------------------------ */
@@ -683,9 +786,10 @@ struct az_store *az_store_create(u64 nr_slots, const char *name)
 	if (!s)
 		return NULL;
 	s->nr_slots = nr_slots;
-	/* 16 B a slot: beyond kvmalloc's INT_MAX above 512 GiB of disk. */
-	s->slots = az_valloc_big(nr_slots * sizeof(struct az_slot));
-	if (!s->slots)
+	s->nr_dir = (nr_slots + AZ_LEAF_SLOTS - 1) >> AZ_LEAF_SHIFT;
+	/* 16 B per 256 slots: beyond kvmalloc's INT_MAX above 128 TiB. */
+	s->dir = az_valloc_big(s->nr_dir * sizeof(*s->dir));
+	if (!s->dir)
 		goto fail_slots;
 	s->owner_chunk[0] = az_valloc(AZ_OWNER_CHUNK * sizeof(struct az_owner));
 	if (!s->owner_chunk[0])
@@ -693,6 +797,7 @@ struct az_store *az_store_create(u64 nr_slots, const char *name)
 	s->pool = az_pool_create(name);
 	if (!s->pool)
 		goto fail_pool;
+	az_spin_init(&s->leaf_lock);
 	az_spin_init(&s->reg_lock);
 	az_spin_init(&s->idx_lock);
 	az_spin_init(&s->bc_lock);
@@ -717,7 +822,7 @@ struct az_store *az_store_create(u64 nr_slots, const char *name)
 fail_pool:
 	az_vfree(s->owner_chunk[0]);
 fail_owners:
-	az_vfree(s->slots);
+	az_vfree(s->dir);
 fail_slots:
 	az_vfree(s);
 	return NULL;
@@ -730,12 +835,20 @@ void az_store_destroy(struct az_store *s)
 
 	if (!s)
 		return;
+	/* Alone here: a leaf goes with its last used slot. */
 	for (i = 0; i < s->nr_slots; i++) {
-		if (s->slots[i].flags & AZ_SLOT_USED)
+		struct az_slot *leaf = s->dir[i >> AZ_LEAF_SHIFT].leaf;
+
+		if (!leaf) {
+			i |= AZ_LEAF_SLOTS - 1;
+			continue;
+		}
+		if (leaf[i & (AZ_LEAF_SLOTS - 1)].flags & AZ_SLOT_USED)
 			az_slot_clear(s, i);
 		if (!(i & 4095))
 			az_cond_resched();
 	}
+	AZ_WARN_ON(az_atomic64_read(&s->leaves));
 	for (o = 1; o < s->nr_owners; o++)
 		if (az_owner_at(s, o)->flags & AZ_OWN_TEMPLATE)
 			az_template_drop_owner(s, o);
@@ -751,9 +864,10 @@ void az_store_destroy(struct az_store *s)
 	az_spin_destroy(&s->bc_lock);
 	az_spin_destroy(&s->idx_lock);
 	az_spin_destroy(&s->reg_lock);
+	az_spin_destroy(&s->leaf_lock);
 	for (o = 0; o < AZ_OWNER_CHUNKS; o++)
 		az_vfree(s->owner_chunk[o]);
-	az_vfree(s->slots);
+	az_vfree(s->dir);
 	az_vfree(s);
 }
 
@@ -1040,8 +1154,9 @@ out:
 
 /* Unshareable page: PLAIN/RAW in a DIRECT slot, no az_obj. */
 static int az_put_direct(struct az_store *s, struct az_ctx *ctx,
-			 const struct az_policy *pol, u64 slot,
-			 const void *page, u64 hash, struct az_reserve *res)
+			 const struct az_policy *pol, struct az_slot *sl,
+			 u64 slot, const void *page, u64 hash,
+			 struct az_reserve *res)
 {
 	unsigned long h;
 	u32 size;
@@ -1061,8 +1176,9 @@ static int az_put_direct(struct az_store *s, struct az_ctx *ctx,
 	az_atomic64_inc(&s->objects);
 	az_atomic64_inc(&s->direct);
 	az_atomic64_add(size, &az_owner_at(s, 0)->excl_bytes);
-	az_slot_set(s, slot, size == AZ_PAGE_SIZE ? AZ_KIND_RAW : AZ_KIND_PLAIN,
-		    0, h, AZ_SLOT_DIRECT |
+	az_slot_set(s, sl, slot,
+		    size == AZ_PAGE_SIZE ? AZ_KIND_RAW : AZ_KIND_PLAIN, 0, h,
+		    AZ_SLOT_DIRECT |
 		    ((unsigned long)size << AZ_SLOT_SIZE_SHIFT) |
 		    (pol->verify ? az_slot_check(hash) : 0));
 	return 0;
@@ -1077,6 +1193,7 @@ int az_store_put_nowait(struct az_store *s, struct az_ctx *ctx, u64 slot,
 	struct az_policy pol;
 	struct az_choice c;
 	struct az_pin pin;
+	struct az_slot *sl;
 	struct az_obj *o;
 	unsigned long h2;
 	u64 word, hash = 0, sf[AZ_NR_SF];
@@ -1088,6 +1205,12 @@ int az_store_put_nowait(struct az_store *s, struct az_ctx *ctx, u64 slot,
 	az_policy_snapshot(s, &pol);
 	if (!res->filled)	/* the first attempt */
 		az_atomic64_inc(&s->stores);
+	sl = az_slot_hold_new(s, res, slot, &err);
+	if (!sl) {
+		if (err == -ENOMEM)
+			az_atomic64_inc(&s->failed_stores);
+		return err;
+	}
 
 	az_owner_pin(s, pi ? pi->owner : 0, &pin);
 	if (pi && pin.idx) {
@@ -1097,13 +1220,13 @@ int az_store_put_nowait(struct az_store *s, struct az_ctx *ctx, u64 slot,
 		pi = &info;
 	}
 	if (az_page_same(page, &word)) {
-		az_slot_set(s, slot, AZ_KIND_SAME, pin.idx, word, 0);
+		az_slot_set(s, sl, slot, AZ_KIND_SAME, pin.idx, word, 0);
 		goto out;
 	}
 	if (pin.reg || pol.verify)
 		hash = az_xxh64(page, AZ_PAGE_SIZE, 0);
 	if (!pin.reg) {
-		err = az_put_direct(s, ctx, &pol, slot, page, hash, res);
+		err = az_put_direct(s, ctx, &pol, sl, slot, page, hash, res);
 		goto out;
 	}
 	if (pol.xdelta)
@@ -1122,7 +1245,7 @@ int az_store_put_nowait(struct az_store *s, struct az_ctx *ctx, u64 slot,
 		if (tnode)
 			az_put_template_entry(s, pin.group, pi->index, pin.idx,
 					      o, t);
-		az_slot_set(s, slot, AZ_KIND_DUP, pin.idx,
+		az_slot_set(s, sl, slot, AZ_KIND_DUP, pin.idx,
 			    (u64)(unsigned long)o, 0);
 		goto out;
 	}
@@ -1154,8 +1277,11 @@ int az_store_put_nowait(struct az_store *s, struct az_ctx *ctx, u64 slot,
 	az_index_insert(s, o, pol.xdelta && !c.base ? sf : NULL);
 	if (tnode)
 		az_put_template_entry(s, pin.group, pi->index, pin.idx, o, t);
-	az_slot_set(s, slot, c.kind, pin.idx, (u64)(unsigned long)o, 0);
+	az_slot_set(s, sl, slot, c.kind, pin.idx, (u64)(unsigned long)o, 0);
 out:
+	/* Every path that leaves @err 0 filled the slot with our hold. */
+	if (err)
+		az_leaf_put(s, slot);
 	if (err == -ENOMEM)
 		az_atomic64_inc(&s->failed_stores);
 	az_owner_unpin(s, &pin);
@@ -1178,27 +1304,24 @@ int az_store_put(struct az_store *s, struct az_ctx *ctx, u64 slot,
 	return err;
 }
 
-int az_store_get(struct az_store *s, struct az_ctx *ctx, u64 slot, void *page)
+/* Read held slot @sl into @page; an empty slot reads as zeroes. */
+static int az_slot_read(struct az_store *s, struct az_ctx *ctx,
+			struct az_slot *sl, void *page)
 {
-	struct az_slot *sl;
 	struct az_obj *o;
 	unsigned long flags;
 	int err = 0;
 
-	if (slot >= s->nr_slots)
-		return -EINVAL;
-	sl = &s->slots[slot];
-	az_atomic64_inc(&s->loads);
-	az_slot_lock(s, slot);
+	az_slot_lock(sl);
 	flags = sl->flags;
 	if (!(flags & AZ_SLOT_USED)) {
-		az_slot_unlock(s, slot);
+		az_slot_unlock(sl);
 		memset(page, 0, AZ_PAGE_SIZE);
 		return 0;
 	}
 	if (az_slot_kind(flags) == AZ_KIND_SAME) {
 		az_fill_page(page, sl->val);
-		az_slot_unlock(s, slot);
+		az_slot_unlock(sl);
 		return 0;
 	}
 	if (flags & AZ_SLOT_DIRECT) {
@@ -1215,23 +1338,40 @@ int az_store_get(struct az_store *s, struct az_ctx *ctx, u64 slot, void *page)
 		    az_slot_check(az_xxh64(page, AZ_PAGE_SIZE, 0)) !=
 		    (flags & ~((1UL << AZ_SLOT_CHECK_SHIFT) - 1)))
 			err = -EIO;
-		az_slot_unlock(s, slot);
-		goto done;
+		az_slot_unlock(sl);
+		return err;
 	}
 	/* The slot lock keeps the object (and so its base) alive. */
 	o = (struct az_obj *)(unsigned long)sl->val;
 	if (az_enc_is_pack(o->enc)) {
 		err = az_pack_read(s, ctx, o, az_slot_member(flags), page,
 				   AZ_READ_ONCE(s->pol.verify));
-		az_slot_unlock(s, slot);
-		goto done;
+		az_slot_unlock(sl);
+		return err;
 	}
 	err = az_obj_read(s, ctx, o, page);
 	if (!err && AZ_READ_ONCE(s->pol.verify) &&
 	    az_hash_tag(az_xxh64(page, AZ_PAGE_SIZE, 0)) != o->hash)
 		err = -EIO;
-	az_slot_unlock(s, slot);
-done:
+	az_slot_unlock(sl);
+	return err;
+}
+
+int az_store_get(struct az_store *s, struct az_ctx *ctx, u64 slot, void *page)
+{
+	struct az_slot *sl;
+	int err;
+
+	if (slot >= s->nr_slots)
+		return -EINVAL;
+	az_atomic64_inc(&s->loads);
+	sl = az_slot_hold(s, slot);
+	if (!sl) {		/* no leaf: empty */
+		memset(page, 0, AZ_PAGE_SIZE);
+		return 0;
+	}
+	err = az_slot_read(s, ctx, sl, page);
+	az_leaf_put(s, slot);
 	if (err)
 		az_atomic64_inc(&s->failed_loads);
 	return err;
@@ -1245,16 +1385,23 @@ void az_store_free(struct az_store *s, u64 slot)
 
 int az_store_free_notify(struct az_store *s, u64 slot)
 {
+	struct az_slot *sl;
 	unsigned long flags;
 	u64 val;
 
 	if (slot >= s->nr_slots)
 		return -EINVAL;
-	if (!az_bit_trylock(AZ_SLOT_LOCK_BIT, &s->slots[slot].flags))
+	sl = az_slot_hold(s, slot);
+	if (!sl)
+		return 0;
+	if (!az_bit_trylock(AZ_SLOT_LOCK_BIT, &sl->flags)) {
+		az_leaf_put(s, slot);
 		return -EBUSY;
-	az_slot_take(s, slot, &flags, &val);
-	az_slot_unlock(s, slot);
-	az_slot_drop(s, flags, val);
+	}
+	az_slot_take(sl, &flags, &val);
+	az_slot_unlock(sl);
+	az_slot_drop(s, slot, flags, val);
+	az_leaf_put(s, slot);
 	return 0;
 }
 
@@ -1269,13 +1416,15 @@ int az_store_free_notify(struct az_store *s, u64 slot)
 static struct az_obj *az_pack_candidate(struct az_store *s, u64 slot,
 					u16 *own, bool *other)
 {
-	struct az_slot *sl = &s->slots[slot];
+	struct az_slot *sl = az_slot_hold(s, slot);
 	struct az_obj *o = NULL;
 	unsigned long flags;
 	u16 so;
 
 	*other = false;
-	az_slot_lock(s, slot);
+	if (!sl)
+		return NULL;
+	az_slot_lock(sl);
 	flags = sl->flags;
 	so = flags & AZ_SLOT_OWNER_MASK;
 	if ((flags & AZ_SLOT_USED) && !(flags & AZ_SLOT_DIRECT) &&
@@ -1293,7 +1442,8 @@ static struct az_obj *az_pack_candidate(struct az_store *s, u64 slot,
 			*own = so;
 		}
 	}
-	az_slot_unlock(s, slot);
+	az_slot_unlock(sl);
+	az_leaf_put(s, slot);
 	return o;
 }
 
@@ -1308,13 +1458,15 @@ static struct az_obj *az_pack_candidate(struct az_store *s, u64 slot,
 static bool az_pack_move(struct az_store *s, u64 slot, struct az_obj *from,
 			 u32 fm, struct az_obj *to, u32 tm)
 {
-	struct az_slot *sl = &s->slots[slot];
+	struct az_slot *sl = az_slot_hold(s, slot);
 	bool from_pack = az_enc_is_pack(from->enc);
 	unsigned long flags;
 	bool done = false;
 
+	if (!sl)		/* freed meanwhile */
+		return false;
 	az_ref_inc(&to->ref);
-	az_slot_lock(s, slot);
+	az_slot_lock(sl);
 	flags = sl->flags;
 	if ((flags & AZ_SLOT_USED) && !(flags & AZ_SLOT_DIRECT) &&
 	    az_slot_kind(flags) == AZ_KIND_PLAIN &&
@@ -1331,7 +1483,8 @@ static bool az_pack_move(struct az_store *s, u64 slot, struct az_obj *from,
 			az_atomic64_inc(&s->packed_pages);
 		done = true;
 	}
-	az_slot_unlock(s, slot);
+	az_slot_unlock(sl);
+	az_leaf_put(s, slot);
 	az_obj_put(s, done ? from : to);
 	return done;
 }
@@ -1454,17 +1607,20 @@ int az_store_slot_kind(struct az_store *s, u64 slot)
 
 int az_store_slot_info(struct az_store *s, u64 slot, u32 *bytes)
 {
+	struct az_slot *sl;
 	unsigned long flags;
 	u32 size = 0;
 
 	if (slot >= s->nr_slots)
 		return -EINVAL;
-	az_slot_lock(s, slot);
-	flags = s->slots[slot].flags;
+	sl = az_slot_hold(s, slot);
+	if (!sl)
+		return -ENOENT;
+	az_slot_lock(sl);
+	flags = sl->flags;
 	/* The slot holds a reference on its object: its size is stable here. */
 	if ((flags & AZ_SLOT_USED) && az_slot_kind(flags) != AZ_KIND_SAME) {
-		struct az_obj *o = (struct az_obj *)(unsigned long)
-				   s->slots[slot].val;
+		struct az_obj *o = (struct az_obj *)(unsigned long)sl->val;
 
 		if (flags & AZ_SLOT_DIRECT)
 			size = az_slot_size(flags);
@@ -1473,7 +1629,8 @@ int az_store_slot_info(struct az_store *s, u64 slot, u32 *bytes)
 		else
 			size = az_obj_bytes(o);
 	}
-	az_slot_unlock(s, slot);
+	az_slot_unlock(sl);
+	az_leaf_put(s, slot);
 	if (!(flags & AZ_SLOT_USED))
 		return -ENOENT;
 	if (bytes)
@@ -1588,7 +1745,8 @@ void az_store_get_stats(struct az_store *s, struct az_stats *st)
 	st->base_cache_hits = az_atomic64_read(&s->bc_hits);
 	st->base_cache_misses = az_atomic64_read(&s->bc_misses);
 	st->compacted_bytes = az_atomic64_read(&s->compacted_bytes);
-	st->slot_bytes = s->nr_slots * sizeof(struct az_slot);
+	st->slot_bytes = s->nr_dir * sizeof(*s->dir) +
+			 az_atomic64_read(&s->leaves) * AZ_LEAF_BYTES;
 	st->slot_used_bytes = st->pages_stored * sizeof(struct az_slot);
 	st->owner_bytes = az_owner_bytes(s);
 	/* The objects' index fields are in sizeof(struct az_obj): once. */

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from controlplane.trace.corelib import META_PARTS, PAGE_SIZE, CoreError, Store
+from controlplane.trace.corelib import META_PARTS, PAGE_SIZE, CoreError, Ctx, Store
 
 from . import pages
 
@@ -499,6 +499,78 @@ def test_sim_slots_sizes_the_similarity_index(make_store):
     assert sizes[1] - sizes[4] == (4096 - 1024) * (2 + ctypes.sizeof(ctypes.c_void_p))
 
 
+LEAF_SLOTS = 256
+LEAF_BYTES = LEAF_SLOTS * 16
+
+
+def test_slot_table_leaves_come_and_go_with_their_slots(make_store):
+    """The slot table costs a directory entry per 256 slots plus a leaf per range in use.
+
+    A leaf is allocated by the first put into its range and freed with its last used slot;
+    reads, frees and free notifications of slots without a leaf see empty slots.
+    """
+    s = make_store(1 << 20)
+    base = s.stats()["slot_bytes"]
+    assert base == (1 << 20) // LEAF_SLOTS * 16
+    p = pages.make("text", 1)
+    assert s.get(5000) == bytes(4096) and s.kind(5000) is None
+    s.free(5000)
+    assert s.lib.az_store_free_notify(s._s, 5000) == 0
+    assert s.stats()["slot_bytes"] == base
+    for slot in (0, 255, 256, 1 << 19, (1 << 20) - 1):
+        s.put(slot, p)
+    assert s.stats()["slot_bytes"] == base + 4 * LEAF_BYTES  # 0 and 255 share one
+    s.check()
+    s.free(255)
+    assert s.stats()["slot_bytes"] == base + 4 * LEAF_BYTES
+    s.free(0)
+    assert s.stats()["slot_bytes"] == base + 3 * LEAF_BYTES
+    s.put(256, pages.make("text", 2))  # a rewrite keeps its leaf
+    assert s.stats()["slot_bytes"] == base + 3 * LEAF_BYTES
+    assert s.lib.az_store_free_notify(s._s, 256) == 0
+    assert s.stats()["slot_bytes"] == base + 2 * LEAF_BYTES
+    assert s.get((1 << 20) - 1) == p
+    s.check()
+    for slot in (1 << 19, (1 << 20) - 1):
+        s.free(slot)
+    assert s.stats()["slot_bytes"] == base and s.stats()["pages_stored"] == 0
+    s.check()
+
+
+def test_slot_table_leaves_under_racing_puts_and_frees(make_store):
+    """Threads (a context each) filling and emptying one slot each of the same leaves, so
+    the leaves are allocated and freed under races: every page reads back, no leaf is lost
+    or leaked, and each leaf's count matches its used slots (check)."""
+    s = make_store(4 * LEAF_SLOTS)
+    lib = s.lib
+    errors: list[str] = []
+
+    def worker(t: int) -> None:
+        ctx = Ctx.create(lib)
+        buf = ctypes.create_string_buffer(4096)
+        page = pages.make("text", 10 + t)
+        try:
+            for r in range(2000):
+                slot = (r % 4) * LEAF_SLOTS + t * 37
+                if lib.az_store_put(s._s, ctx.ptr, slot, page, None):
+                    errors.append(f"put {slot}")
+                if lib.az_store_get(s._s, ctx.ptr, slot, buf) or buf.raw != page:
+                    errors.append(f"get {slot} round {r}")
+                lib.az_store_free(s._s, slot)
+        finally:
+            ctx.close()
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    st = s.stats()
+    assert st["pages_stored"] == 0 and st["slot_bytes"] == 4 * 16 and st["frees"] == 8000
+    s.check()
+
+
 def test_meta_bytes_count_index_fields_once(make_store):
     """meta_bytes holds the index tables once and each object's header once.
 
@@ -517,7 +589,7 @@ def test_meta_bytes_count_index_fields_once(make_store):
     st = s.stats()
     assert st["objects"] - n1 == 32
     assert st["index_bytes"] - i1 == 32 * (4 + ctypes.sizeof(ctypes.c_void_p) + 3 * 4)
-    assert st["meta_bytes"] - m1 == 32 * obj_size
+    assert st["meta_bytes"] - m1 == 32 * obj_size + LEAF_BYTES  # and the slots' leaf
 
 
 def test_meta_bytes_by_component(make_store):
@@ -532,7 +604,8 @@ def test_meta_bytes_by_component(make_store):
     def check() -> dict[str, int]:
         st = s.stats()
         assert sum(st[k] for k in META_PARTS) == st["meta_bytes"]
-        assert st["slot_bytes"] == 512 * 16
+        # two directory entries; every slot used below is in the first leaf
+        assert st["slot_bytes"] == 2 * 16 + (LEAF_BYTES if st["pages_stored"] else 0)
         assert st["slot_used_bytes"] == st["pages_stored"] * 16
         return st
 

@@ -150,9 +150,11 @@ def test_block_io_roundtrip_partial_and_discard(dev0) -> None:
     st = d.mm()
     assert st["orig_data_size"] >= (pages + 3) * 4096
     assert st["same_pages"] >= pages // 2  # zero and same-filled pages
-    # meta_stat splits meta_bytes: one 16-byte slot entry per slot, the used ones per page stored.
+    # meta_stat splits meta_bytes: the slot table is a 16-byte directory entry per 256 slots
+    # and a 4 KiB leaf per 256-slot range in use; the used entries per page stored.
     meta = d.stat("meta_stat")
-    assert meta["slot_bytes"] == 16 * (16 << 20) // 4096
+    leaves = len({slot >> 8 for slot in [*range(10, 10 + pages), 100, 101, 102]})
+    assert meta["slot_bytes"] == 16 * (16 << 20) // 4096 // 256 + 4096 * leaves
     assert meta["slot_used_bytes"] == 16 * d.obj()["pages_stored"]
     parts = sum(v for k, v in meta.items() if k != "slot_used_bytes")
     assert parts == d.mm()["meta_bytes"]
@@ -168,6 +170,7 @@ def test_block_io_roundtrip_partial_and_discard(dev0) -> None:
     # Write-zeroes frees too.
     ag.sh("blkdiscard", "-z", "-o", str(4096 * 100), "-l", str(4096 * 3), d.path)
     assert d.obj()["pages_stored"] == 0
+    assert d.stat("meta_stat")["slot_bytes"] == 16 * (16 << 20) // 4096 // 256  # no leaf left
     # I/O beyond the end fails cleanly.
     fd = os.open(d.path, os.O_RDONLY | os.O_DIRECT)
     try:

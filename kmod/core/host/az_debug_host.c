@@ -34,7 +34,9 @@ int az_store_debug_corrupt(struct az_store *s, u64 slot, u32 off, u8 xor)
 
 	if (slot >= s->nr_slots)
 		return -EINVAL;
-	sl = &s->slots[slot];
+	sl = az_slot_hold(s, slot);
+	if (!sl)
+		return -ENOENT;
 	az_bit_lock(AZ_SLOT_LOCK_BIT, &sl->flags);
 	if (!(sl->flags & AZ_SLOT_USED) ||
 	    ((sl->flags & AZ_SLOT_KIND_MASK) >> AZ_SLOT_KIND_SHIFT) ==
@@ -57,6 +59,7 @@ int az_store_debug_corrupt(struct az_store *s, u64 slot, u32 off, u8 xor)
 		az_debug_xor(s->pool, o->handle, o->size, 0, off, xor);
 out:
 	az_bit_unlock(AZ_SLOT_LOCK_BIT, &sl->flags);
+	az_leaf_put(s, slot);
 	return err;
 }
 
@@ -68,7 +71,9 @@ int az_store_debug_corrupt_link(struct az_store *s, u64 slot, u8 xor)
 
 	if (slot >= s->nr_slots)
 		return -EINVAL;
-	sl = &s->slots[slot];
+	sl = az_slot_hold(s, slot);
+	if (!sl)
+		return -ENOENT;
 	az_bit_lock(AZ_SLOT_LOCK_BIT, &sl->flags);
 	if ((sl->flags & AZ_SLOT_USED) && !(sl->flags & AZ_SLOT_DIRECT) &&
 	    az_slot_kind(sl->flags) != AZ_KIND_SAME) {
@@ -80,6 +85,7 @@ int az_store_debug_corrupt_link(struct az_store *s, u64 slot, u8 xor)
 		}
 	}
 	az_bit_unlock(AZ_SLOT_LOCK_BIT, &sl->flags);
+	az_leaf_put(s, slot);
 	return err;
 }
 
@@ -241,13 +247,40 @@ int az_store_debug_check(struct az_store *s)
 	u64 slot;
 	int err = 0;
 
+	/* The slot table: a leaf exactly where a slot is used, counted. */
+	for (i = 0, j = 0; i < s->nr_dir; i++) {
+		struct az_leaf_dir *d = &s->dir[i];
+		u32 used = 0, k;
+
+		if (!d->leaf) {
+			AZ_CHK(!az_atomic_read(&d->ref),
+			       "leaf %zu: none but %d references", i,
+			       az_atomic_read(&d->ref));
+			continue;
+		}
+		j++;
+		for (k = 0; k < AZ_LEAF_SLOTS; k++)
+			used += !!(d->leaf[k].flags & AZ_SLOT_USED);
+		AZ_CHK(used && (u32)az_atomic_read(&d->ref) == used,
+		       "leaf %zu: %u slots used, %d references", i, used,
+		       az_atomic_read(&d->ref));
+	}
+	AZ_CHK(j == az_atomic64_read(&s->leaves), "%zu leaves, %llu counted",
+	       j, (unsigned long long)az_atomic64_read(&s->leaves));
 	for (slot = 0; slot < s->nr_slots; slot++) {
-		struct az_slot *sl = &s->slots[slot];
-		unsigned int kind = (sl->flags & AZ_SLOT_KIND_MASK) >>
-				    AZ_SLOT_KIND_SHIFT;
-		u16 own = sl->flags & AZ_SLOT_OWNER_MASK;
+		struct az_slot *leaf = s->dir[slot >> AZ_LEAF_SHIFT].leaf;
+		struct az_slot *sl;
+		unsigned int kind;
+		u16 own;
 		struct az_obj *o;
 
+		if (!leaf) {
+			slot |= AZ_LEAF_SLOTS - 1;
+			continue;
+		}
+		sl = &leaf[slot & (AZ_LEAF_SLOTS - 1)];
+		kind = (sl->flags & AZ_SLOT_KIND_MASK) >> AZ_SLOT_KIND_SHIFT;
+		own = sl->flags & AZ_SLOT_OWNER_MASK;
 		if (!(sl->flags & AZ_SLOT_USED) || kind == AZ_KIND_SAME)
 			continue;
 		if (sl->flags & AZ_SLOT_DIRECT) {
@@ -435,15 +468,31 @@ u64 az_store_debug_reg_lock_taken(struct az_store *s)
 	return __atomic_load_n(&s->reg_lock.taken, __ATOMIC_SEQ_CST);
 }
 
-/* Hold or release @slot's lock, as a reader decoding it would. */
+/*
+ * Hold or release @slot's lock, as a reader decoding it would (its leaf
+ * is allocated if need be and held while the lock is).
+ */
 int az_store_debug_slot_lock(struct az_store *s, u64 slot, int lock)
 {
+	struct az_reserve res = { 0 };
+	struct az_slot *sl;
+	int err = 0;
+
 	if (slot >= s->nr_slots)
 		return -EINVAL;
-	if (lock)
-		az_bit_lock(AZ_SLOT_LOCK_BIT, &s->slots[slot].flags);
-	else
-		az_bit_unlock(AZ_SLOT_LOCK_BIT, &s->slots[slot].flags);
+	if (lock) {
+		sl = az_slot_hold_new(s, &res, slot, &err);
+		if (!sl)
+			return err;
+		az_bit_lock(AZ_SLOT_LOCK_BIT, &sl->flags);
+		return 0;
+	}
+	sl = az_slot_hold(s, slot);	/* the lock's hold is still there */
+	if (!sl)
+		return -ENOENT;
+	az_bit_unlock(AZ_SLOT_LOCK_BIT, &sl->flags);
+	az_leaf_put(s, slot);
+	az_leaf_put(s, slot);
 	return 0;
 }
 
