@@ -221,13 +221,13 @@ struct az_obj {
 	u16 owner;		/* owner index charged for the bytes */
 	u16 size;		/* bytes in the pool (at most AZ_PAGE_SIZE) */
 	u8 enc;			/* enum az_enc, or 0 for a raw page */
-	u8 nr_sf;		/* similarity index entries in @sim_pos */
+	u8 nr_sf;		/* similarity index entries: @sim_key */
 	u16 link_check;		/* split object: az_link_check() of the link */
 	u32 group;		/* trust group (valid when owner != 0) */
 	u32 hash;		/* az_hash_tag() of the decoded page */
 	union {
 		struct az_obj *base;	/* a delta's base (referenced) */
-		u32 sim_pos[AZ_NR_SF];	/* similarity table positions */
+		u32 sim_key[AZ_NR_SF];	/* similarity keys (index.c) */
 		struct {
 			u32 pages;	/* 2..AZ_PACK_MAX */
 			u32 unused;
@@ -431,10 +431,10 @@ _Static_assert(sizeof(struct az_tchunk) <= AZ_TCHUNK_BYTES,
 
 /*
  * One set of the similarity table: 10 bytes per way.  A way's tag is the
- * top 16 bits of the mixed key (the set index is its low bits), so a
- * lookup meets a foreign key in a set about once per 2^16 ways looked at;
- * such a candidate still has to pass the group check and is then merely
- * a poor base (the delta is computed against its real content).
+ * low 16 bits of the mixed 64-bit key; the set index is the top bits of
+ * its top half, which the object keeps (az_obj.sim_key), so a lookup
+ * filters by tag and confirms by the object's key, and a table being
+ * doubled knows where each entry goes.
  */
 struct az_sim_set {
 	u16 tag[AZ_SIM_WAYS];
@@ -444,15 +444,38 @@ _Static_assert(sizeof(struct az_sim_set) ==
 	       AZ_SIM_WAYS * (sizeof(u16) + sizeof(void *)),
 	       "a similarity-table way is a tag and a pointer, unpadded");
 
+/*
+ * The index tables (index.c: how they are sized and grow).  Everything is
+ * under s->idx_lock but @grow (read without it) and @growing (the one
+ * process-context caller growing the tables, az_index_grow()).
+ */
 struct az_index {
 	struct az_obj **dbuckets;	/* dedup: hash -> chain */
 	u32 dmask;
 	struct az_tchunk **tbuckets;	/* template: (group, index) -> base */
 	u32 tmask;
 	struct az_sim_set *sim;		/* similarity: set-associative */
-	u32 smask;			/* number of sets - 1 */
+	u32 sbits;			/* log2 of the number of sets */
+	/*
+	 * A dedup or similarity table being doubled: the entries of its old
+	 * buckets (sets) from @dmoved (@smoved) on are still in @dold (@sold).
+	 */
+	struct az_obj **dold;
+	u32 dold_mask;
+	u32 dmoved;
+	struct az_sim_set *sold;
+	u32 sold_bits;
+	u32 smoved;
+	/* Caps: the sizes a device full of indexed objects gets. */
+	u32 dmax;
+	u32 tmax;
+	u32 smax_bits;
+	u32 tgen;			/* changes when tbuckets is rehashed */
+	bool grow;			/* a table is over its load */
+	unsigned long growing;		/* bit 0: az_index_grow() runs */
 	u64 tchunks;			/* template chunks allocated */
 	u64 indexed;			/* objects linked in the indexes */
+	u64 simmed;			/* of which with similarity entries */
 	u64 table_bytes;
 };
 
@@ -655,6 +678,7 @@ u64 az_owner_bytes(struct az_store *s);
 /* ---- index.c ---------------------------------------------------------- */
 
 int az_index_ensure(struct az_store *s);
+void az_index_grow(struct az_store *s);
 void az_index_destroy(struct az_store *s);
 u64 az_index_bytes(struct az_store *s, u64 *table_bytes, u64 *tnode_bytes);
 /* Identical page in @group: returns a referenced object or NULL. */

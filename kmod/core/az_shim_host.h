@@ -139,6 +139,8 @@ static inline bool az_atomic_inc_not_zero(az_atomic_t *a)
 	(!!(__atomic_load_n((w), __ATOMIC_RELAXED) & (1UL << (nr))))
 #define AZ_READ_ONCE(x)		__atomic_load_n(&(x), __ATOMIC_RELAXED)
 #define AZ_WRITE_ONCE(x, v)	__atomic_store_n(&(x), (v), __ATOMIC_RELAXED)
+#define az_clear_bit_unlock(nr, w) \
+	((void)__atomic_fetch_and((w), ~(1UL << (nr)), __ATOMIC_RELEASE))
 #define az_test_and_set_bit(nr, w) \
 	(!!(__atomic_fetch_or((w), 1UL << (nr), AZ_SC) & (1UL << (nr))))
 
@@ -164,6 +166,12 @@ struct az_defer_node *az_defer_take(struct az_defer *d);
 static inline struct az_defer_node *az_defer_next(struct az_defer_node *n)
 {
 	return n->next;
+}
+
+/* No worker to wake: the host's callers run the work (az_store_drain()). */
+static inline void az_defer_kick(struct az_defer *d)
+{
+	(void)d;
 }
 
 void az_defer_sync(struct az_defer *d);

@@ -61,6 +61,11 @@ void az_defer_add(struct az_defer *d, struct az_defer_node *n)
 		queue_delayed_work(az_wq, &d->work, AZ_DEFER_DELAY);
 }
 
+void az_defer_kick(struct az_defer *d)
+{
+	queue_delayed_work(az_wq, &d->work, AZ_DEFER_DELAY);
+}
+
 struct az_defer_node *az_defer_take(struct az_defer *d)
 {
 	struct llist_node *n = llist_del_all(&d->list);

@@ -193,6 +193,7 @@ static inline void az_wake_up(az_wait_t *wq)
 #define AZ_READ_ONCE(x)			READ_ONCE(x)
 #define AZ_WRITE_ONCE(x, v)		WRITE_ONCE(x, v)
 #define az_test_and_set_bit(nr, w)	test_and_set_bit(nr, w)
+#define az_clear_bit_unlock(nr, w)	clear_bit_unlock(nr, w)
 
 /* Hashing */
 static inline u64 az_xxh64(const void *buf, size_t len, u64 seed)
@@ -233,6 +234,8 @@ static inline struct az_defer_node *az_defer_next(struct az_defer_node *n)
 	return next ? container_of(next, struct az_defer_node, node) : NULL;
 }
 
+/* Have the worker run soon, with or without nodes.  Atomic context safe. */
+void az_defer_kick(struct az_defer *d);
 /* Run a pending worker now and wait for it; process context. */
 void az_defer_sync(struct az_defer *d);
 /* Cancel and wait for the worker before the deferral goes away. */

@@ -25,16 +25,38 @@
 #include "az_internal.h"
 
 /*
- * Sizing, fixed when the first owner registers, from the number of slots:
- * one dedup bucket per 4 slots (8 bytes each) and one similarity entry
- * per s->sim_slots slots (10 bytes each; every non-delta object takes
- * AZ_NR_SF entries, the oldest drop out).  Measured with
+ * Sizing: the tables are allocated small when the first owner registers
+ * and double as objects are indexed, so that their memory follows what
+ * is stored, not the size of the device.  Their load: one dedup bucket
+ * per AZ_DEDUP_LOAD indexed objects at most (8 bytes each), one
+ * similarity entry per s->sim_slots objects with similarity entries (10
+ * bytes each; every one takes AZ_NR_SF entries, the oldest drop out), one
+ * template bucket per template chunk.  Caps: what a device full of
+ * indexed objects gets, one object per slot.  Measured with
  * tests/core/bench_core.py: halving the similarity table halves the
- * similar pages found on a full device of distinct pages.  A fleet of
- * snapshot-restored VMs, whose slots are mostly duplicates of template
- * bases (no index entry), needs fewer (docs/store.md: sim_slots).
+ * similar pages found among distinct pages.  A fleet of snapshot-restored
+ * VMs, whose slots are mostly duplicates of template bases (no index
+ * entry), needs fewer (docs/store.md: sim_slots).
+ *
+ * Growth: an insert that takes a table past its load sets @grow and
+ * wakes the deferred worker, which calls az_index_grow() (so do the
+ * sleeping put wrappers and az_store_drain()).  It allocates the doubled
+ * table outside idx_lock, then moves the entries over in steps of
+ * AZ_MOVE_STEP old buckets under idx_lock, dropping it between steps.
+ * While a dedup or similarity table is being moved, an old bucket (set)
+ * below @dmoved (@smoved) has its entries in the new table and the others
+ * are still in the old one: lookups, inserts and removes pick the table
+ * by that rule (az_dhead(), az_sim_head()).  The template table (a chunk
+ * per 48 template pages: small) is rehashed in one step.
  */
 #define AZ_DEDUP_LOAD	4
+/*
+ * Similarity entries wanted per object (with sim_slots 1): room for all of
+ * them.  Replayed coding-agent fleets of fresh processes found a third fewer
+ * near-duplicates with one entry per object, the oldest dropping out early.
+ */
+#define AZ_SIM_LOAD	AZ_NR_SF
+#define AZ_MOVE_STEP	1024
 
 static u32 az_pow2_below(u64 n, u32 min, u32 max)
 {
@@ -45,15 +67,32 @@ static u32 az_pow2_below(u64 n, u32 min, u32 max)
 	return p;
 }
 
+static u32 az_log2(u32 pow2)
+{
+	u32 b = 0;
+
+	while ((1U << b) < pow2)
+		b++;
+	return b;
+}
+
 static void az_index_free(struct az_index *x)
 {
 	az_vfree(x->sim);
+	az_vfree(x->sold);
 	az_vfree(x->tbuckets);
 	az_vfree(x->dbuckets);
+	az_vfree(x->dold);
 	x->sim = NULL;
+	x->sold = NULL;
 	x->tbuckets = NULL;
 	x->dbuckets = NULL;
+	x->dold = NULL;
 }
+
+#define AZ_DEDUP_MIN	256
+#define AZ_TMPL_MIN	64
+#define AZ_SIM_MIN	64	/* sets */
 
 /*
  * The indexes are allocated when the first owner is registered, so a
@@ -65,28 +104,31 @@ static void az_index_free(struct az_index *x)
 int az_index_ensure(struct az_store *s)
 {
 	struct az_index x;
-	u32 nd, nt, ns, slots;
+	u32 slots;
 
 again:
 	if (s->idx.dbuckets)	/* racy peek; installed once, never freed */
 		return 0;
 	memset(&x, 0, sizeof(x));
-	nd = az_pow2_below(s->nr_slots / AZ_DEDUP_LOAD, 256, 1U << 22);
-	nt = az_pow2_below(s->nr_slots / 64, 64, 1U << 18);
 	slots = AZ_READ_ONCE(s->sim_slots);
-	ns = az_pow2_below(s->nr_slots / slots / AZ_SIM_WAYS, 64, 1U << 22);
-	x.dbuckets = az_valloc(nd * sizeof(*x.dbuckets));
-	x.tbuckets = az_valloc(nt * sizeof(*x.tbuckets));
-	x.sim = az_valloc((size_t)ns * sizeof(*x.sim));
+	x.dmax = az_pow2_below(s->nr_slots / AZ_DEDUP_LOAD, AZ_DEDUP_MIN,
+			       1U << 22);
+	x.tmax = az_pow2_below(s->nr_slots / 64, AZ_TMPL_MIN, 1U << 18);
+	x.smax_bits = az_log2(az_pow2_below(s->nr_slots / slots / AZ_SIM_WAYS,
+					    AZ_SIM_MIN, 1U << 22));
+	x.sbits = az_log2(AZ_SIM_MIN);
+	x.dbuckets = az_valloc(AZ_DEDUP_MIN * sizeof(*x.dbuckets));
+	x.tbuckets = az_valloc(AZ_TMPL_MIN * sizeof(*x.tbuckets));
+	x.sim = az_valloc((size_t)AZ_SIM_MIN * sizeof(*x.sim));
 	if (!x.dbuckets || !x.tbuckets || !x.sim) {
 		az_index_free(&x);
 		return -ENOMEM;
 	}
-	x.dmask = nd - 1;
-	x.tmask = nt - 1;
-	x.smask = ns - 1;
-	x.table_bytes = nd * sizeof(*x.dbuckets) + nt * sizeof(*x.tbuckets) +
-			(u64)ns * sizeof(*x.sim);
+	x.dmask = AZ_DEDUP_MIN - 1;
+	x.tmask = AZ_TMPL_MIN - 1;
+	x.table_bytes = AZ_DEDUP_MIN * sizeof(*x.dbuckets) +
+			AZ_TMPL_MIN * sizeof(*x.tbuckets) +
+			AZ_SIM_MIN * sizeof(*x.sim);
 
 	az_spin_lock(&s->reg_lock);
 	if (!s->idx.dbuckets && slots != s->sim_slots) {
@@ -161,9 +203,12 @@ static inline u64 az_mix(u64 v)
 
 /* ---- dedup ------------------------------------------------------------ */
 
-static inline u32 az_dbucket(struct az_index *x, u32 tag)
+/* The chain of @tag, in the old table while that is being moved. */
+static inline struct az_obj **az_dhead(struct az_index *x, u32 tag)
 {
-	return tag & x->dmask;
+	if (x->dold && (tag & x->dold_mask) >= x->dmoved)
+		return &x->dold[tag & x->dold_mask];
+	return &x->dbuckets[tag & x->dmask];
 }
 
 #define AZ_DEDUP_CANDS	4
@@ -178,8 +223,7 @@ struct az_obj *az_dedup_find(struct az_store *s, struct az_ctx *ctx,
 	int n = 0, i;
 
 	az_spin_lock(&s->idx_lock);
-	for (o = x->dbuckets[az_dbucket(x, tag)]; o && n < AZ_DEDUP_CANDS;
-	     o = o->dnext) {
+	for (o = *az_dhead(x, tag); o && n < AZ_DEDUP_CANDS; o = o->dnext) {
 		if (o->hash != tag || o->group != group)
 			continue;
 		if (need_base && az_obj_base(o))
@@ -271,14 +315,43 @@ static inline u64 az_sim_key(u32 group, unsigned int i, u64 sf)
 	return az_mix(sf ^ az_mix(((u64)group << 8) | i));
 }
 
-static inline u32 az_sim_pos(const struct az_index *x, u64 key)
+/* What an object keeps of a key: its top half. */
+static inline u32 az_sim_key32(u64 key)
 {
-	return (u32)key & x->smask;
+	return (u32)(key >> 32);
 }
 
 static inline u16 az_sim_tag(u64 key)
 {
-	return (u16)(key >> 48);
+	return (u16)key;
+}
+
+static inline u32 az_sim_setno(u32 key32, u32 bits)
+{
+	return key32 >> (32 - bits);
+}
+
+/* The set of @key32, in the old table while that is being moved. */
+static inline struct az_sim_set *az_sim_head(struct az_index *x, u32 key32)
+{
+	u32 so;
+
+	if (x->sold) {
+		so = az_sim_setno(key32, x->sold_bits);
+		if (so >= x->smoved)
+			return &x->sold[so];
+	}
+	return &x->sim[az_sim_setno(key32, x->sbits)];
+}
+
+static inline bool az_sim_has_key(const struct az_obj *o, u32 key32)
+{
+	unsigned int j;
+
+	for (j = 0; j < o->nr_sf; j++)
+		if (o->sim_key[j] == key32)
+			return true;
+	return false;
 }
 
 int az_sim_find(struct az_store *s, u32 group, const u64 *sf,
@@ -293,11 +366,12 @@ int az_sim_find(struct az_store *s, u32 group, const u64 *sf,
 	az_spin_lock(&s->idx_lock);
 	for (i = 0; i < AZ_NR_SF && n < max; i++) {
 		key = az_sim_key(group, i, sf[i]);
-		e = &x->sim[az_sim_pos(x, key)];
+		e = az_sim_head(x, az_sim_key32(key));
 		for (w = 0; w < AZ_SIM_WAYS && n < max; w++) {
 			struct az_obj *o = e->obj[w];
 
 			if (!o || e->tag[w] != az_sim_tag(key) ||
+			    !az_sim_has_key(o, az_sim_key32(key)) ||
 			    o->group != group || !o->owner || az_obj_base(o))
 				continue;
 			for (k = 0; k < n; k++)
@@ -315,23 +389,48 @@ int az_sim_find(struct az_store *s, u32 group, const u64 *sf,
 
 /* ---- insert / remove -------------------------------------------------- */
 
+/* A table past its load (idx_lock held): az_index_grow() has work. */
+static bool az_index_over(struct az_store *s)
+{
+	struct az_index *x = &s->idx;
+	u64 sim_cap = ((u64)AZ_SIM_WAYS << x->sbits) *
+		      AZ_READ_ONCE(s->sim_slots);
+
+	return (!x->dold && x->dmask + 1 < x->dmax &&
+		x->indexed > (u64)(x->dmask + 1) * AZ_DEDUP_LOAD) ||
+	       (!x->sold && x->sbits < x->smax_bits &&
+		x->simmed * AZ_SIM_LOAD > sim_cap) ||
+	       (x->tmask + 1 < x->tmax && x->tchunks > x->tmask + 1);
+}
+
+/* After a change under idx_lock: ask for growth once (lock held). */
+static bool az_index_want_grow(struct az_store *s)
+{
+	if (s->idx.grow || !az_index_over(s))
+		return false;
+	AZ_WRITE_ONCE(s->idx.grow, true);
+	return true;
+}
+
 void az_index_insert(struct az_store *s, struct az_obj *o, const u64 *sf)
 {
 	struct az_index *x = &s->idx;
+	struct az_obj **head;
 	struct az_sim_set *e;
 	unsigned int i;
-	u32 b = az_dbucket(x, o->hash);
+	bool kick;
 	u64 key;
 
 	az_spin_lock(&s->idx_lock);
-	o->dnext = x->dbuckets[b];
-	x->dbuckets[b] = o;
+	head = az_dhead(x, o->hash);
+	o->dnext = *head;
+	*head = o;
 	o->nr_sf = 0;
 	if (sf && !az_obj_base(o)) {
 		for (i = 0; i < AZ_NR_SF; i++) {
 			key = az_sim_key(o->group, i, sf[i]);
-			o->sim_pos[i] = az_sim_pos(x, key);
-			e = &x->sim[o->sim_pos[i]];
+			o->sim_key[i] = az_sim_key32(key);
+			e = az_sim_head(x, o->sim_key[i]);
 			/* Drop the oldest way, newest first. */
 			memmove(&e->tag[1], &e->tag[0],
 				(AZ_SIM_WAYS - 1) * sizeof(e->tag[0]));
@@ -341,10 +440,14 @@ void az_index_insert(struct az_store *s, struct az_obj *o, const u64 *sf)
 			e->obj[0] = o;
 		}
 		o->nr_sf = AZ_NR_SF;
+		x->simmed++;
 	}
 	AZ_WRITE_ONCE(x->indexed, x->indexed + 1);
 	az_obj_flag_set(o, AZ_OBJ_INDEXED);
+	kick = az_index_want_grow(s);
 	az_spin_unlock(&s->idx_lock);
+	if (kick)
+		az_defer_kick(&s->defer);
 }
 
 void az_index_remove(struct az_store *s, struct az_obj *o)
@@ -355,21 +458,227 @@ void az_index_remove(struct az_store *s, struct az_obj *o)
 	unsigned int i, w;
 
 	az_spin_lock(&s->idx_lock);
-	for (pp = &x->dbuckets[az_dbucket(x, o->hash)]; *pp;
-	     pp = &(*pp)->dnext) {
+	for (pp = az_dhead(x, o->hash); *pp; pp = &(*pp)->dnext) {
 		if (*pp == o) {
 			*pp = o->dnext;
 			break;
 		}
 	}
 	for (i = 0; i < o->nr_sf; i++) {
-		e = &x->sim[o->sim_pos[i]];
+		e = az_sim_head(x, o->sim_key[i]);
 		for (w = 0; w < AZ_SIM_WAYS; w++)
 			if (e->obj[w] == o)
 				e->obj[w] = NULL;
 	}
+	if (o->nr_sf)
+		x->simmed--;
 	AZ_WRITE_ONCE(x->indexed, x->indexed - 1);
 	az_spin_unlock(&s->idx_lock);
+}
+
+/* ---- growth ----------------------------------------------------------- */
+
+/* Move old dedup bucket @b's chain to the new table (idx_lock held). */
+static void az_dedup_move(struct az_index *x, u32 b)
+{
+	struct az_obj *o, *next, **head;
+
+	for (o = x->dold[b]; o; o = next) {
+		next = o->dnext;
+		head = &x->dbuckets[o->hash & x->dmask];
+		o->dnext = *head;
+		*head = o;
+	}
+	x->dold[b] = NULL;
+}
+
+/*
+ * Move old similarity set @so to the new table (idx_lock held): its
+ * entries go to one of the two sets it splits into, oldest first, so the
+ * order stays newest first.  The key is found in the object: one of its
+ * keys falls in @so (an entry was made for it, the moves keep it so); if
+ * two do, either is a place its remove looks at.
+ */
+static void az_sim_move(struct az_index *x, u32 so)
+{
+	struct az_sim_set *e = &x->sold[so], *n;
+	struct az_obj *o;
+	unsigned int w, j;
+
+	for (w = AZ_SIM_WAYS; w-- > 0;) {
+		o = e->obj[w];
+		if (!o)
+			continue;
+		for (j = 0; j < o->nr_sf; j++)
+			if (az_sim_setno(o->sim_key[j], x->sold_bits) == so)
+				break;
+		if (AZ_WARN_ON(j == o->nr_sf))
+			continue;
+		n = &x->sim[az_sim_setno(o->sim_key[j], x->sbits)];
+		memmove(&n->tag[1], &n->tag[0],
+			(AZ_SIM_WAYS - 1) * sizeof(n->tag[0]));
+		memmove(&n->obj[1], &n->obj[0],
+			(AZ_SIM_WAYS - 1) * sizeof(n->obj[0]));
+		n->tag[0] = e->tag[w];
+		n->obj[0] = o;
+		e->obj[w] = NULL;
+	}
+}
+
+static inline u32 az_tbucket_in(u32 mask, u32 group, u64 first)
+{
+	return (u32)az_mix(first / AZ_TCHUNK ^ ((u64)group << 40)) & mask;
+}
+
+/* Rehash the template chains into @nt of @n buckets (idx_lock held). */
+static struct az_tchunk **az_tmpl_rehash(struct az_index *x,
+					 struct az_tchunk **nt, u32 n)
+{
+	struct az_tchunk **old = x->tbuckets, *c, *next;
+	u32 b, nb;
+
+	for (b = 0; b <= x->tmask; b++) {
+		for (c = old[b]; c; c = next) {
+			next = c->next;
+			nb = az_tbucket_in(n - 1, c->group, c->first);
+			c->next = nt[nb];
+			nt[nb] = c;
+		}
+	}
+	x->table_bytes += (u64)(n - x->tmask - 1) * sizeof(*nt);
+	x->tbuckets = nt;
+	x->tmask = n - 1;
+	x->tgen++;
+	return old;
+}
+
+/*
+ * One round of growth: the doubled tables of what is past its load are
+ * allocated (process context, may sleep) and installed, then moved over.
+ * Returns whether anything grew.
+ */
+static bool az_index_grow_once(struct az_store *s)
+{
+	struct az_index *x = &s->idx;
+	struct az_obj **nd = NULL, **dgone = NULL;
+	struct az_sim_set *ns = NULL, *sgone = NULL;
+	struct az_tchunk **nt = NULL, **tgone = NULL;
+	u32 dn = 0, sb = 0, tn = 0, b, end;
+	u64 sim_cap;
+	bool grew = false;
+
+	az_spin_lock(&s->idx_lock);
+	AZ_WRITE_ONCE(x->grow, false);
+	sim_cap = ((u64)AZ_SIM_WAYS << x->sbits) * AZ_READ_ONCE(s->sim_slots);
+	if (!x->dold && x->dmask + 1 < x->dmax &&
+	    x->indexed > (u64)(x->dmask + 1) * AZ_DEDUP_LOAD)
+		dn = (x->dmask + 1) * 2;
+	if (!x->sold && x->sbits < x->smax_bits &&
+	    x->simmed * AZ_SIM_LOAD > sim_cap)
+		sb = x->sbits + 1;
+	if (x->tmask + 1 < x->tmax && x->tchunks > x->tmask + 1)
+		tn = (x->tmask + 1) * 2;
+	az_spin_unlock(&s->idx_lock);
+	if (!dn && !sb && !tn)
+		return false;
+
+	/* Without memory the tables stay as they are: only slower to hit. */
+	if (dn)
+		nd = az_valloc((size_t)dn * sizeof(*nd));
+	if (sb)
+		ns = az_valloc(sizeof(*ns) << sb);
+	if (tn)
+		nt = az_valloc((size_t)tn * sizeof(*nt));
+	/* the next deferred run or sleeping put tries again */
+	if ((dn && !nd) || (sb && !ns) || (tn && !nt))
+		AZ_WRITE_ONCE(x->grow, true);
+
+	az_spin_lock(&s->idx_lock);
+	if (nd && x->dmask + 1 == dn / 2) {
+		x->dold = x->dbuckets;
+		x->dold_mask = x->dmask;
+		x->dmoved = 0;
+		x->dbuckets = nd;
+		x->dmask = dn - 1;
+		x->table_bytes += (u64)dn * sizeof(*nd);
+		nd = NULL;
+		grew = true;
+	}
+	if (ns && x->sbits + 1 == sb) {
+		x->sold = x->sim;
+		x->sold_bits = x->sbits;
+		x->smoved = 0;
+		x->sim = ns;
+		x->sbits = sb;
+		x->table_bytes += sizeof(*ns) << sb;
+		ns = NULL;
+		grew = true;
+	}
+	if (nt && x->tmask + 1 == tn / 2) {
+		tgone = az_tmpl_rehash(x, nt, tn);
+		x->table_bytes -= (u64)tn / 2 * sizeof(*nt);
+		nt = NULL;
+		grew = true;
+	}
+	az_spin_unlock(&s->idx_lock);
+	az_vfree(nd);
+	az_vfree(ns);
+	az_vfree(nt);
+	az_vfree(tgone);
+	if (AZ_READ_ONCE(x->grow))	/* short of memory: not now */
+		grew = false;
+
+	/* Move the entries over, a step at a time. */
+	while (AZ_READ_ONCE(x->dold) || AZ_READ_ONCE(x->sold)) {
+		az_spin_lock(&s->idx_lock);
+		if (x->dold) {
+			end = az_min(x->dmoved + AZ_MOVE_STEP, x->dold_mask + 1);
+			for (b = x->dmoved; b < end; b++)
+				az_dedup_move(x, b);
+			x->dmoved = end;
+			if (end == x->dold_mask + 1) {
+				dgone = x->dold;
+				x->dold = NULL;
+				x->table_bytes -= (u64)end * sizeof(*dgone);
+			}
+		}
+		if (x->sold) {
+			end = az_min(x->smoved + AZ_MOVE_STEP,
+				     1U << x->sold_bits);
+			for (b = x->smoved; b < end; b++)
+				az_sim_move(x, b);
+			x->smoved = end;
+			if (end == 1U << x->sold_bits) {
+				sgone = x->sold;
+				x->sold = NULL;
+				x->table_bytes -= (u64)end * sizeof(*sgone);
+			}
+		}
+		az_spin_unlock(&s->idx_lock);
+		az_vfree(dgone);
+		az_vfree(sgone);
+		dgone = NULL;
+		sgone = NULL;
+		az_cond_resched();
+	}
+	return grew;
+}
+
+/*
+ * Grow what is past its load, if anything (process context; may sleep).
+ * One caller at a time; the others return at once.
+ */
+void az_index_grow(struct az_store *s)
+{
+	struct az_index *x = &s->idx;
+
+	if (!AZ_READ_ONCE(x->grow) || !AZ_READ_ONCE(x->dbuckets))
+		return;
+	if (az_test_and_set_bit(0, &x->growing))
+		return;
+	while (az_index_grow_once(s))
+		;
+	az_clear_bit_unlock(0, &x->growing);
 }
 
 /* ---- template index --------------------------------------------------- */
@@ -381,7 +690,7 @@ static inline u64 az_tfirst(u64 index)
 
 static inline u32 az_tbucket(struct az_index *x, u32 group, u64 first)
 {
-	return (u32)az_mix(first / AZ_TCHUNK ^ ((u64)group << 40)) & x->tmask;
+	return az_tbucket_in(x->tmask, group, first);
 }
 
 /* The chunk holding (@group, @first) in bucket @b, under idx_lock. */
@@ -438,6 +747,7 @@ int az_template_set(struct az_store *s, u32 group, u64 index, u16 owner,
 	struct az_tchunk *c;
 	struct az_obj *old;
 	u16 old_owner;
+	bool kick = false;
 
 	if (az_obj_base(o)) {
 		az_free(nt);
@@ -461,6 +771,7 @@ int az_template_set(struct az_store *s, u32 group, u64 index, u16 owner,
 		c->next = x->tbuckets[b];
 		x->tbuckets[b] = c;
 		AZ_WRITE_ONCE(x->tchunks, x->tchunks + 1);
+		kick = az_index_want_grow(s);
 	}
 	old = c->obj[i];
 	old_owner = c->owner[i];
@@ -470,6 +781,8 @@ int az_template_set(struct az_store *s, u32 group, u64 index, u16 owner,
 	if (!old)
 		c->used++;
 	az_spin_unlock(&s->idx_lock);
+	if (kick)
+		az_defer_kick(&s->defer);
 
 	az_free(nt);
 	az_obj_mark_shared(s, o);
@@ -519,17 +832,22 @@ void az_template_drop_owner(struct az_store *s, u16 owner)
 	struct az_index *x = &s->idx;
 	struct az_obj *dead[AZ_TCHUNK];
 	struct az_tchunk **pp, *c, *gone;
-	u32 b, i, n;
+	u32 b, i, n, gen;
 	u64 dropped = 0;
 
 	if (!x->tbuckets)
 		return;
 	az_spin_lock(&s->idx_lock);
+restart:
+	/* Taking entries twice takes nothing: a rehash restarts the walk. */
+	gen = x->tgen;
 	for (b = 0; b <= x->tmask; b++) {
 		if (b && !(b & 1023)) {
 			az_spin_unlock(&s->idx_lock);
 			az_cond_resched();
 			az_spin_lock(&s->idx_lock);
+			if (x->tgen != gen)
+				goto restart;
 		}
 again:
 		for (pp = &x->tbuckets[b]; (c = *pp); pp = &c->next) {
@@ -543,6 +861,8 @@ again:
 				az_obj_put(s, dead[i]);
 			dropped += n;
 			az_spin_lock(&s->idx_lock);
+			if (x->tgen != gen)
+				goto restart;
 			goto again;	/* the chain may have changed */
 		}
 	}

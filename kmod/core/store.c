@@ -444,6 +444,7 @@ static void az_store_run_deferred(void *arg)
 		}
 		az_cond_resched();
 	}
+	az_index_grow(s);
 }
 
 void az_store_drain(struct az_store *s)
@@ -1301,6 +1302,7 @@ int az_store_put(struct az_store *s, struct az_ctx *ctx, u64 slot,
 			err = az_store_put_nowait(s, ctx, slot, page, pi, &res);
 	}
 	az_reserve_release(s, &res);
+	az_index_grow(s);
 	return err;
 }
 
@@ -1721,6 +1723,7 @@ int az_store_template_load(struct az_store *s, struct az_ctx *ctx, u64 tid,
 							    page, &res);
 	}
 	az_reserve_release(s, &res);
+	az_index_grow(s);
 	return err;
 }
 

@@ -470,9 +470,8 @@ def test_shuffle_off_stores_float_pages_raw(make_store, pol):
     assert [s.get(i) for i in range(9)] == ps
 
 
-def test_sim_slots_sizes_the_similarity_index(make_store):
-    """sim_slots: power of two 1..64, fixed once an owner registered; smaller index, same pages."""
-    sizes = {}
+def test_sim_slots_is_fixed_once_an_owner_registered(make_store):
+    """sim_slots: power of two 1..64, fixed once an owner registered; the index finds pages."""
     for n in (1, 4):
         s = make_store(4096)
         assert s.sim_slots() == 1
@@ -483,7 +482,6 @@ def test_sim_slots_sizes_the_similarity_index(make_store):
         s.set_sim_slots(n)
         assert s.stats()["index_bytes"] == 0  # nothing allocated before an owner
         s.add_sandbox(11, 1)
-        sizes[n] = s.stats()["index_bytes"]
         with pytest.raises(CoreError) as e:
             s.set_sim_slots(2 * n)
         assert e.value.errno == errno.EBUSY
@@ -495,8 +493,80 @@ def test_sim_slots_sizes_the_similarity_index(make_store):
             s.put(k, p, owner=11, index=k)
         assert s.kind(1) == "xdelta"  # the index still finds near-duplicates
         assert all(s.get(k) == p for k, p in want.items())
-    # 4096 slots: 4096 -> 1024 similarity entries (a 16-bit tag and an object pointer)
-    assert sizes[1] - sizes[4] == (4096 - 1024) * (2 + ctypes.sizeof(ctypes.c_void_p))
+
+
+PTR = ctypes.sizeof(ctypes.c_void_p)
+SIM_SET = 4 * (2 + PTR)  # four ways, a 16-bit tag and an object pointer each
+
+
+def index_tables(dedup: int, sim_sets: int, tmpl: int = 64) -> int:
+    return dedup * PTR + tmpl * PTR + sim_sets * SIM_SET
+
+
+@pytest.mark.parametrize("sim_slots", [1, 4])
+def test_index_tables_grow_with_indexed_objects(make_store, sim_slots):
+    """The index tables start small and double as objects are indexed; entries moved by a
+    doubling are all found again; the tables do not shrink."""
+    s = make_store(1 << 16)
+    s.set_sim_slots(sim_slots)
+    s.add_sandbox(11, 1)
+    assert s.stats()["index_table_bytes"] == index_tables(256, 64)
+    distinct = [pages.make("random", 1000 + k) for k in range(3000)]
+    for k, p in enumerate(distinct):
+        s.put(k, p, owner=11, index=k)
+    # dedup: a bucket per 4 objects at most (3000 -> 1024 buckets); similarity: room for
+    # each object's 3 entries, per sim_slots (9000 -> 16384 entries, 4096 sets)
+    assert s.stats()["index_table_bytes"] == index_tables(1024, 4096 // sim_slots)
+    # every page is still found: exact duplicates through the moved dedup chains ...
+    for k in range(0, 3000, 97):
+        s.put(4000 + k // 97, distinct[k], owner=11, index=5000 + k)
+        assert s.kind(4000 + k // 97) == "dup"
+    # ... and near-duplicates through the moved similarity sets: the oldest pages too when
+    # there is room for every entry (sim_slots 1), the newest ones with less room
+    rng = random.Random(7)
+    for k in range(10):
+        s.put(4500 + k, pages.mutate(distinct[k * 300 + 1], rng, 4), owner=11, index=9000 + k)
+    found = [s.kind(4500 + k) == "xdelta" for k in range(10)]
+    assert sum(found) >= 9 if sim_slots == 1 else all(found[-3:])
+    s.check()
+    assert all(s.get(k) == p for k, p in enumerate(distinct))
+    for k in range(5000):
+        s.free(k)
+    s.drain()
+    s.check()
+    assert s.stats()["index_table_bytes"] == index_tables(1024, 4096 // sim_slots)
+
+
+@pytest.mark.parametrize("sim_slots", [1, 4])
+def test_index_tables_stop_at_a_full_devices_size(make_store, sim_slots):
+    """Caps: a bucket per 4 slots, an entry per sim_slots slots (what a device full of
+    indexed objects needs); the oldest similarity entries then drop out."""
+    s = make_store(4096)
+    s.set_sim_slots(sim_slots)
+    s.add_sandbox(11, 1)
+    for k in range(4096):
+        s.put(k, pages.make("random", 1000 + k), owner=11, index=k)
+    assert s.stats()["index_table_bytes"] == index_tables(1024, 1024 // sim_slots)
+    s.check()
+
+
+def test_index_growth_without_memory_waits(make_store):
+    """A doubling that cannot allocate leaves the tables as they are; the next put retries."""
+    s = make_store(4096)
+    s.add_sandbox(11, 1)
+    s.fail_allocs_of(128 * SIM_SET, 1000)  # the doubled similarity table
+    try:
+        for k in range(300):  # past 64 sets x 4 ways: 86 objects of 3 entries
+            s.put(k, pages.make("random", 50 + k), owner=11, index=k)
+        assert s.stats()["index_table_bytes"] == index_tables(256, 64)
+        assert all(s.get(k) == pages.make("random", 50 + k) for k in range(300))
+        s.check()
+    finally:
+        s.fail_allocs_of(128 * SIM_SET, 0)
+    s.put(300, pages.make("random", 5000), owner=11, index=300)
+    # room for all 3 entries of the 301 objects: 1024 entries, 256 sets (doubled twice)
+    assert s.stats()["index_table_bytes"] == index_tables(256, 256)
+    s.check()
 
 
 LEAF_SLOTS = 256
@@ -636,13 +706,21 @@ def test_meta_bytes_by_component(make_store):
 
 
 def test_sim_slots_racing_the_first_registration(make_store):
-    """A sim_slots change racing the index allocation: the index is sized by what get reports."""
+    """A sim_slots change racing the index allocation: the index grows by what get reports
+    (200 objects grow the similarity table with sim_slots 1, not with 64)."""
+    distinct = [pages.make("random", 7000 + k) for k in range(200)]
+
+    def fill(s: Store) -> int:
+        for k, p in enumerate(distinct):
+            s.put(k, p, owner=11, index=k)
+        return s.stats()["index_table_bytes"]
+
     want: dict[int, int] = {}
     for n in (1, 64):  # reference sizes, sequential
         ref = make_store(1 << 16)
         ref.set_sim_slots(n)
         ref.add_sandbox(11, 1)
-        want[n] = ref.stats()["index_bytes"]
+        want[n] = fill(ref)
         ref.close()
     assert want[1] > want[64]
     for _ in range(200):
@@ -661,7 +739,7 @@ def test_sim_slots_racing_the_first_registration(make_store):
         s.add_sandbox(11, 1)
         t.join()
         assert res[0] in (0, errno.EBUSY)
-        assert s.stats()["index_bytes"] == want[s.sim_slots()]
+        assert fill(s) == want[s.sim_slots()]
         assert res[0] == 0 or s.sim_slots() == 1
         s.close()
 

@@ -360,6 +360,38 @@ int az_store_debug_check(struct az_store *s)
 	}
 	AZ_CHK(chunks == s->idx.tchunks, "%zu template chunks, %llu counted",
 	       chunks, (unsigned long long)s->idx.tchunks);
+	/*
+	 * The indexes (no growth under way): each indexed object in the chain
+	 * of its hash, each similarity entry in a set one of its keys maps to.
+	 */
+	AZ_CHK(!s->idx.dold && !s->idx.sold, "index tables half moved");
+	for (i = 0, j = 0; s->idx.dbuckets && i <= s->idx.dmask; i++) {
+		struct az_obj *o;
+
+		for (o = s->idx.dbuckets[i]; o; o = o->dnext, j++)
+			AZ_CHK((o->hash & s->idx.dmask) == i &&
+			       az_obj_flag(o, AZ_OBJ_INDEXED),
+			       "obj %p (hash %08x) in dedup bucket %zu",
+			       (void *)o, o->hash, i);
+	}
+	AZ_CHK(j == s->idx.indexed, "%zu objects in dedup chains, %llu counted",
+	       j, (unsigned long long)s->idx.indexed);
+	for (i = 0; s->idx.sim && i < (1UL << s->idx.sbits); i++) {
+		u32 w, k;
+
+		for (w = 0; w < AZ_SIM_WAYS; w++) {
+			struct az_obj *o = s->idx.sim[i].obj[w];
+
+			if (!o)
+				continue;
+			for (k = 0; k < o->nr_sf; k++)
+				if (o->sim_key[k] >> (32 - s->idx.sbits) == i)
+					break;
+			AZ_CHK(k < o->nr_sf && az_obj_flag(o, AZ_OBJ_INDEXED),
+			       "obj %p in similarity set %zu, none of its keys",
+			       (void *)o, i);
+		}
+	}
 	/* Objects waiting for the deferred free still hold their base. */
 	for (dn = s->defer.head; dn; dn = dn->next) {
 		struct az_obj *o = container_of(dn, struct az_obj, dnode);

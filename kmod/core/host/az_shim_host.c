@@ -65,7 +65,7 @@ void az_free(const void *p)
 /* The kernel's kvzalloc refuses (and WARNs) above INT_MAX: so does this. */
 void *az_valloc(size_t size)
 {
-	if (AZ_WARN_ON(size > 0x7fffffff))
+	if (AZ_WARN_ON(size > 0x7fffffff) || az_host_fail_this(size))
 		return NULL;
 	return calloc(1, size);
 }
