@@ -137,7 +137,7 @@ struct az_stats {
 	u64 base_cache_misses;	/* monotonic: base reads that decoded */
 	u64 compacted_bytes;	/* monotonic: pool bytes freed by compaction */
 	/* meta_bytes by component (all but slot_used_bytes sum to it): */
-	u64 slot_bytes;		/* slot table, nr_slots entries */
+	u64 slot_bytes;		/* slot table: directory and leaves in use */
 	u64 slot_used_bytes;	/* its entries of the slots in use */
 	u64 owner_bytes;	/* owner table */
 	u64 obj_meta_bytes;	/* struct az_obj of live objects */

@@ -5,6 +5,7 @@ verified; no sharing across trust groups; per-owner stats add up to the device's
 from __future__ import annotations
 
 import os
+import time
 
 import azswap_guest as ag
 from aznl import KINDS, Client
@@ -38,6 +39,22 @@ def _check_sums(d: ag.Dev, nl: Client) -> list[dict]:
     return owners
 
 
+# The index tables right after the first registration (8-byte pointers): 256 dedup buckets,
+# 64 template buckets, 64 similarity sets of 4 ways (a 2-byte tag and a pointer each).
+INDEX_TABLES_START = 256 * 8 + 64 * 8 + 64 * 4 * 10
+
+
+def _index_grown(d: ag.Dev, timeout: float = 10) -> int:
+    """The index tables' bytes once the deferred worker has grown them past their start."""
+    end = time.monotonic() + timeout
+    while True:
+        n = d.stat("meta_stat")["index_table_bytes"]
+        if n > INDEX_TABLES_START:
+            return n
+        assert time.monotonic() < end, f"index tables never grew: {n} bytes"
+        time.sleep(0.05)
+
+
 def test_fanout_integrity(dev0, azpages, workers) -> None:
     d = dev0
     d.set("base_cache", "4096")  # holds every template base: later sandboxes hit it
@@ -69,6 +86,11 @@ def test_fanout_integrity(dev0, azpages, workers) -> None:
             cg.reclaim("1G")
         for cg in [tcg, *scgs, ocg]:
             assert cg.swap_current() > 0, f"{cg.path}: nothing swapped out"
+        # The index tables grew with what was stored (the deferred worker doubles them and
+        # moves the entries; the verifications below read through the moved indexes), and
+        # stay below what a device of 256 MiB full of indexed pages gets.
+        grown = _index_grown(d)
+        assert grown < 16384 * 8 + 1024 * 8 + 16384 * 4 * 10, grown
         owners = _check_sums(d, nl)
         by_id = {o["CGROUP_ID"]: o for o in owners}
         tkinds = {k: by_id[tcg.id][f"ST_{k.upper()}"] for k in KINDS}
