@@ -32,6 +32,8 @@ void az_free(const void *p);
 /* kvzalloc semantics: above INT_MAX warns and fails (see the kernel shim). */
 void *az_valloc(size_t size);
 void *az_valloc_big(size_t size);
+/* A table the store can do without for now (kernel: no I/O in reclaim). */
+#define az_valloc_try(size)	az_valloc(size)
 void az_vfree(const void *p);
 
 #define az_likely(x)	__builtin_expect(!!(x), 1)

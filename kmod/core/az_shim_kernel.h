@@ -14,6 +14,7 @@
 #include <linux/string.h>
 #include <linux/slab.h>
 #include <linux/mm.h>
+#include <linux/sched/mm.h>
 #include <linux/spinlock.h>
 #include <linux/bit_spinlock.h>
 #include <linux/atomic.h>
@@ -81,6 +82,20 @@ static inline void az_codec_count(unsigned int which)
 static inline void *az_valloc(size_t size)
 {
 	return kvzalloc(size, GFP_KERNEL);
+}
+
+/*
+ * A table the store can do without for now (process context): no I/O in
+ * reclaim, so the deferred-free worker never waits on swap (the device it
+ * serves) and a shortage never invokes the OOM killer; NULL then.
+ */
+static inline void *az_valloc_try(size_t size)
+{
+	unsigned int noio = memalloc_noio_save();
+	void *p = kvzalloc(size, GFP_KERNEL | __GFP_NOWARN);
+
+	memalloc_noio_restore(noio);
+	return p;
 }
 
 static inline void *az_valloc_big(size_t size)

@@ -584,11 +584,11 @@ static bool az_index_grow_once(struct az_store *s)
 
 	/* Without memory the tables stay as they are: only slower to hit. */
 	if (dn)
-		nd = az_valloc((size_t)dn * sizeof(*nd));
+		nd = az_valloc_try((size_t)dn * sizeof(*nd));
 	if (sb)
-		ns = az_valloc(sizeof(*ns) << sb);
+		ns = az_valloc_try(sizeof(*ns) << sb);
 	if (tn)
-		nt = az_valloc((size_t)tn * sizeof(*nt));
+		nt = az_valloc_try((size_t)tn * sizeof(*nt));
 	/* the next deferred run or sleeping put tries again */
 	if ((dn && !nd) || (sb && !ns) || (tn && !nt))
 		AZ_WRITE_ONCE(x->grow, true);
