@@ -576,7 +576,8 @@ static void azswap_submit_bio(struct bio *bio)
  * Called with the swap device's lock held (and sometimes a page table
  * lock): az_store_free_notify only tries the slot's bit spinlock (a
  * reader may hold it across a base and a delta decode), allocates nothing
- * and never sleeps.  A missed free is counted (miss_free, as zram does);
+ * and never sleeps (it may take the slot table's leaf lock for a moment
+ * to free an emptied leaf).  A missed free is counted (miss_free, as zram does);
  * the slot is freed when it is next written or discarded.  Freeing shared
  * objects is deferred by the core to a work item.
  */

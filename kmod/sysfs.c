@@ -99,9 +99,9 @@ static int azswap_parse_uint(const char *buf, unsigned int max,
 /* ---- disksize, initstate, reset --------------------------------------- */
 
 /*
- * The slot table and indexes cost ~35 bytes per 4 KiB slot: refuse a
- * disksize above 16x RAM (metadata would pass ~14% of RAM) with -EINVAL
- * rather than let a huge vmalloc fail noisily.
+ * The slot table and indexes grow with use up to ~35 bytes per 4 KiB
+ * slot: refuse a disksize above 16x RAM (metadata could pass ~14% of RAM
+ * on a full device) with -EINVAL.
  */
 static u64 azswap_max_disksize(void)
 {

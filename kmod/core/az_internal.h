@@ -7,6 +7,8 @@
  *   slot bit lock  ->  s->bc_lock (innermost; covers one page copy)
  *   s->reg_lock is never held together with another core lock; the put
  *   path does not take it (owners are found through s->owner_hash).
+ *   s->leaf_lock (slot table leaves) is never held with another lock of
+ *   the core either.
  * The pool mapping (zs_map_object) is innermost: nothing is locked and no
  * other object is mapped while a mapping is held.
  */
@@ -307,7 +309,7 @@ struct az_slot {
  * the first put into their range and freed when their last slot is.
  *
  * @ref counts the leaf's used slots plus the holds of callers working on
- * one of its slots (az_leaf_hold() and friends in store.c); @leaf is
+ * one of its slots (az_slot_hold() and friends in store.c); @leaf is
  * valid while the caller holds a reference.  @ref goes from 0 to 1, and
  * @leaf is installed or cleared, only under s->leaf_lock; any other
  * change is an atomic increment from a nonzero value or a decrement.  So
@@ -472,6 +474,7 @@ struct az_index {
 	u32 smax_bits;
 	u32 tgen;			/* changes when tbuckets is rehashed */
 	bool grow;			/* a table is over its load */
+	u64 retry_at;			/* no request below this @indexed */
 	unsigned long growing;		/* bit 0: az_index_grow() runs */
 	u64 tchunks;			/* template chunks allocated */
 	u64 indexed;			/* objects linked in the indexes */

@@ -87,12 +87,13 @@ static inline void *az_valloc(size_t size)
 /*
  * A table the store can do without for now (process context): no I/O in
  * reclaim, so the deferred-free worker never waits on swap (the device it
- * serves) and a shortage never invokes the OOM killer; NULL then.
+ * serves), and it fails rather than loop or invoke the OOM killer.
  */
 static inline void *az_valloc_try(size_t size)
 {
 	unsigned int noio = memalloc_noio_save();
-	void *p = kvzalloc(size, GFP_KERNEL | __GFP_NOWARN);
+	void *p = kvzalloc(size, GFP_KERNEL | __GFP_RETRY_MAYFAIL |
+			   __GFP_NOWARN);
 
 	memalloc_noio_restore(noio);
 	return p;

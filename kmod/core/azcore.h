@@ -196,7 +196,7 @@ struct az_reserve {
 	bool tnode;		/* a template index chunk */
 	bool filled;		/* filled once: a second shortfall is -ENOMEM */
 	bool leaf;		/* a slot table leaf */
-	void *l;
+	void *l;		/* ... reserved: AZ_LEAF_BYTES */
 	struct az_obj *o;
 	struct az_tchunk *t;
 	unsigned long h[2];	/* pool handles ... */
@@ -269,7 +269,8 @@ void az_store_free(struct az_store *s, u64 slot);
 /*
  * Drop @slot unless its lock is held (a reader decoding it): then nothing
  * changes and -EBUSY is returned (the slot is freed when it is next
- * written or discarded).  Never spins.
+ * written or discarded).  Never waits for a reader; the slot table's
+ * leaf lock may be taken for a moment when the slot was its leaf's last.
  */
 int az_store_free_notify(struct az_store *s, u64 slot);
 /*

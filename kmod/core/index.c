@@ -11,7 +11,8 @@
  *            slot (and the template) while a node or a delta refers to it.
  *  similarity  super-feature -> object, a set-associative table of
  *            AZ_SIM_WAYS ways per set; inserting shifts the set so the
- *            oldest entry drops out (memory is fixed at create time).
+ *            oldest entry drops out (the table grows with use, see
+ *            "Sizing" below, up to a cap).
  *            Weak, like dedup.  Only non-delta objects go in: a delta is
  *            never a base (depth 1).
  *
@@ -177,7 +178,7 @@ void az_index_destroy(struct az_store *s)
 /*
  * Index memory: the tables (@table_bytes) and the template chunks
  * (@tnode_bytes), the memory of the index itself, plus the per-object
- * index fields (hash, chain link, similarity positions) of indexed
+ * index fields (hash, chain link, similarity keys) of indexed
  * objects, which live in struct az_obj.
  */
 u64 az_index_bytes(struct az_store *s, u64 *table_bytes, u64 *tnode_bytes)
@@ -406,7 +407,8 @@ static bool az_index_over(struct az_store *s)
 /* After a change under idx_lock: ask for growth once (lock held). */
 static bool az_index_want_grow(struct az_store *s)
 {
-	if (s->idx.grow || !az_index_over(s))
+	if (s->idx.grow || s->idx.indexed < s->idx.retry_at ||
+	    !az_index_over(s))
 		return false;
 	AZ_WRITE_ONCE(s->idx.grow, true);
 	return true;
@@ -478,16 +480,25 @@ void az_index_remove(struct az_store *s, struct az_obj *o)
 
 /* ---- growth ----------------------------------------------------------- */
 
-/* Move old dedup bucket @b's chain to the new table (idx_lock held). */
+/*
+ * Move old dedup bucket @b's chain to the new table (idx_lock held): it
+ * splits into two buckets of the new table, empty until now, each in the
+ * chain's order (newest first).
+ */
 static void az_dedup_move(struct az_index *x, u32 b)
 {
-	struct az_obj *o, *next, **head;
+	struct az_obj *o, *next, **tail[2];
+	u32 nb[2] = { b, b + x->dold_mask + 1 };
+	unsigned int i;
 
+	tail[0] = &x->dbuckets[nb[0]];
+	tail[1] = &x->dbuckets[nb[1]];
 	for (o = x->dold[b]; o; o = next) {
 		next = o->dnext;
-		head = &x->dbuckets[o->hash & x->dmask];
-		o->dnext = *head;
-		*head = o;
+		i = (o->hash & x->dmask) != nb[0];
+		o->dnext = NULL;
+		*tail[i] = o;
+		tail[i] = &o->dnext;
 	}
 	x->dold[b] = NULL;
 }
@@ -545,8 +556,9 @@ static struct az_tchunk **az_tmpl_rehash(struct az_index *x,
 			nt[nb] = c;
 		}
 	}
-	x->table_bytes += (u64)(n - x->tmask - 1) * sizeof(*nt);
-	x->tbuckets = nt;
+	AZ_WRITE_ONCE(x->table_bytes, x->table_bytes +
+		      (u64)(n - x->tmask - 1) * sizeof(*nt));
+	AZ_WRITE_ONCE(x->tbuckets, nt);
 	x->tmask = n - 1;
 	x->tgen++;
 	return old;
@@ -555,9 +567,10 @@ static struct az_tchunk **az_tmpl_rehash(struct az_index *x,
 /*
  * One round of growth: the doubled tables of what is past its load are
  * allocated (process context, may sleep) and installed, then moved over.
- * Returns whether anything grew.
+ * Returns whether anything grew; *@short_of_memory when an allocation
+ * failed (the request stays, for a later call).
  */
-static bool az_index_grow_once(struct az_store *s)
+static bool az_index_grow_once(struct az_store *s, bool *short_of_memory)
 {
 	struct az_index *x = &s->idx;
 	struct az_obj **nd = NULL, **dgone = NULL;
@@ -589,34 +602,36 @@ static bool az_index_grow_once(struct az_store *s)
 		ns = az_valloc_try(sizeof(*ns) << sb);
 	if (tn)
 		nt = az_valloc_try((size_t)tn * sizeof(*nt));
-	/* the next deferred run or sleeping put tries again */
-	if ((dn && !nd) || (sb && !ns) || (tn && !nt))
-		AZ_WRITE_ONCE(x->grow, true);
-
 	az_spin_lock(&s->idx_lock);
+	/* Short of memory: asked again once an eighth more is indexed. */
+	if ((dn && !nd) || (sb && !ns) || (tn && !nt)) {
+		*short_of_memory = true;
+		x->retry_at = x->indexed + az_max(x->indexed / 8, 256);
+	}
 	if (nd && x->dmask + 1 == dn / 2) {
-		x->dold = x->dbuckets;
+		AZ_WRITE_ONCE(x->dold, x->dbuckets);
 		x->dold_mask = x->dmask;
 		x->dmoved = 0;
-		x->dbuckets = nd;
+		AZ_WRITE_ONCE(x->dbuckets, nd);
 		x->dmask = dn - 1;
-		x->table_bytes += (u64)dn * sizeof(*nd);
+		AZ_WRITE_ONCE(x->table_bytes,
+			      x->table_bytes + (u64)dn * sizeof(*nd));
 		nd = NULL;
 		grew = true;
 	}
 	if (ns && x->sbits + 1 == sb) {
-		x->sold = x->sim;
+		AZ_WRITE_ONCE(x->sold, x->sim);
 		x->sold_bits = x->sbits;
 		x->smoved = 0;
 		x->sim = ns;
 		x->sbits = sb;
-		x->table_bytes += sizeof(*ns) << sb;
+		AZ_WRITE_ONCE(x->table_bytes,
+			      x->table_bytes + (sizeof(*ns) << sb));
 		ns = NULL;
 		grew = true;
 	}
 	if (nt && x->tmask + 1 == tn / 2) {
 		tgone = az_tmpl_rehash(x, nt, tn);
-		x->table_bytes -= (u64)tn / 2 * sizeof(*nt);
 		nt = NULL;
 		grew = true;
 	}
@@ -625,7 +640,7 @@ static bool az_index_grow_once(struct az_store *s)
 	az_vfree(ns);
 	az_vfree(nt);
 	az_vfree(tgone);
-	if (AZ_READ_ONCE(x->grow))	/* short of memory: not now */
+	if (*short_of_memory)
 		grew = false;
 
 	/* Move the entries over, a step at a time. */
@@ -638,8 +653,9 @@ static bool az_index_grow_once(struct az_store *s)
 			x->dmoved = end;
 			if (end == x->dold_mask + 1) {
 				dgone = x->dold;
-				x->dold = NULL;
-				x->table_bytes -= (u64)end * sizeof(*dgone);
+				AZ_WRITE_ONCE(x->dold, NULL);
+				AZ_WRITE_ONCE(x->table_bytes, x->table_bytes -
+					      (u64)end * sizeof(*dgone));
 			}
 		}
 		if (x->sold) {
@@ -650,8 +666,9 @@ static bool az_index_grow_once(struct az_store *s)
 			x->smoved = end;
 			if (end == 1U << x->sold_bits) {
 				sgone = x->sold;
-				x->sold = NULL;
-				x->table_bytes -= (u64)end * sizeof(*sgone);
+				AZ_WRITE_ONCE(x->sold, NULL);
+				AZ_WRITE_ONCE(x->table_bytes, x->table_bytes -
+					      (u64)end * sizeof(*sgone));
 			}
 		}
 		az_spin_unlock(&s->idx_lock);
@@ -666,19 +683,23 @@ static bool az_index_grow_once(struct az_store *s)
 
 /*
  * Grow what is past its load, if anything (process context; may sleep).
- * One caller at a time; the others return at once.
+ * One caller at a time: another returns at once, and a request made
+ * while this one runs is taken up before it returns.  Short of memory,
+ * it leaves the request for the next call.
  */
 void az_index_grow(struct az_store *s)
 {
 	struct az_index *x = &s->idx;
+	bool short_of_memory = false;
 
-	if (!AZ_READ_ONCE(x->grow) || !AZ_READ_ONCE(x->dbuckets))
-		return;
-	if (az_test_and_set_bit(0, &x->growing))
-		return;
-	while (az_index_grow_once(s))
-		;
-	az_clear_bit_unlock(0, &x->growing);
+	while (!short_of_memory && AZ_READ_ONCE(x->grow) &&
+	       AZ_READ_ONCE(x->dbuckets)) {
+		if (az_test_and_set_bit(0, &x->growing))
+			return;
+		while (az_index_grow_once(s, &short_of_memory))
+			;
+		az_clear_bit_unlock(0, &x->growing);
+	}
 }
 
 /* ---- template index --------------------------------------------------- */
@@ -835,7 +856,7 @@ void az_template_drop_owner(struct az_store *s, u16 owner)
 	u32 b, i, n, gen;
 	u64 dropped = 0;
 
-	if (!x->tbuckets)
+	if (!AZ_READ_ONCE(x->tbuckets))
 		return;
 	az_spin_lock(&s->idx_lock);
 restart:

@@ -831,22 +831,23 @@ fail_slots:
 
 void az_store_destroy(struct az_store *s)
 {
-	u64 i;
-	u32 o;
+	u64 d, i;
+	u32 j, o;
 
 	if (!s)
 		return;
 	/* Alone here: a leaf goes with its last used slot. */
-	for (i = 0; i < s->nr_slots; i++) {
-		struct az_slot *leaf = s->dir[i >> AZ_LEAF_SHIFT].leaf;
+	for (d = 0; d < s->nr_dir; d++) {
+		for (j = 0; j < AZ_LEAF_SLOTS; j++) {
+			struct az_slot *leaf = s->dir[d].leaf;
 
-		if (!leaf) {
-			i |= AZ_LEAF_SLOTS - 1;
-			continue;
+			i = d * AZ_LEAF_SLOTS + j;
+			if (!leaf || i >= s->nr_slots)
+				break;
+			if (leaf[j].flags & AZ_SLOT_USED)
+				az_slot_clear(s, i);
 		}
-		if (leaf[i & (AZ_LEAF_SLOTS - 1)].flags & AZ_SLOT_USED)
-			az_slot_clear(s, i);
-		if (!(i & 4095))
+		if (!(d & 15))
 			az_cond_resched();
 	}
 	AZ_WARN_ON(az_atomic64_read(&s->leaves));
@@ -1155,10 +1156,10 @@ out:
 
 /* Unshareable page: PLAIN/RAW in a DIRECT slot, no az_obj. */
 static int az_put_direct(struct az_store *s, struct az_ctx *ctx,
-			 const struct az_policy *pol, struct az_slot *sl,
-			 u64 slot, const void *page, u64 hash,
-			 struct az_reserve *res)
+			 const struct az_policy *pol, u64 slot,
+			 const void *page, u64 hash, struct az_reserve *res)
 {
+	struct az_slot *sl = NULL;
 	unsigned long h;
 	u32 size;
 	int err;
@@ -1167,7 +1168,11 @@ static int az_put_direct(struct az_store *s, struct az_ctx *ctx,
 	size = az_encode_plain(ctx, pol, page, ctx->obuf, AZ_RAW_THRESHOLD,
 			       &enc);
 	h = az_pool_get(s, res, size, &err, false);
-	if (!h) {
+	if (h)
+		sl = az_slot_hold_new(s, res, slot, &err);
+	if (!sl) {
+		if (h)
+			az_pool_free(s->pool, h);
 		if (err == -EAGAIN)
 			az_reserve_want(res, size, false, false);
 		return err;
@@ -1206,12 +1211,6 @@ int az_store_put_nowait(struct az_store *s, struct az_ctx *ctx, u64 slot,
 	az_policy_snapshot(s, &pol);
 	if (!res->filled)	/* the first attempt */
 		az_atomic64_inc(&s->stores);
-	sl = az_slot_hold_new(s, res, slot, &err);
-	if (!sl) {
-		if (err == -ENOMEM)
-			az_atomic64_inc(&s->failed_stores);
-		return err;
-	}
 
 	az_owner_pin(s, pi ? pi->owner : 0, &pin);
 	if (pi && pin.idx) {
@@ -1221,13 +1220,15 @@ int az_store_put_nowait(struct az_store *s, struct az_ctx *ctx, u64 slot,
 		pi = &info;
 	}
 	if (az_page_same(page, &word)) {
-		az_slot_set(s, sl, slot, AZ_KIND_SAME, pin.idx, word, 0);
+		sl = az_slot_hold_new(s, res, slot, &err);
+		if (sl)
+			az_slot_set(s, sl, slot, AZ_KIND_SAME, pin.idx, word, 0);
 		goto out;
 	}
 	if (pin.reg || pol.verify)
 		hash = az_xxh64(page, AZ_PAGE_SIZE, 0);
 	if (!pin.reg) {
-		err = az_put_direct(s, ctx, &pol, sl, slot, page, hash, res);
+		err = az_put_direct(s, ctx, &pol, slot, page, hash, res);
 		goto out;
 	}
 	if (pol.xdelta)
@@ -1240,6 +1241,15 @@ int az_store_put_nowait(struct az_store *s, struct az_ctx *ctx, u64 slot,
 			az_obj_put(s, o);
 			if (err == -EAGAIN)
 				az_reserve_want(res, 0, false, true);
+			goto out;
+		}
+		sl = az_slot_hold_new(s, res, slot, &err);
+		if (!sl) {
+			az_obj_put(s, o);
+			if (t)		/* back to the reserve it came from */
+				res->t = t;
+			if (err == -EAGAIN)
+				az_reserve_want(res, 0, false, tnode);
 			goto out;
 		}
 		az_obj_mark_shared(s, o);
@@ -1257,6 +1267,13 @@ int az_store_put_nowait(struct az_store *s, struct az_ctx *ctx, u64 slot,
 	    !az_tchunk_get(s, res, pin.group, pi->index, &t, &err)) {
 		az_obj_unget(s, o, h2);
 		o = NULL;
+	}
+	sl = o ? az_slot_hold_new(s, res, slot, &err) : NULL;
+	if (o && !sl) {
+		az_obj_unget(s, o, h2);
+		o = NULL;
+		if (t)
+			res->t = t;
 	}
 	if (!o) {
 		if (c.base)
@@ -1280,9 +1297,12 @@ int az_store_put_nowait(struct az_store *s, struct az_ctx *ctx, u64 slot,
 		az_put_template_entry(s, pin.group, pi->index, pin.idx, o, t);
 	az_slot_set(s, sl, slot, c.kind, pin.idx, (u64)(unsigned long)o, 0);
 out:
-	/* Every path that leaves @err 0 filled the slot with our hold. */
-	if (err)
-		az_leaf_put(s, slot);
+	/*
+	 * The slot's leaf is held last, before anything changes (the hold
+	 * fills the slot).  The next attempt has one reserved.
+	 */
+	if (err == -EAGAIN)
+		res->leaf = true;
 	if (err == -ENOMEM)
 		az_atomic64_inc(&s->failed_stores);
 	az_owner_unpin(s, &pin);

@@ -53,6 +53,36 @@ def test_nowait_put_never_sleeps_and_asks_for_a_reserve(store, owner):
     store.check()
 
 
+@pytest.mark.parametrize("owner", [0, 77], ids=["unregistered", "sandbox"])
+def test_a_put_into_a_range_without_a_leaf_retries_with_everything_reserved(make_store, owner):
+    """The slot table's leaf is a no-wait allocation like the others: when it fails, the retry
+    has it reserved together with everything else the page needs, so no second no-wait
+    allocation can fail it."""
+    store = make_store(1024)
+    if owner:
+        store.add_sandbox(owner, 1)
+    page = pages.make("heap", 5)
+    store.fail_allocs_of(4096, 1)  # the leaf of slots 512-767
+    res = Reserve()
+    assert _put_nowait(store, 600, page, res, owner) == -errno.EAGAIN
+    assert res.leaf and res.size > 0 and bool(res.obj) == bool(owner)
+    assert store.kind(600) is None and store.stats()["slot_bytes"] == 4 * 16
+    assert store.lib.az_reserve_fill(store._s, ctypes.byref(res)) == 0
+    store.fail_pool_allocs(2)  # no-wait allocations fail now: the reserve serves
+    store.fail_allocs_of(4096, 1)
+    try:
+        assert _put_nowait(store, 600, page, res, owner) == 0
+    finally:
+        store.fail_pool_allocs(0)
+        store.fail_allocs_of(4096, 0)
+    store.lib.az_reserve_release(store._s, ctypes.byref(res))
+    assert store.get(600) == page
+    st = store.stats()
+    assert st["failed_stores"] == 0 and st["slot_bytes"] == 4 * 16 + 4096
+    assert st["pool_bytes"] == st["stored_bytes"], "a reserved allocation leaked"
+    store.check()
+
+
 def test_template_paths_never_sleep(store):
     """A template's page also needs a template index node: no-wait too (TEMPLATE_LOAD and a
     template cgroup's swap-out hold the context)."""

@@ -550,22 +550,54 @@ def test_index_tables_stop_at_a_full_devices_size(make_store, sim_slots):
     s.check()
 
 
+def test_template_table_grows_with_its_chunks(make_store):
+    """The template table doubles when it holds more chunks (48 page indexes each) than
+    buckets; the entries are found after the rehash and dropped with their template."""
+    s = make_store(1 << 16)
+    s.add_template(7, 1)
+    s.add_sandbox(11, 1)
+    tpages = [pages.make("random", 300 + k) for k in range(100)]
+    for k, p in enumerate(tpages):  # one chunk per page: 100 chunks
+        s.put(k, p, owner=7, index=k * 48)
+    st = s.stats()
+    assert st["tnode_bytes"] == 100 * 512
+    # 100 objects: dedup 256 buckets, similarity 300 entries -> 128 sets; template 128
+    assert st["index_table_bytes"] == index_tables(256, 128, tmpl=128)
+    rng = random.Random(3)
+    for k in range(0, 100, 9):  # a sandbox's page at the template's index: a template delta
+        s.put(1000 + k, pages.mutate(tpages[k], rng, 4), owner=11, index=k * 48)
+        assert s.kind(1000 + k) == "tdelta"
+    s.check()
+    s.del_template(7)
+    s.drain()
+    assert s.stats()["tnode_bytes"] == 0
+    s.check()
+    assert all(s.get(1000 + k) != bytes(4096) for k in range(0, 100, 9))
+
+
 def test_index_growth_without_memory_waits(make_store):
-    """A doubling that cannot allocate leaves the tables as they are; the next put retries."""
+    """A doubling that cannot allocate leaves the tables as they are; it is asked for again
+    once an eighth more objects (at least 256) are indexed."""
     s = make_store(4096)
     s.add_sandbox(11, 1)
+    distinct = [pages.make("random", 50 + k) for k in range(400)]
     s.fail_allocs_of(128 * SIM_SET, 1000)  # the doubled similarity table
     try:
-        for k in range(300):  # past 64 sets x 4 ways: 86 objects of 3 entries
-            s.put(k, pages.make("random", 50 + k), owner=11, index=k)
+        for k in range(300):  # past 64 sets x 4 ways at 86 objects of 3 entries
+            s.put(k, distinct[k], owner=11, index=k)
         assert s.stats()["index_table_bytes"] == index_tables(256, 64)
-        assert all(s.get(k) == pages.make("random", 50 + k) for k in range(300))
+        assert all(s.get(k) == distinct[k] for k in range(300))
         s.check()
     finally:
         s.fail_allocs_of(128 * SIM_SET, 0)
-    s.put(300, pages.make("random", 5000), owner=11, index=300)
-    # room for all 3 entries of the 301 objects: 1024 entries, 256 sets (doubled twice)
-    assert s.stats()["index_table_bytes"] == index_tables(256, 256)
+    for k in range(300, 341):
+        s.put(k, distinct[k], owner=11, index=k)
+    assert s.stats()["index_table_bytes"] == index_tables(256, 64)  # 86 + 256 not reached
+    for k in range(341, 400):
+        s.put(k, distinct[k], owner=11, index=k)
+    # room for 3 entries of 342 objects: 1026 > 1024 entries, so 512 sets
+    assert s.stats()["index_table_bytes"] == index_tables(256, 512)
+    assert all(s.get(k) == distinct[k] for k in range(400))
     s.check()
 
 
