@@ -391,24 +391,33 @@ int az_sim_find(struct az_store *s, u32 group, const u64 *sf,
 /* ---- insert / remove -------------------------------------------------- */
 
 /* A table past its load (idx_lock held): az_index_grow() has work. */
-static bool az_index_over(struct az_store *s)
+/*
+ * The doubled sizes of the tables past their load, 0 for the others
+ * (idx_lock held): dedup buckets, similarity set bits, template buckets.
+ */
+static bool az_index_over(struct az_store *s, u32 *dn, u32 *sb, u32 *tn)
 {
 	struct az_index *x = &s->idx;
 	u64 sim_cap = ((u64)AZ_SIM_WAYS << x->sbits) *
 		      AZ_READ_ONCE(s->sim_slots);
 
-	return (!x->dold && x->dmask + 1 < x->dmax &&
-		x->indexed > (u64)(x->dmask + 1) * AZ_DEDUP_LOAD) ||
-	       (!x->sold && x->sbits < x->smax_bits &&
-		x->simmed * AZ_SIM_LOAD > sim_cap) ||
-	       (x->tmask + 1 < x->tmax && x->tchunks > x->tmask + 1);
+	*dn = !x->dold && x->dmask + 1 < x->dmax &&
+	      x->indexed > (u64)(x->dmask + 1) * AZ_DEDUP_LOAD ?
+	      (x->dmask + 1) * 2 : 0;
+	*sb = !x->sold && x->sbits < x->smax_bits &&
+	      x->simmed * AZ_SIM_LOAD > sim_cap ? x->sbits + 1 : 0;
+	*tn = x->tmask + 1 < x->tmax && x->tchunks > x->tmask + 1 ?
+	      (x->tmask + 1) * 2 : 0;
+	return *dn || *sb || *tn;
 }
 
 /* After a change under idx_lock: ask for growth once (lock held). */
 static bool az_index_want_grow(struct az_store *s)
 {
+	u32 dn, sb, tn;
+
 	if (s->idx.grow || s->idx.indexed < s->idx.retry_at ||
-	    !az_index_over(s))
+	    !az_index_over(s, &dn, &sb, &tn))
 		return false;
 	AZ_WRITE_ONCE(s->idx.grow, true);
 	return true;
@@ -576,23 +585,14 @@ static bool az_index_grow_once(struct az_store *s, bool *short_of_memory)
 	struct az_obj **nd = NULL, **dgone = NULL;
 	struct az_sim_set *ns = NULL, *sgone = NULL;
 	struct az_tchunk **nt = NULL, **tgone = NULL;
-	u32 dn = 0, sb = 0, tn = 0, b, end;
-	u64 sim_cap;
-	bool grew = false;
+	u32 dn, sb, tn, b, end;
+	bool grew = false, over;
 
 	az_spin_lock(&s->idx_lock);
 	AZ_WRITE_ONCE(x->grow, false);
-	sim_cap = ((u64)AZ_SIM_WAYS << x->sbits) * AZ_READ_ONCE(s->sim_slots);
-	if (!x->dold && x->dmask + 1 < x->dmax &&
-	    x->indexed > (u64)(x->dmask + 1) * AZ_DEDUP_LOAD)
-		dn = (x->dmask + 1) * 2;
-	if (!x->sold && x->sbits < x->smax_bits &&
-	    x->simmed * AZ_SIM_LOAD > sim_cap)
-		sb = x->sbits + 1;
-	if (x->tmask + 1 < x->tmax && x->tchunks > x->tmask + 1)
-		tn = (x->tmask + 1) * 2;
+	over = az_index_over(s, &dn, &sb, &tn);
 	az_spin_unlock(&s->idx_lock);
-	if (!dn && !sb && !tn)
+	if (!over)
 		return false;
 
 	/* Without memory the tables stay as they are: only slower to hit. */

@@ -628,9 +628,7 @@ struct az_slot *az_slot_hold_new(struct az_store *s, struct az_reserve *res,
 		if (!fresh)
 			fresh = az_zalloc(AZ_LEAF_BYTES, AZ_GFP_NOWAIT);
 		if (!fresh) {
-			*err = az_short(res);
-			if (*err == -EAGAIN)
-				res->leaf = true;
+			*err = az_short(res);	/* the put reserves one */
 			return NULL;
 		}
 	}
