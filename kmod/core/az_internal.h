@@ -304,8 +304,8 @@ struct az_slot {
 
 /*
  * The slot table is two levels: a directory entry per AZ_LEAF_SLOTS slots
- * (allocated for the whole device at create, 16 bytes per 256 slots) and
- * leaves of AZ_LEAF_SLOTS slots (one 4 KiB allocation each), allocated by
+ * (allocated for the whole device at create, 16 bytes per 64 slots) and
+ * leaves of AZ_LEAF_SLOTS slots (one 1 KiB allocation each), allocated by
  * the first put into their range and freed when their last slot is.
  *
  * @ref counts the leaf's used slots plus the holds of callers working on
@@ -316,7 +316,7 @@ struct az_slot {
  * a leaf is freed only when nobody holds it, and a hold taken on an entry
  * whose leaf is going fails (the slot is empty: nothing to read or free).
  */
-#define AZ_LEAF_SHIFT		8
+#define AZ_LEAF_SHIFT		6
 #define AZ_LEAF_SLOTS		(1U << AZ_LEAF_SHIFT)
 #define AZ_LEAF_BYTES		(AZ_LEAF_SLOTS * sizeof(struct az_slot))
 
@@ -447,9 +447,9 @@ _Static_assert(sizeof(struct az_sim_set) ==
 	       "a similarity-table way is a tag and a pointer, unpadded");
 
 /*
- * The index tables (index.c: how they are sized and grow).  Everything is
- * under s->idx_lock but @grow (read without it) and @growing (the one
- * process-context caller growing the tables, az_index_grow()).
+ * The index tables (index.c: how they are sized and resized).  Everything
+ * is under s->idx_lock but @resize (read without it) and @resizing (the
+ * one process-context caller resizing the tables, az_index_resize()).
  */
 struct az_index {
 	struct az_obj **dbuckets;	/* dedup: hash -> chain */
@@ -459,7 +459,7 @@ struct az_index {
 	struct az_sim_set *sim;		/* similarity: set-associative */
 	u32 sbits;			/* log2 of the number of sets */
 	/*
-	 * A dedup or similarity table being doubled: the entries of its old
+	 * A dedup or similarity table being resized: the entries of its old
 	 * buckets (sets) from @dmoved (@smoved) on are still in @dold (@sold).
 	 */
 	struct az_obj **dold;
@@ -473,9 +473,11 @@ struct az_index {
 	u32 tmax;
 	u32 smax_bits;
 	u32 tgen;			/* changes when tbuckets is rehashed */
-	bool grow;			/* a table is over its load */
-	u64 retry_at;			/* no request below this @indexed */
-	unsigned long growing;		/* bit 0: az_index_grow() runs */
+	bool resize;			/* a table is off its load */
+	/* After a failed resize: no request while @indexed is in between. */
+	u64 retry_below;
+	u64 retry_at;
+	unsigned long resizing;		/* bit 0: az_index_resize() runs */
 	u64 tchunks;			/* template chunks allocated */
 	u64 indexed;			/* objects linked in the indexes */
 	u64 simmed;			/* of which with similarity entries */
@@ -681,7 +683,7 @@ u64 az_owner_bytes(struct az_store *s);
 /* ---- index.c ---------------------------------------------------------- */
 
 int az_index_ensure(struct az_store *s);
-void az_index_grow(struct az_store *s);
+void az_index_resize(struct az_store *s);
 void az_index_destroy(struct az_store *s);
 u64 az_index_bytes(struct az_store *s, u64 *table_bytes, u64 *tnode_bytes);
 /* Identical page in @group: returns a referenced object or NULL. */

@@ -11,7 +11,7 @@
  *            slot (and the template) while a node or a delta refers to it.
  *  similarity  super-feature -> object, a set-associative table of
  *            AZ_SIM_WAYS ways per set; inserting shifts the set so the
- *            oldest entry drops out (the table grows with use, see
+ *            oldest entry drops out (the table follows use, see
  *            "Sizing" below, up to a cap).
  *            Weak, like dedup.  Only non-delta objects go in: a delta is
  *            never a base (depth 1).
@@ -26,29 +26,35 @@
 #include "az_internal.h"
 
 /*
- * Sizing: the tables are allocated small when the first owner registers
- * and double as objects are indexed, so that their memory follows what
- * is stored, not the size of the device.  Their load: one dedup bucket
+ * Sizing: the tables are allocated small when the first owner registers,
+ * double as objects are indexed and halve as they go, so that their
+ * memory follows what is stored, not the size of the device or what it
+ * held once.  Their load: one dedup bucket
  * per AZ_DEDUP_LOAD indexed objects at most (8 bytes each), one
  * similarity entry per s->sim_slots objects with similarity entries (10
  * bytes each; every one takes AZ_NR_SF entries, the oldest drop out), one
- * template bucket per template chunk.  Caps: what a device full of
- * indexed objects gets, one object per slot.  Measured with
+ * template bucket per template chunk.  A table doubles past its load and
+ * halves below an eighth of it, never below its starting size (so a size
+ * never flips back and forth with a few objects).  Caps: what a device
+ * full of indexed objects gets, one object per slot.  Measured with
  * tests/core/bench_core.py: halving the similarity table halves the
  * similar pages found among distinct pages.  A fleet of snapshot-restored
  * VMs, whose slots are mostly duplicates of template bases (no index
  * entry), needs fewer (docs/store.md: sim_slots).
  *
- * Growth: an insert that takes a table past its load sets @grow and
- * wakes the deferred worker, which calls az_index_grow() (so do the
- * sleeping put wrappers and az_store_drain()).  It allocates the doubled
- * table outside idx_lock, then moves the entries over in steps of
- * AZ_MOVE_STEP old buckets under idx_lock, dropping it between steps.
- * While a dedup or similarity table is being moved, an old bucket (set)
- * below @dmoved (@smoved) has its entries in the new table and the others
- * are still in the old one: lookups, inserts and removes pick the table
- * by that rule (az_dhead(), az_sim_head()).  The template table (a chunk
- * per 48 template pages: small) is rehashed in one step.
+ * Resizing: an insert that takes a table past its load sets @resize and
+ * wakes the deferred worker, which calls az_index_resize() (so do the
+ * sleeping put wrappers and az_store_drain()); a remove below an eighth
+ * of the load sets it too (removes run in that worker, which resizes
+ * after them).  It allocates the new table outside idx_lock, then moves
+ * the entries over in steps of AZ_MOVE_STEP old buckets under idx_lock,
+ * dropping it between steps.  While a dedup or similarity table is being
+ * moved, an old bucket (set) below @dmoved (@smoved) has its entries in
+ * the new table and the others are still in the old one: lookups,
+ * inserts and removes pick the table by that rule (az_dhead(),
+ * az_sim_head()), which holds for any new size because a bucket (set)
+ * is moved whole.  The template table (a chunk per 48 template pages:
+ * small) is rehashed in one step.
  */
 #define AZ_DEDUP_LOAD	4
 /*
@@ -93,7 +99,8 @@ static void az_index_free(struct az_index *x)
 
 #define AZ_DEDUP_MIN	256
 #define AZ_TMPL_MIN	64
-#define AZ_SIM_MIN	64	/* sets */
+#define AZ_SIM_MIN_BITS	6
+#define AZ_SIM_MIN	(1U << AZ_SIM_MIN_BITS)	/* sets */
 
 /*
  * The indexes are allocated when the first owner is registered, so a
@@ -117,7 +124,7 @@ again:
 	x.tmax = az_pow2_below(s->nr_slots / 64, AZ_TMPL_MIN, 1U << 18);
 	x.smax_bits = az_log2(az_pow2_below(s->nr_slots / slots / AZ_SIM_WAYS,
 					    AZ_SIM_MIN, 1U << 22));
-	x.sbits = az_log2(AZ_SIM_MIN);
+	x.sbits = AZ_SIM_MIN_BITS;
 	x.dbuckets = az_valloc(AZ_DEDUP_MIN * sizeof(*x.dbuckets));
 	x.tbuckets = az_valloc(AZ_TMPL_MIN * sizeof(*x.tbuckets));
 	x.sim = az_valloc((size_t)AZ_SIM_MIN * sizeof(*x.sim));
@@ -390,36 +397,54 @@ int az_sim_find(struct az_store *s, u32 group, const u64 *sf,
 
 /* ---- insert / remove -------------------------------------------------- */
 
-/* A table past its load (idx_lock held): az_index_grow() has work. */
 /*
- * The doubled sizes of the tables past their load, 0 for the others
- * (idx_lock held): dedup buckets, similarity set bits, template buckets.
+ * The new sizes of the tables off their load, 0 for the others (idx_lock
+ * held): dedup buckets, similarity set bits, template buckets.  Doubled
+ * past the load up to the cap, halved below an eighth of it down to the
+ * starting size; a dedup or similarity table still being moved waits.
  */
-static bool az_index_over(struct az_store *s, u32 *dn, u32 *sb, u32 *tn)
+static bool az_index_off_load(struct az_store *s, u32 *dn, u32 *sb, u32 *tn)
 {
 	struct az_index *x = &s->idx;
 	u64 sim_cap = ((u64)AZ_SIM_WAYS << x->sbits) *
 		      AZ_READ_ONCE(s->sim_slots);
+	u64 sim_load = x->simmed * AZ_SIM_LOAD;
+	u64 dcap = (u64)(x->dmask + 1) * AZ_DEDUP_LOAD;
+	u32 d = x->dmask + 1, t = x->tmask + 1;
 
-	*dn = !x->dold && x->dmask + 1 < x->dmax &&
-	      x->indexed > (u64)(x->dmask + 1) * AZ_DEDUP_LOAD ?
-	      (x->dmask + 1) * 2 : 0;
-	*sb = !x->sold && x->sbits < x->smax_bits &&
-	      x->simmed * AZ_SIM_LOAD > sim_cap ? x->sbits + 1 : 0;
-	*tn = x->tmask + 1 < x->tmax && x->tchunks > x->tmask + 1 ?
-	      (x->tmask + 1) * 2 : 0;
+	*dn = 0;
+	*sb = 0;
+	*tn = 0;
+	if (!x->dold && d < x->dmax && x->indexed > dcap)
+		*dn = d * 2;
+	else if (!x->dold && d > AZ_DEDUP_MIN && x->indexed * 8 < dcap)
+		*dn = d / 2;
+	if (!x->sold && x->sbits < x->smax_bits && sim_load > sim_cap)
+		*sb = x->sbits + 1;
+	else if (!x->sold && x->sbits > AZ_SIM_MIN_BITS &&
+		 sim_load * 8 < sim_cap)
+		*sb = x->sbits - 1;
+	if (t < x->tmax && x->tchunks > t)
+		*tn = t * 2;
+	else if (t > AZ_TMPL_MIN && x->tchunks * 8 < t)
+		*tn = t / 2;
 	return *dn || *sb || *tn;
 }
 
-/* After a change under idx_lock: ask for growth once (lock held). */
-static bool az_index_want_grow(struct az_store *s)
+/*
+ * After a change under idx_lock: ask for a resize once (lock held).
+ * Returns whether the deferred worker should be woken for it.
+ */
+static bool az_index_want_resize(struct az_store *s)
 {
+	struct az_index *x = &s->idx;
 	u32 dn, sb, tn;
 
-	if (s->idx.grow || s->idx.indexed < s->idx.retry_at ||
-	    !az_index_over(s, &dn, &sb, &tn))
+	if (x->resize ||
+	    (x->indexed > x->retry_below && x->indexed < x->retry_at) ||
+	    !az_index_off_load(s, &dn, &sb, &tn))
 		return false;
-	AZ_WRITE_ONCE(s->idx.grow, true);
+	AZ_WRITE_ONCE(x->resize, true);
 	return true;
 }
 
@@ -455,12 +480,16 @@ void az_index_insert(struct az_store *s, struct az_obj *o, const u64 *sf)
 	}
 	AZ_WRITE_ONCE(x->indexed, x->indexed + 1);
 	az_obj_flag_set(o, AZ_OBJ_INDEXED);
-	kick = az_index_want_grow(s);
+	kick = az_index_want_resize(s);
 	az_spin_unlock(&s->idx_lock);
 	if (kick)
 		az_defer_kick(&s->defer);
 }
 
+/*
+ * Called by the deferred worker only, which resizes after its removes:
+ * a table left below its load needs no wake-up.
+ */
 void az_index_remove(struct az_store *s, struct az_obj *o)
 {
 	struct az_index *x = &s->idx;
@@ -484,27 +513,37 @@ void az_index_remove(struct az_store *s, struct az_obj *o)
 	if (o->nr_sf)
 		x->simmed--;
 	AZ_WRITE_ONCE(x->indexed, x->indexed - 1);
+	az_index_want_resize(s);
 	az_spin_unlock(&s->idx_lock);
 }
 
-/* ---- growth ----------------------------------------------------------- */
+/* ---- resizing --------------------------------------------------------- */
 
 /*
- * Move old dedup bucket @b's chain to the new table (idx_lock held): it
- * splits into two buckets of the new table, empty until now, each in the
- * chain's order (newest first).
+ * Move old dedup bucket @b's chain to the new table (idx_lock held),
+ * appended in its order (newest first) to the bucket each object falls
+ * in: two buckets, empty until now, when the table doubled; one, holding
+ * the chain of @b's sibling (other hashes), when it halved.
  */
 static void az_dedup_move(struct az_index *x, u32 b)
 {
-	struct az_obj *o, *next, **tail[2];
-	u32 nb[2] = { b, b + x->dold_mask + 1 };
+	struct az_obj *o, *next, **tail[2] = { NULL, NULL };
+	u32 nb[2] = { 0, 0 }, t;
 	unsigned int i;
 
-	tail[0] = &x->dbuckets[nb[0]];
-	tail[1] = &x->dbuckets[nb[1]];
 	for (o = x->dold[b]; o; o = next) {
 		next = o->dnext;
-		i = (o->hash & x->dmask) != nb[0];
+		t = o->hash & x->dmask;
+		for (i = 0; i < 2 && tail[i] && nb[i] != t; i++)
+			;
+		if (AZ_WARN_ON(i == 2))	/* a bucket maps to at most two */
+			i = 1;
+		if (!tail[i] || nb[i] != t) {
+			nb[i] = t;
+			tail[i] = &x->dbuckets[t];
+			while (*tail[i])
+				tail[i] = &(*tail[i])->dnext;
+		}
 		o->dnext = NULL;
 		*tail[i] = o;
 		tail[i] = &o->dnext;
@@ -514,10 +553,13 @@ static void az_dedup_move(struct az_index *x, u32 b)
 
 /*
  * Move old similarity set @so to the new table (idx_lock held): its
- * entries go to one of the two sets it splits into, oldest first, so the
- * order stays newest first.  The key is found in the object: one of its
- * keys falls in @so (an entry was made for it, the moves keep it so); if
- * two do, either is a place its remove looks at.
+ * entries go, oldest first, to the set their key falls in: one of the two
+ * sets it splits into when the table doubled (the order stays newest
+ * first), the set it shares with its sibling when it halved (moved after
+ * the sibling, its entries push the sibling's oldest out of a full set).
+ * The key is found in the object: one of its keys falls in @so (an entry
+ * was made for it, the moves keep it so); if two do, either is a place
+ * its remove looks at.
  */
 static void az_sim_move(struct az_index *x, u32 so)
 {
@@ -565,8 +607,8 @@ static struct az_tchunk **az_tmpl_rehash(struct az_index *x,
 			nt[nb] = c;
 		}
 	}
-	AZ_WRITE_ONCE(x->table_bytes, x->table_bytes +
-		      (u64)(n - x->tmask - 1) * sizeof(*nt));
+	AZ_WRITE_ONCE(x->table_bytes, x->table_bytes + (u64)n * sizeof(*nt) -
+		      (u64)(x->tmask + 1) * sizeof(*nt));
 	AZ_WRITE_ONCE(x->tbuckets, nt);
 	x->tmask = n - 1;
 	x->tgen++;
@@ -574,25 +616,31 @@ static struct az_tchunk **az_tmpl_rehash(struct az_index *x,
 }
 
 /*
- * One round of growth: the doubled tables of what is past its load are
+ * One round of resizing: the new tables of what is off its load are
  * allocated (process context, may sleep) and installed, then moved over.
- * Returns whether anything grew; *@short_of_memory when an allocation
- * failed (the request stays, for a later call).
+ * Returns whether anything was resized; *@short_of_memory when an
+ * allocation failed (asked for again once an eighth more or fewer
+ * objects are indexed).
  */
-static bool az_index_grow_once(struct az_store *s, bool *short_of_memory)
+static bool az_index_resize_once(struct az_store *s, bool *short_of_memory)
 {
 	struct az_index *x = &s->idx;
 	struct az_obj **nd = NULL, **dgone = NULL;
 	struct az_sim_set *ns = NULL, *sgone = NULL;
 	struct az_tchunk **nt = NULL, **tgone = NULL;
-	u32 dn, sb, tn, b, end;
-	bool grew = false, over;
+	u32 dn, sb, tn, b, end, d0, sb0, t0;
+	bool resized = false, off;
+	u64 step;
 
 	az_spin_lock(&s->idx_lock);
-	AZ_WRITE_ONCE(x->grow, false);
-	over = az_index_over(s, &dn, &sb, &tn);
+	AZ_WRITE_ONCE(x->resize, false);
+	off = az_index_off_load(s, &dn, &sb, &tn);
+	/* Only this caller changes the sizes: still these when installing. */
+	d0 = x->dmask + 1;
+	sb0 = x->sbits;
+	t0 = x->tmask + 1;
 	az_spin_unlock(&s->idx_lock);
-	if (!over)
+	if (!off)
 		return false;
 
 	/* Without memory the tables stay as they are: only slower to hit. */
@@ -603,12 +651,14 @@ static bool az_index_grow_once(struct az_store *s, bool *short_of_memory)
 	if (tn)
 		nt = az_valloc_try((size_t)tn * sizeof(*nt));
 	az_spin_lock(&s->idx_lock);
-	/* Short of memory: asked again once an eighth more is indexed. */
+	/* Short of memory: asked again once an eighth more or fewer. */
 	if ((dn && !nd) || (sb && !ns) || (tn && !nt)) {
 		*short_of_memory = true;
-		x->retry_at = x->indexed + az_max(x->indexed / 8, 256);
+		step = az_max(x->indexed / 8, 256);
+		x->retry_at = x->indexed + step;
+		x->retry_below = x->indexed > step ? x->indexed - step : 0;
 	}
-	if (nd && x->dmask + 1 == dn / 2) {
+	if (nd && x->dmask + 1 == d0 && !x->dold) {
 		AZ_WRITE_ONCE(x->dold, x->dbuckets);
 		x->dold_mask = x->dmask;
 		x->dmoved = 0;
@@ -617,9 +667,9 @@ static bool az_index_grow_once(struct az_store *s, bool *short_of_memory)
 		AZ_WRITE_ONCE(x->table_bytes,
 			      x->table_bytes + (u64)dn * sizeof(*nd));
 		nd = NULL;
-		grew = true;
+		resized = true;
 	}
-	if (ns && x->sbits + 1 == sb) {
+	if (ns && x->sbits == sb0 && !x->sold) {
 		AZ_WRITE_ONCE(x->sold, x->sim);
 		x->sold_bits = x->sbits;
 		x->smoved = 0;
@@ -628,12 +678,12 @@ static bool az_index_grow_once(struct az_store *s, bool *short_of_memory)
 		AZ_WRITE_ONCE(x->table_bytes,
 			      x->table_bytes + (sizeof(*ns) << sb));
 		ns = NULL;
-		grew = true;
+		resized = true;
 	}
-	if (nt && x->tmask + 1 == tn / 2) {
+	if (nt && x->tmask + 1 == t0) {
 		tgone = az_tmpl_rehash(x, nt, tn);
 		nt = NULL;
-		grew = true;
+		resized = true;
 	}
 	az_spin_unlock(&s->idx_lock);
 	az_vfree(nd);
@@ -641,7 +691,7 @@ static bool az_index_grow_once(struct az_store *s, bool *short_of_memory)
 	az_vfree(nt);
 	az_vfree(tgone);
 	if (*short_of_memory)
-		grew = false;
+		resized = false;
 
 	/* Move the entries over, a step at a time. */
 	while (AZ_READ_ONCE(x->dold) || AZ_READ_ONCE(x->sold)) {
@@ -678,27 +728,27 @@ static bool az_index_grow_once(struct az_store *s, bool *short_of_memory)
 		sgone = NULL;
 		az_cond_resched();
 	}
-	return grew;
+	return resized;
 }
 
 /*
- * Grow what is past its load, if anything (process context; may sleep).
+ * Resize what is off its load, if anything (process context; may sleep).
  * One caller at a time: another returns at once, and a request made
  * while this one runs is taken up before it returns.  Short of memory,
- * it leaves the request for the next call.
+ * it leaves the request for a later call.
  */
-void az_index_grow(struct az_store *s)
+void az_index_resize(struct az_store *s)
 {
 	struct az_index *x = &s->idx;
 	bool short_of_memory = false;
 
-	while (!short_of_memory && AZ_READ_ONCE(x->grow) &&
+	while (!short_of_memory && AZ_READ_ONCE(x->resize) &&
 	       AZ_READ_ONCE(x->dbuckets)) {
-		if (az_test_and_set_bit(0, &x->growing))
+		if (az_test_and_set_bit(0, &x->resizing))
 			return;
-		while (az_index_grow_once(s, &short_of_memory))
+		while (az_index_resize_once(s, &short_of_memory))
 			;
-		az_clear_bit_unlock(0, &x->growing);
+		az_clear_bit_unlock(0, &x->resizing);
 	}
 }
 
@@ -792,7 +842,7 @@ int az_template_set(struct az_store *s, u32 group, u64 index, u16 owner,
 		c->next = x->tbuckets[b];
 		x->tbuckets[b] = c;
 		AZ_WRITE_ONCE(x->tchunks, x->tchunks + 1);
-		kick = az_index_want_grow(s);
+		kick = az_index_want_resize(s);
 	}
 	old = c->obj[i];
 	old_owner = c->owner[i];
@@ -855,6 +905,7 @@ void az_template_drop_owner(struct az_store *s, u16 owner)
 	struct az_tchunk **pp, *c, *gone;
 	u32 b, i, n, gen;
 	u64 dropped = 0;
+	bool kick;
 
 	if (!AZ_READ_ONCE(x->tbuckets))
 		return;
@@ -887,7 +938,10 @@ again:
 			goto again;	/* the chain may have changed */
 		}
 	}
+	kick = az_index_want_resize(s);	/* the template table may halve */
 	az_spin_unlock(&s->idx_lock);
+	if (kick)
+		az_defer_kick(&s->defer);
 	az_atomic64_sub(dropped, &s->template_pages);
 	az_atomic64_sub(dropped, &az_owner_at(s, owner)->loaded_pages);
 }

@@ -467,7 +467,7 @@ out:
  */
 #define SS_PER		256
 #define SS_SPARSE	4	/* one per shared leaf ... */
-#define SS_GAP		64	/* ... this far apart: 4 workers share a leaf */
+#define SS_GAP		(AZ_LEAF_SLOTS / 4)	/* ... this far apart: 4 share a leaf */
 #define SS_T1		1000
 #define SS_SA		11
 #define SS_SB		12

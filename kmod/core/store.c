@@ -444,7 +444,7 @@ static void az_store_run_deferred(void *arg)
 		}
 		az_cond_resched();
 	}
-	az_index_grow(s);
+	az_index_resize(s);
 }
 
 void az_store_drain(struct az_store *s)
@@ -786,7 +786,7 @@ struct az_store *az_store_create(u64 nr_slots, const char *name)
 		return NULL;
 	s->nr_slots = nr_slots;
 	s->nr_dir = (nr_slots + AZ_LEAF_SLOTS - 1) >> AZ_LEAF_SHIFT;
-	/* 16 B per 256 slots: beyond kvmalloc's INT_MAX above 128 TiB. */
+	/* 16 B per 64 slots: beyond kvmalloc's INT_MAX above 32 TiB. */
 	s->dir = az_valloc_big(s->nr_dir * sizeof(*s->dir));
 	if (!s->dir)
 		goto fail_slots;
@@ -1320,7 +1320,7 @@ int az_store_put(struct az_store *s, struct az_ctx *ctx, u64 slot,
 			err = az_store_put_nowait(s, ctx, slot, page, pi, &res);
 	}
 	az_reserve_release(s, &res);
-	az_index_grow(s);
+	az_index_resize(s);
 	return err;
 }
 
@@ -1741,7 +1741,7 @@ int az_store_template_load(struct az_store *s, struct az_ctx *ctx, u64 tid,
 							    page, &res);
 	}
 	az_reserve_release(s, &res);
-	az_index_grow(s);
+	az_index_resize(s);
 	return err;
 }
 

@@ -62,23 +62,25 @@ def test_a_put_into_a_range_without_a_leaf_retries_with_everything_reserved(make
     if owner:
         store.add_sandbox(owner, 1)
     page = pages.make("heap", 5)
-    store.fail_allocs_of(4096, 1)  # the leaf of slots 512-767
+    n = int(store.lib.az_debug_leaf_slots())
+    leaf_bytes, dir_bytes = n * 16, 1024 // n * 16
+    store.fail_allocs_of(leaf_bytes, 1)  # the leaf of the range holding slot 600
     res = Reserve()
     assert _put_nowait(store, 600, page, res, owner) == -errno.EAGAIN
     assert res.leaf and res.size > 0 and bool(res.obj) == bool(owner)
-    assert store.kind(600) is None and store.stats()["slot_bytes"] == 4 * 16
+    assert store.kind(600) is None and store.stats()["slot_bytes"] == dir_bytes
     assert store.lib.az_reserve_fill(store._s, ctypes.byref(res)) == 0
     store.fail_pool_allocs(2)  # no-wait allocations fail now: the reserve serves
-    store.fail_allocs_of(4096, 1)
+    store.fail_allocs_of(leaf_bytes, 1)
     try:
         assert _put_nowait(store, 600, page, res, owner) == 0
     finally:
         store.fail_pool_allocs(0)
-        store.fail_allocs_of(4096, 0)
+        store.fail_allocs_of(leaf_bytes, 0)
     store.lib.az_reserve_release(store._s, ctypes.byref(res))
     assert store.get(600) == page
     st = store.stats()
-    assert st["failed_stores"] == 0 and st["slot_bytes"] == 4 * 16 + 4096
+    assert st["failed_stores"] == 0 and st["slot_bytes"] == dir_bytes + leaf_bytes
     assert st["pool_bytes"] == st["stored_bytes"], "a reserved allocation leaked"
     store.check()
 
@@ -185,10 +187,12 @@ def test_filled_reserve_that_still_falls_short_is_enomem(store):
     assert st["failed_stores"] == 1 and st["pool_bytes"] == st["stored_bytes"]
 
 
-def test_slot_table_above_int_max(lib_path):
-    """640 GiB of slots: a 2.5 GiB table (virtual memory only on the host)."""
-    nr_slots = (640 << 30) // 4096
+def test_slot_table_directory_above_int_max(lib_path):
+    """40 TiB of slots: a slot table directory above INT_MAX bytes (virtual memory only on
+    the host), and a leaf for the last slot."""
+    nr_slots = (40 << 40) // 4096
     s = Store(nr_slots, lib=lib_path)
+    assert s.stats()["slot_bytes"] > (1 << 31)
     try:
         last = nr_slots - 1
         p = pages.make("heap", 5)

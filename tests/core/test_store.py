@@ -506,7 +506,7 @@ def index_tables(dedup: int, sim_sets: int, tmpl: int = 64) -> int:
 @pytest.mark.parametrize("sim_slots", [1, 4])
 def test_index_tables_grow_with_indexed_objects(make_store, sim_slots):
     """The index tables start small and double as objects are indexed; entries moved by a
-    doubling are all found again; the tables do not shrink."""
+    doubling are all found again; with every object gone they are back to their start."""
     s = make_store(1 << 16)
     s.set_sim_slots(sim_slots)
     s.add_sandbox(11, 1)
@@ -534,7 +534,46 @@ def test_index_tables_grow_with_indexed_objects(make_store, sim_slots):
         s.free(k)
     s.drain()
     s.check()
+    assert s.stats()["index_table_bytes"] == index_tables(256, 64)
+
+
+@pytest.mark.parametrize("sim_slots", [1, 4])
+def test_index_tables_halve_as_objects_go(make_store, sim_slots):
+    """A table halves once its objects fall below an eighth of its load (never below its
+    starting size); what stays indexed is found through the merged buckets and sets, and a
+    new fleet grows the tables again."""
+    s = make_store(1 << 16)
+    s.set_sim_slots(sim_slots)
+    s.add_sandbox(11, 1)
+    distinct = [pages.make("random", 1000 + k) for k in range(3000)]
+    for k, p in enumerate(distinct):
+        s.put(k, p, owner=11, index=k)
     assert s.stats()["index_table_bytes"] == index_tables(1024, 4096 // sim_slots)
+    keep = range(0, 3000, 20)  # 150 objects stay
+    for k in range(3000):
+        if k % 20:
+            s.free(k)
+    s.drain()
+    s.check()
+    # dedup: 150 objects x 8 below 4 a bucket down to 256 buckets (the start); similarity:
+    # 450 entries x 8 below the room of 4 ways x sim_slots a set down to 512 // sim_slots
+    assert s.stats()["index_table_bytes"] == index_tables(256, 512 // sim_slots)
+    assert all(s.get(k) == distinct[k] for k in keep)
+    for j, k in enumerate(keep):  # exact duplicates through the merged chains
+        s.put(5000 + j, distinct[k], owner=11, index=5000 + j)
+        assert s.kind(5000 + j) == "dup"
+    rng = random.Random(11)
+    newest = list(keep)[-8:]  # the newest keep their similarity entries in merged sets
+    for j, k in enumerate(newest):
+        s.put(6000 + j, pages.mutate(distinct[k], rng, 4), owner=11, index=6000 + j)
+    assert sum(s.kind(6000 + j) == "xdelta" for j in range(len(newest))) >= 6
+    s.check()
+    for k in range(len(distinct)):  # the slots of the freed pages take a new fleet
+        if k % 20:
+            s.put(k, pages.make("random", 90000 + k), owner=11, index=k)
+    assert s.stats()["index_table_bytes"] == index_tables(1024, 4096 // sim_slots)
+    s.check()
+    assert all(s.get(k) == distinct[k] for k in keep)
 
 
 @pytest.mark.parametrize("sim_slots", [1, 4])
@@ -573,6 +612,15 @@ def test_template_table_grows_with_its_chunks(make_store):
     assert s.stats()["tnode_bytes"] == 0
     s.check()
     assert all(s.get(1000 + k) != bytes(4096) for k in range(0, 100, 9))
+    # the template's objects stay while its slots and the deltas hold them; with them
+    # gone the template table is back to its start too
+    for k in range(100):
+        s.free(k)
+    for k in range(0, 100, 9):
+        s.free(1000 + k)
+    s.drain()
+    s.check()
+    assert s.stats()["index_table_bytes"] == index_tables(256, 64)
 
 
 def test_index_growth_without_memory_waits(make_store):
@@ -601,36 +649,70 @@ def test_index_growth_without_memory_waits(make_store):
     s.check()
 
 
-LEAF_SLOTS = 256
-LEAF_BYTES = LEAF_SLOTS * 16
+def test_index_halving_without_memory_waits(make_store):
+    """A halving that cannot allocate leaves the table as it is; it is asked for again once
+    an eighth fewer objects (at least 256) are indexed."""
+    s = make_store(1 << 14)
+    s.add_sandbox(11, 1)
+    distinct = [pages.make("random", 70 + k) for k in range(4000)]
+    for k, p in enumerate(distinct):  # 12000 entries: 4096 sets
+        s.put(k, p, owner=11, index=k)
+    assert s.stats()["index_table_bytes"] == index_tables(1024, 4096)
+    s.fail_allocs_of(2048 * SIM_SET, 1000)  # the halved similarity table
+    try:
+        for k in range(3600):  # 400 left: 1200 entries x 8 < 16384
+            s.free(k)
+        s.drain()
+        s.check()
+        # dedup halved (400 x 8 < 4096); similarity waits
+        assert s.stats()["index_table_bytes"] == index_tables(512, 4096)
+    finally:
+        s.fail_allocs_of(2048 * SIM_SET, 0)
+    for k in range(3600, 3700):  # 300 left: fewer, but not 256 fewer
+        s.free(k)
+    s.drain()
+    assert s.stats()["index_table_bytes"] == index_tables(512, 4096)
+    for k in range(3700, 3900):  # 100 left: asked again, halved to what 300 entries need
+        s.free(k)
+    s.drain()
+    assert s.stats()["index_table_bytes"] == index_tables(256, 512)
+    assert all(s.get(k) == distinct[k] for k in range(3900, 4000))
+    s.check()
+
+
+def _leaf_slots(s: Store) -> int:
+    return int(s.lib.az_debug_leaf_slots())
 
 
 def test_slot_table_leaves_come_and_go_with_their_slots(make_store):
-    """The slot table costs a directory entry per 256 slots plus a leaf per range in use.
+    """The slot table costs a directory entry per leaf's range plus a leaf per range in use.
 
     A leaf is allocated by the first put into its range and freed with its last used slot;
     reads, frees and free notifications of slots without a leaf see empty slots.
     """
     s = make_store(1 << 20)
+    n = _leaf_slots(s)
+    leaf_bytes = n * 16
+    assert 16 <= n <= 256 and n & (n - 1) == 0
     base = s.stats()["slot_bytes"]
-    assert base == (1 << 20) // LEAF_SLOTS * 16
+    assert base == (1 << 20) // n * 16
     p = pages.make("text", 1)
     assert s.get(5000) == bytes(4096) and s.kind(5000) is None
     s.free(5000)
     assert s.lib.az_store_free_notify(s._s, 5000) == 0
     assert s.stats()["slot_bytes"] == base
-    for slot in (0, 255, 256, 1 << 19, (1 << 20) - 1):
+    for slot in (0, n - 1, n, 1 << 19, (1 << 20) - 1):
         s.put(slot, p)
-    assert s.stats()["slot_bytes"] == base + 4 * LEAF_BYTES  # 0 and 255 share one
+    assert s.stats()["slot_bytes"] == base + 4 * leaf_bytes  # 0 and n - 1 share one
     s.check()
-    s.free(255)
-    assert s.stats()["slot_bytes"] == base + 4 * LEAF_BYTES
+    s.free(n - 1)
+    assert s.stats()["slot_bytes"] == base + 4 * leaf_bytes
     s.free(0)
-    assert s.stats()["slot_bytes"] == base + 3 * LEAF_BYTES
-    s.put(256, pages.make("text", 2))  # a rewrite keeps its leaf
-    assert s.stats()["slot_bytes"] == base + 3 * LEAF_BYTES
-    assert s.lib.az_store_free_notify(s._s, 256) == 0
-    assert s.stats()["slot_bytes"] == base + 2 * LEAF_BYTES
+    assert s.stats()["slot_bytes"] == base + 3 * leaf_bytes
+    s.put(n, pages.make("text", 2))  # a rewrite keeps its leaf
+    assert s.stats()["slot_bytes"] == base + 3 * leaf_bytes
+    assert s.lib.az_store_free_notify(s._s, n) == 0
+    assert s.stats()["slot_bytes"] == base + 2 * leaf_bytes
     assert s.get((1 << 20) - 1) == p
     s.check()
     for slot in (1 << 19, (1 << 20) - 1):
@@ -643,8 +725,9 @@ def test_slot_table_leaves_under_racing_puts_and_frees(make_store):
     """Threads (a context each) filling and emptying one slot each of the same leaves, so
     the leaves are allocated and freed under races: every page reads back, no leaf is lost
     or leaked, and each leaf's count matches its used slots (check)."""
-    s = make_store(4 * LEAF_SLOTS)
+    s = make_store(4 * 256)
     lib = s.lib
+    n = _leaf_slots(s)
     errors: list[str] = []
 
     def worker(t: int) -> None:
@@ -653,7 +736,7 @@ def test_slot_table_leaves_under_racing_puts_and_frees(make_store):
         page = pages.make("text", 10 + t)
         try:
             for r in range(2000):
-                slot = (r % 4) * LEAF_SLOTS + t * 37
+                slot = (r % 4) * n + t * (n // 4) + r % (n // 4)
                 if lib.az_store_put(s._s, ctx.ptr, slot, page, None):
                     errors.append(f"put {slot}")
                 if lib.az_store_get(s._s, ctx.ptr, slot, buf) or buf.raw != page:
@@ -669,7 +752,7 @@ def test_slot_table_leaves_under_racing_puts_and_frees(make_store):
         t.join()
     assert not errors
     st = s.stats()
-    assert st["pages_stored"] == 0 and st["slot_bytes"] == 4 * 16 and st["frees"] == 8000
+    assert st["pages_stored"] == 0 and st["slot_bytes"] == 1024 // n * 16 and st["frees"] == 8000
     s.check()
 
 
@@ -691,7 +774,8 @@ def test_meta_bytes_count_index_fields_once(make_store):
     st = s.stats()
     assert st["objects"] - n1 == 32
     assert st["index_bytes"] - i1 == 32 * (4 + ctypes.sizeof(ctypes.c_void_p) + 3 * 4)
-    assert st["meta_bytes"] - m1 == 32 * obj_size + LEAF_BYTES  # and the slots' leaf
+    leaves = -(-32 // _leaf_slots(s))
+    assert st["meta_bytes"] - m1 == 32 * obj_size + leaves * _leaf_slots(s) * 16  # and leaves
 
 
 def test_meta_bytes_by_component(make_store):
@@ -702,13 +786,16 @@ def test_meta_bytes_by_component(make_store):
     """
     s = make_store(512)
     obj_size = s.lib.az_debug_obj_size()
+    n = _leaf_slots(s)
+    used: set[int] = set()
 
     def check() -> dict[str, int]:
         st = s.stats()
         assert sum(st[k] for k in META_PARTS) == st["meta_bytes"]
-        # two directory entries; every slot used below is in the first leaf
-        assert st["slot_bytes"] == 2 * 16 + (LEAF_BYTES if st["pages_stored"] else 0)
-        assert st["slot_used_bytes"] == st["pages_stored"] * 16
+        # a directory entry per leaf's range, a leaf per range with a slot in use
+        leaves = len({slot // n for slot in used})
+        assert st["slot_bytes"] == 512 // n * 16 + leaves * n * 16
+        assert st["slot_used_bytes"] == st["pages_stored"] * 16 == len(used) * 16
         return st
 
     st = check()
@@ -717,6 +804,7 @@ def test_meta_bytes_by_component(make_store):
     assert st["owner_bytes"] > 0 and st["base_cache_bytes"] == 256 * 17
     for k in range(8):  # unregistered: DIRECT slots, no object header
         s.put(k, pages.make("text", k))
+        used.add(k)
     st = check()
     assert st["obj_meta_bytes"] == 0 and st["slot_used_bytes"] == 8 * 16
     s.add_template(7, 1)
@@ -724,14 +812,17 @@ def test_meta_bytes_by_component(make_store):
     assert check()["index_table_bytes"] > 0
     for k in range(8):
         s.put(100 + k, pages.make("text", 50 + k), owner=7, index=k)
+        used.add(100 + k)
     st = check()
     assert st["tnode_bytes"] > 0 and st["obj_meta_bytes"] == 8 * obj_size
     for k in range(8):
         s.put(200 + k, pages.make("text", 50 + k), owner=11, index=k)  # duplicates
+        used.add(200 + k)
     st = check()
     assert st["obj_meta_bytes"] == 8 * obj_size and st["slot_used_bytes"] == 24 * 16
-    for k in range(24):
-        s.free([*range(8), *range(100, 108), *range(200, 208)][k])
+    for slot in sorted(used):
+        s.free(slot)
+    used.clear()
     s.drain()
     st = check()
     assert st["slot_used_bytes"] == 0

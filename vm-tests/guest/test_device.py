@@ -106,6 +106,12 @@ def _aligned(n: int) -> mmap.mmap:
     return mmap.mmap(-1, n, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
 
 
+# The slot table of a 16 MiB device: a leaf holds 64 slots (kmod/core/az_internal.h), the
+# directory has a 16-byte entry per leaf's range.
+LEAF_SLOTS = 64
+DIR_BYTES = 16 * (16 << 20) // 4096 // LEAF_SLOTS
+
+
 def test_block_io_roundtrip_partial_and_discard(dev0) -> None:
     d = dev0
     d.set("disksize", "16M")
@@ -150,11 +156,12 @@ def test_block_io_roundtrip_partial_and_discard(dev0) -> None:
     st = d.mm()
     assert st["orig_data_size"] >= (pages + 3) * 4096
     assert st["same_pages"] >= pages // 2  # zero and same-filled pages
-    # meta_stat splits meta_bytes: the slot table is a 16-byte directory entry per 256 slots
-    # and a 4 KiB leaf per 256-slot range in use; the used entries per page stored.
+    # meta_stat splits meta_bytes: the slot table is a 16-byte directory entry per 64 slots
+    # and a 1 KiB leaf per 64-slot range in use (docs/sysfs-abi.md); the used entries per
+    # page stored.
     meta = d.stat("meta_stat")
-    leaves = len({slot >> 8 for slot in [*range(10, 10 + pages), 100, 101, 102]})
-    assert meta["slot_bytes"] == 16 * (16 << 20) // 4096 // 256 + 4096 * leaves
+    leaves = len({slot // LEAF_SLOTS for slot in [*range(10, 10 + pages), 100, 101, 102]})
+    assert meta["slot_bytes"] == DIR_BYTES + 16 * LEAF_SLOTS * leaves
     assert meta["slot_used_bytes"] == 16 * d.obj()["pages_stored"]
     parts = sum(v for k, v in meta.items() if k != "slot_used_bytes")
     assert parts == d.mm()["meta_bytes"]
@@ -170,7 +177,7 @@ def test_block_io_roundtrip_partial_and_discard(dev0) -> None:
     # Write-zeroes frees too.
     ag.sh("blkdiscard", "-z", "-o", str(4096 * 100), "-l", str(4096 * 3), d.path)
     assert d.obj()["pages_stored"] == 0
-    assert d.stat("meta_stat")["slot_bytes"] == 16 * (16 << 20) // 4096 // 256  # no leaf left
+    assert d.stat("meta_stat")["slot_bytes"] == DIR_BYTES  # no leaf left
     # I/O beyond the end fails cleanly.
     fd = os.open(d.path, os.O_RDONLY | os.O_DIRECT)
     try:

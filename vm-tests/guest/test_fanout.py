@@ -44,14 +44,15 @@ def _check_sums(d: ag.Dev, nl: Client) -> list[dict]:
 INDEX_TABLES_START = 256 * 8 + 64 * 8 + 64 * 4 * 10
 
 
-def _index_grown(d: ag.Dev, timeout: float = 10) -> int:
-    """The index tables' bytes once the deferred worker has grown them past their start."""
+def _index_tables(d: ag.Dev, grown: bool, timeout: float = 10) -> int:
+    """The index tables' bytes once the deferred worker has grown them past their start
+    (@grown) or brought them back to it."""
     end = time.monotonic() + timeout
     while True:
         n = d.stat("meta_stat")["index_table_bytes"]
-        if n > INDEX_TABLES_START:
+        if (n > INDEX_TABLES_START) if grown else (n == INDEX_TABLES_START):
             return n
-        assert time.monotonic() < end, f"index tables never grew: {n} bytes"
+        assert time.monotonic() < end, f"index tables at {n} bytes, grown={grown} expected"
         time.sleep(0.05)
 
 
@@ -89,7 +90,7 @@ def test_fanout_integrity(dev0, azpages, workers) -> None:
         # The index tables grew with what was stored (the deferred worker doubles them and
         # moves the entries; the verifications below read through the moved indexes), and
         # stay below what a device of 256 MiB full of indexed pages gets.
-        grown = _index_grown(d)
+        grown = _index_tables(d, grown=True)
         assert grown < 16384 * 8 + 1024 * 8 + 16384 * 4 * 10, grown
         owners = _check_sums(d, nl)
         by_id = {o["CGROUP_ID"]: o for o in owners}
@@ -128,5 +129,7 @@ def test_fanout_integrity(dev0, azpages, workers) -> None:
         d.swapoff()
         ag.verify_all(workers)
         d.assert_empty_after_swapoff()
+        # With the pages gone the deferred worker has halved the tables back to their start.
+        _index_tables(d, grown=False)
     finally:
         nl.close()

@@ -237,6 +237,11 @@ u64 az_debug_obj_size(void)
 	return sizeof(struct az_obj);
 }
 
+u32 az_debug_leaf_slots(void)
+{
+	return AZ_LEAF_SLOTS;
+}
+
 int az_store_debug_check(struct az_store *s)
 {
 	struct az_chk refs = { 0 }, objs = { 0 };
