@@ -478,6 +478,7 @@ struct az_index {
 	u64 retry_below;
 	u64 retry_at;
 	unsigned long resizing;		/* bit 0: az_index_resize() runs */
+	bool closing;			/* the store goes: no more resizes */
 	u64 tchunks;			/* template chunks allocated */
 	u64 indexed;			/* objects linked in the indexes */
 	u64 simmed;			/* of which with similarity entries */

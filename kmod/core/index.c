@@ -63,7 +63,9 @@
  * near-duplicates with one entry per object, the oldest dropping out early.
  */
 #define AZ_SIM_LOAD	AZ_NR_SF
+#ifndef AZ_MOVE_STEP		/* the debug builds move a few at a time */
 #define AZ_MOVE_STEP	1024
+#endif
 
 static u32 az_pow2_below(u64 n, u32 min, u32 max)
 {
@@ -398,36 +400,44 @@ int az_sim_find(struct az_store *s, u32 group, const u64 *sf,
 /* ---- insert / remove -------------------------------------------------- */
 
 /*
+ * The size a table of @n buckets (a power of two) goes to for @used
+ * entries at most @per_bucket a bucket: doubled past that load up to
+ * @max, halved (as often as it takes) while below an eighth of it, down
+ * to @min; 0 when it stays.
+ */
+static u32 az_index_size_for(u32 n, u64 used, u64 per_bucket, u32 min,
+			     u32 max)
+{
+	u32 to = n;
+
+	if (n < max && used > (u64)n * per_bucket)
+		return n * 2;
+	while (to > min && used * 8 < (u64)to * per_bucket)
+		to /= 2;
+	return to == n ? 0 : to;
+}
+
+/*
  * The new sizes of the tables off their load, 0 for the others (idx_lock
- * held): dedup buckets, similarity set bits, template buckets.  Doubled
- * past the load up to the cap, halved below an eighth of it down to the
- * starting size; a dedup or similarity table still being moved waits.
+ * held): dedup buckets, similarity set bits, template buckets.  A dedup
+ * or similarity table still being moved waits.
  */
 static bool az_index_off_load(struct az_store *s, u32 *dn, u32 *sb, u32 *tn)
 {
 	struct az_index *x = &s->idx;
-	u64 sim_cap = ((u64)AZ_SIM_WAYS << x->sbits) *
-		      AZ_READ_ONCE(s->sim_slots);
-	u64 sim_load = x->simmed * AZ_SIM_LOAD;
-	u64 dcap = (u64)(x->dmask + 1) * AZ_DEDUP_LOAD;
-	u32 d = x->dmask + 1, t = x->tmask + 1;
+	u64 per_set = AZ_SIM_WAYS * (u64)AZ_READ_ONCE(s->sim_slots);
+	u32 sets;
 
-	*dn = 0;
-	*sb = 0;
-	*tn = 0;
-	if (!x->dold && d < x->dmax && x->indexed > dcap)
-		*dn = d * 2;
-	else if (!x->dold && d > AZ_DEDUP_MIN && x->indexed * 8 < dcap)
-		*dn = d / 2;
-	if (!x->sold && x->sbits < x->smax_bits && sim_load > sim_cap)
-		*sb = x->sbits + 1;
-	else if (!x->sold && x->sbits > AZ_SIM_MIN_BITS &&
-		 sim_load * 8 < sim_cap)
-		*sb = x->sbits - 1;
-	if (t < x->tmax && x->tchunks > t)
-		*tn = t * 2;
-	else if (t > AZ_TMPL_MIN && x->tchunks * 8 < t)
-		*tn = t / 2;
+	*dn = x->dold ? 0 : az_index_size_for(x->dmask + 1, x->indexed,
+					      AZ_DEDUP_LOAD, AZ_DEDUP_MIN,
+					      x->dmax);
+	sets = x->sold ? 0 : az_index_size_for(1U << x->sbits,
+					       x->simmed * AZ_SIM_LOAD,
+					       per_set, AZ_SIM_MIN,
+					       1U << x->smax_bits);
+	*sb = sets ? az_log2(sets) : 0;
+	*tn = az_index_size_for(x->tmask + 1, x->tchunks, 1, AZ_TMPL_MIN,
+				x->tmax);
 	return *dn || *sb || *tn;
 }
 
@@ -440,9 +450,13 @@ static bool az_index_want_resize(struct az_store *s)
 	struct az_index *x = &s->idx;
 	u32 dn, sb, tn;
 
-	if (x->resize ||
-	    (x->indexed > x->retry_below && x->indexed < x->retry_at) ||
-	    !az_index_off_load(s, &dn, &sb, &tn))
+	if (x->resize)
+		return false;
+	if (x->indexed > x->retry_below && x->indexed < x->retry_at)
+		return false;
+	x->retry_below = 0;	/* out of a failure's window: closed */
+	x->retry_at = 0;
+	if (!az_index_off_load(s, &dn, &sb, &tn))
 		return false;
 	AZ_WRITE_ONCE(x->resize, true);
 	return true;
@@ -651,11 +665,14 @@ static bool az_index_resize_once(struct az_store *s, bool *short_of_memory)
 	if (tn)
 		nt = az_valloc_try((size_t)tn * sizeof(*nt));
 	az_spin_lock(&s->idx_lock);
-	/* Short of memory: asked again once an eighth more or fewer. */
+	/*
+	 * Short of memory: asked again once an eighth more (at least 256)
+	 * or an eighth fewer (at least one) objects are indexed.
+	 */
 	if ((dn && !nd) || (sb && !ns) || (tn && !nt)) {
 		*short_of_memory = true;
-		step = az_max(x->indexed / 8, 256);
-		x->retry_at = x->indexed + step;
+		x->retry_at = x->indexed + az_max(x->indexed / 8, 256);
+		step = az_max(x->indexed / 8, 1);
 		x->retry_below = x->indexed > step ? x->indexed - step : 0;
 	}
 	if (nd && x->dmask + 1 == d0 && !x->dold) {
@@ -743,12 +760,14 @@ void az_index_resize(struct az_store *s)
 	bool short_of_memory = false;
 
 	while (!short_of_memory && AZ_READ_ONCE(x->resize) &&
-	       AZ_READ_ONCE(x->dbuckets)) {
+	       AZ_READ_ONCE(x->dbuckets) && !AZ_READ_ONCE(x->closing)) {
 		if (az_test_and_set_bit(0, &x->resizing))
 			return;
 		while (az_index_resize_once(s, &short_of_memory))
 			;
 		az_clear_bit_unlock(0, &x->resizing);
+		/* A request made meanwhile saw the bit set: read it after. */
+		az_smp_mb();
 	}
 }
 

@@ -480,6 +480,8 @@ struct az_stress {
 	az_atomic_t stop;
 	az_atomic_t failures;
 	az_atomic64_t packed;	/* slots the control thread packed */
+	u64 resizes;		/* index table sizes the control thread saw */
+	u64 tables0;		/* index table bytes before the first page */
 	u64 end_ms;
 	u32 nthreads;
 };
@@ -615,7 +617,7 @@ static int ss_control(void *arg)
 	struct az_policy pol;
 	struct az_stats st;
 	bool treg = true, breg = true;
-	u64 r = 12345, n, nslots = az_store_nr_slots(ss->s);
+	u64 r = 12345, n, nslots = az_store_nr_slots(ss->s), tables = 0;
 	int err;
 
 	if (!ctx || !buf) {
@@ -666,6 +668,9 @@ static int ss_control(void *arg)
 			az_store_get_stats(ss->s, &st);
 			if (st.cross_group)
 				ss_fail(ss, "cross_group", 0);
+			if (st.index_table_bytes != tables)
+				ss->resizes++;
+			tables = st.index_table_bytes;
 			break;
 		}
 		az_cond_resched();
@@ -692,7 +697,8 @@ int az_core_stress(unsigned int nthreads, unsigned int ms)
 
 	if (!nthreads || nthreads > 64)
 		return -EINVAL;
-	nslots = (u64)nthreads * (SS_PER + SS_SPARSE * SS_GAP);
+	/* Room past the slots used: the index tables' caps let them grow. */
+	nslots = (u64)nthreads * (SS_PER + SS_SPARSE * SS_GAP) * 4;
 	ss.nthreads = nthreads;
 	w = az_valloc(nthreads * sizeof(*w));
 	ss.fam = az_valloc((size_t)ST_FAM * AZ_PAGE_SIZE);
@@ -710,6 +716,8 @@ int az_core_stress(unsigned int nthreads, unsigned int ms)
 	      az_store_add_sandbox(ss.s, SS_SC, 2);
 	if (err)
 		goto out;
+	az_store_get_stats(ss.s, &st);
+	ss.tables0 = st.index_table_bytes;
 	/* Tight enough that some stores fail with -ENOMEM. */
 	az_store_set_mem_limit(ss.s, (u64)nthreads * SS_PER * 1280);
 	ss.end_ms = az_now_ms() + ms;
@@ -734,11 +742,12 @@ int az_core_stress(unsigned int nthreads, unsigned int ms)
 
 	az_store_drain(ss.s);
 	az_store_get_stats(ss.s, &st);
-	az_info("stress: %llu stores (%llu failed), %llu loads, %llu pages packed\n",
+	az_info("stress: %llu stores (%llu failed), %llu loads, %llu pages packed, index tables seen at %llu sizes\n",
 		(unsigned long long)st.stores,
 		(unsigned long long)st.failed_stores,
 		(unsigned long long)st.loads,
-		(unsigned long long)az_atomic64_read(&ss.packed));
+		(unsigned long long)az_atomic64_read(&ss.packed),
+		(unsigned long long)ss.resizes);
 	for (i = 0; i < nslots; i++)
 		az_store_free(ss.s, i);
 	az_store_del_template(ss.s, SS_T1);
@@ -749,6 +758,9 @@ int az_core_stress(unsigned int nthreads, unsigned int ms)
 	    st.packs || st.packed_pages ||
 	    az_atomic64_read(&ss.s->leaves))
 		ss_fail(&ss, "not empty after freeing everything", 0);
+	/* and the index tables are back to their starting sizes */
+	if (st.index_table_bytes != ss.tables0)
+		ss_fail(&ss, "index tables not back to their start", 0);
 	/* text pages in blocks of one sandbox: packs must have been made */
 	if (!az_atomic64_read(&ss.packed))
 		ss_fail(&ss, "nothing packed", 0);

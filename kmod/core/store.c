@@ -834,6 +834,8 @@ void az_store_destroy(struct az_store *s)
 
 	if (!s)
 		return;
+	/* Tables about to be freed are not worth resizing. */
+	AZ_WRITE_ONCE(s->idx.closing, true);
 	/* Alone here: a leaf goes with its last used slot. */
 	for (d = 0; d < s->nr_dir; d++) {
 		for (j = 0; j < AZ_LEAF_SLOTS; j++) {

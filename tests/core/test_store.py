@@ -651,7 +651,7 @@ def test_index_growth_without_memory_waits(make_store):
 
 def test_index_halving_without_memory_waits(make_store):
     """A halving that cannot allocate leaves the table as it is; it is asked for again once
-    an eighth fewer objects (at least 256) are indexed."""
+    an eighth fewer objects are indexed."""
     s = make_store(1 << 14)
     s.add_sandbox(11, 1)
     distinct = [pages.make("random", 70 + k) for k in range(4000)]
@@ -668,15 +668,35 @@ def test_index_halving_without_memory_waits(make_store):
         assert s.stats()["index_table_bytes"] == index_tables(512, 4096)
     finally:
         s.fail_allocs_of(2048 * SIM_SET, 0)
-    for k in range(3600, 3700):  # 300 left: fewer, but not 256 fewer
+    for k in range(3600, 3630):  # 370 left: fewer, but not an eighth fewer
         s.free(k)
     s.drain()
     assert s.stats()["index_table_bytes"] == index_tables(512, 4096)
-    for k in range(3700, 3900):  # 100 left: asked again, halved to what 300 entries need
+    for k in range(3630, 3900):  # 100 left: asked again, halved to what 300 entries need
         s.free(k)
     s.drain()
     assert s.stats()["index_table_bytes"] == index_tables(256, 512)
     assert all(s.get(k) == distinct[k] for k in range(3900, 4000))
+    s.check()
+
+
+def test_index_tables_do_not_flip_with_a_few_objects(make_store):
+    """Objects coming and going around a resize point change a table's size once."""
+    s = make_store(1 << 14)
+    s.add_sandbox(11, 1)
+    distinct = [pages.make("random", 9000 + k) for k in range(1100)]
+    for k in range(1024):  # dedup at its load: 256 buckets x 4
+        s.put(k, distinct[k], owner=11, index=k)
+    sizes = set()
+    for r in range(6):  # one over the load, then back, six times
+        s.put(2000 + r, distinct[1024 + r], owner=11, index=2000 + r)
+        s.drain()
+        sizes.add(s.stats()["index_table_bytes"])
+        s.free(2000 + r)
+        s.drain()
+        sizes.add(s.stats()["index_table_bytes"])
+    dedup_sizes = {(b - 64 * 8 - 4096 // 4 * SIM_SET) // 8 for b in sizes}
+    assert dedup_sizes == {512}, sizes
     s.check()
 
 
