@@ -69,6 +69,9 @@ STAT_FILES: dict[str, tuple[str, ...]] = {
         "template_lost",
         "packs",
         "packed_pages",
+        "sim_sparse",
+        "sim_waiting",
+        "sim_switches",
     ),
     # meta_bytes by component (all but slot_used_bytes sum to it)
     "meta_stat": (

@@ -34,7 +34,8 @@
  * One block device.
  *
  * Locking: @init_lock (rwsem) covers @store, @disksize, @mem_limit,
- * @base_cache, @sim_slots and @pol against initialisation (disksize), reset and module unload.
+ * @base_cache, @sim_slots, @sim_sample and @pol against initialisation
+ * (disksize), reset and module unload.
  * sysfs and netlink take it (read to use the store, write to create,
  * destroy or reconfigure it).  The I/O paths do not take it: I/O only
  * reaches the driver while the capacity is non-zero, which is set after
@@ -50,6 +51,7 @@ struct azswap_dev {
 	u64 mem_limit;			/* bytes, 0 = unlimited */
 	u32 base_cache;			/* decoded-base cache, pages */
 	u32 sim_slots;			/* slots per similarity index entry */
+	u32 sim_sample;			/* sparse groups: 1 object in this many */
 	struct az_policy pol;		/* applied at init; mirrors the store */
 	bool claim;			/* reset/remove in progress: open fails */
 	/* Glue-level counters (the store keeps its own, see sysfs.c). */

@@ -649,6 +649,8 @@ int azswap_dev_init_store(struct azswap_dev *dev, u64 disksize)
 		ret = az_store_set_base_cache(s, dev->base_cache);
 	if (!ret)
 		ret = az_store_set_sim_slots(s, dev->sim_slots);
+	if (!ret)
+		ret = az_store_set_sim_sample(s, dev->sim_sample);
 	if (ret) {
 		az_store_destroy(s);
 		return ret;
@@ -729,6 +731,7 @@ int azswap_dev_add(struct azswap_dev *dev, int id,
 	};
 	dev->base_cache = 256;
 	dev->sim_slots = 1;
+	dev->sim_sample = AZ_SIM_SAMPLE_DEFAULT;
 
 	/* Queue limits and features like zram's: see compat.h. */
 	disk = azswap_alloc_disk();

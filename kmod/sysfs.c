@@ -410,6 +410,44 @@ static ssize_t sim_slots_store(struct device *d, struct device_attribute *attr,
 }
 static DEVICE_ATTR_RW(sim_slots);
 
+static ssize_t sim_sample_show(struct device *d, struct device_attribute *attr,
+			       char *buf)
+{
+	struct azswap_dev *dev = dev_to_az(d);
+	u32 v;
+
+	down_read(&dev->init_lock);
+	v = dev->store ? az_store_get_sim_sample(dev->store) : dev->sim_sample;
+	up_read(&dev->init_lock);
+	return sysfs_emit(buf, "%u\n", v);
+}
+
+/*
+ * 1 in this many objects of a sparse trust group gets similarity entries
+ * (a power of two up to AZ_SIM_SAMPLE_MAX; 1: never sparse).  Any time:
+ * the entries follow in the background.
+ */
+static ssize_t sim_sample_store(struct device *d,
+				struct device_attribute *attr,
+				const char *buf, size_t len)
+{
+	struct azswap_dev *dev = dev_to_az(d);
+	unsigned int v;
+	int ret = 0;
+
+	if (azswap_parse_uint(buf, AZ_SIM_SAMPLE_MAX, &v) ||
+	    !az_sim_sample_valid(v))
+		return -EINVAL;
+	down_write(&dev->init_lock);
+	if (dev->store)
+		ret = az_store_set_sim_sample(dev->store, v);
+	if (!ret)
+		dev->sim_sample = v;
+	up_write(&dev->init_lock);
+	return ret ? ret : len;
+}
+static DEVICE_ATTR_RW(sim_sample);
+
 /* "1": compact the pool now (it also compacts itself after frees). */
 static ssize_t compact_store(struct device *d, struct device_attribute *attr,
 			     const char *buf, size_t len)
@@ -539,12 +577,13 @@ static ssize_t obj_stat_show(struct device *d, struct device_attribute *attr,
 
 	azswap_read_stats(d, &st);
 	return sysfs_emit(buf,
-			  "%8llu %8llu %8llu %8llu %8llu %8llu %8llu %8llu %8llu %8llu %8llu %8llu\n",
+			  "%8llu %8llu %8llu %8llu %8llu %8llu %8llu %8llu %8llu %8llu %8llu %8llu %8llu %8llu %8llu\n",
 			  st.pages_stored, st.objects, st.bases,
 			  st.template_pages, st.deferred, st.cross_group,
 			  st.base_cache_pages, st.base_cache_hits,
 			  st.base_cache_misses, st.template_lost, st.packs,
-			  st.packed_pages);
+			  st.packed_pages, st.sim_sparse, st.sim_waiting,
+			  st.sim_switches);
 }
 static DEVICE_ATTR_RO(obj_stat);
 
@@ -570,6 +609,7 @@ static struct attribute *azswap_disk_attrs[] = {
 	&dev_attr_mem_used_max.attr,
 	&dev_attr_base_cache.attr,
 	&dev_attr_sim_slots.attr,
+	&dev_attr_sim_sample.attr,
 	&dev_attr_compact.attr,
 	&dev_attr_pack.attr,
 	&dev_attr_dedup.attr,

@@ -117,6 +117,9 @@ class Stats(ctypes.Structure):
         ("template_lost", u64),
         ("packs", u64),
         ("packed_pages", u64),
+        ("sim_sparse", u64),
+        ("sim_waiting", u64),
+        ("sim_switches", u64),
     ]
 
 
@@ -185,6 +188,8 @@ def load_lib(path: str | os.PathLike[str] | None = None) -> ctypes.CDLL:
         "az_store_get_base_cache": (u32, [vp]),
         "az_store_set_sim_slots": (ctypes.c_int, [vp, u32]),
         "az_store_get_sim_slots": (u32, [vp]),
+        "az_store_set_sim_sample": (ctypes.c_int, [vp, u32]),
+        "az_store_get_sim_sample": (u32, [vp]),
         "az_store_set_policy": (ctypes.c_int, [vp, ctypes.POINTER(Policy)]),
         "az_store_get_policy": (None, [vp, ctypes.POINTER(Policy)]),
         "az_store_put": (ctypes.c_int, [vp, vp, u64, cp, ctypes.POINTER(PageInfo)]),
@@ -416,6 +421,15 @@ class Store:
 
     def sim_slots(self) -> int:
         return int(self.lib.az_store_get_sim_slots(self._s))
+
+    def set_sim_sample(self, sample: int) -> None:
+        """1 in this many objects of a sparse trust group gets similarity entries (power of two,
+        1..64; 1: no group is ever sparse).  May change at any time.  CoreError EINVAL otherwise.
+        """
+        _check(self.lib.az_store_set_sim_sample(self._s, sample), "set_sim_sample")
+
+    def sim_sample(self) -> int:
+        return int(self.lib.az_store_get_sim_sample(self._s))
 
     def policy(self) -> dict[str, int]:
         p = Policy()

@@ -191,6 +191,7 @@ enum {
 	AZ_OBJ_INDEXED,		/* linked in the dedup/similarity indexes */
 	AZ_OBJ_TEMPLATE,	/* charged to a template owner */
 	AZ_OBJ_CACHED,		/* may have a decoded copy in the base cache */
+	AZ_OBJ_SIM_LATER,	/* similarity keys kept, no entries (index.c) */
 };
 
 /*
@@ -271,6 +272,11 @@ static inline void az_obj_flag_set(struct az_obj *o, unsigned int nr)
 static inline bool az_obj_flag(const struct az_obj *o, unsigned int nr)
 {
 	return az_atomic_read(&o->flags) & (1U << nr);
+}
+
+static inline void az_obj_flag_clear(struct az_obj *o, unsigned int nr)
+{
+	az_atomic_andnot(1U << nr, &o->flags);
 }
 
 /* Set @nr; returns whether it was set before (fully ordered). */
@@ -447,6 +453,23 @@ _Static_assert(sizeof(struct az_sim_set) ==
 	       "a similarity-table way is a tag and a pointer, unpadded");
 
 /*
+ * Similarity yield of a trust group (index.c, "Sparse similarity
+ * entries"): its lookups and the similarity deltas they gave, halved each
+ * time they are judged.  Groups share AZ_SIM_GROUPS of these by hash.
+ */
+#define AZ_SIM_GROUP_BITS	6
+#define AZ_SIM_GROUPS		(1U << AZ_SIM_GROUP_BITS)
+struct az_sim_yield {
+	u32 lookups;
+	u32 hits;
+};
+
+static inline u32 az_sim_gno(u32 group)
+{
+	return (group * 0x9e3779b1U) >> (32 - AZ_SIM_GROUP_BITS);
+}
+
+/*
  * The index tables (index.c: how they are sized and resized).  Everything
  * is under s->idx_lock but @resize (read without it) and @resizing (the
  * one process-context caller resizing the tables, az_index_resize()).
@@ -483,7 +506,33 @@ struct az_index {
 	u64 indexed;			/* objects linked in the indexes */
 	u64 simmed;			/* of which with similarity entries */
 	u64 table_bytes;
+	/*
+	 * Sparse similarity entries: the objects of a group whose bit (by
+	 * az_sim_gbit()) is set in @sparse get entries only when sampled
+	 * (s->sim_sample); the others keep their keys for later
+	 * (AZ_OBJ_SIM_LATER, counted in @later).  @regroup: entries are to
+	 * be linked or unlinked to match (az_index_resize() does it).
+	 */
+	struct az_sim_yield yield[AZ_SIM_GROUPS];
+	u64 sparse;
+	bool regroup;
+	bool sfit;			/* size the similarity table to fit */
+	u64 scoming;			/* and room for this many more */
+	u64 later;
+	u64 switches;			/* monotonic: groups switched */
 };
+
+/*
+ * Whether @o (a possible base with similarity keys) gets entries: always
+ * in a dense group, when sampled (bits 22.. of its hash, above any dedup
+ * bucket's, 1 in @sample) in a sparse one.  idx_lock held.
+ */
+static inline bool az_sim_wanted(const struct az_index *x,
+				 const struct az_obj *o, u32 sample)
+{
+	return !(x->sparse & (1ULL << az_sim_gno(o->group))) ||
+	       !((o->hash >> 22) & (sample - 1));
+}
 
 /* ---- the store -------------------------------------------------------- */
 
@@ -515,6 +564,7 @@ struct az_store {
 	az_spinlock_t idx_lock;		/* everything in @idx */
 	struct az_index idx;
 	u32 sim_slots;			/* slots per similarity entry (reg_lock) */
+	u32 sim_sample;			/* sparse groups: 1 in this many */
 
 	struct az_defer defer;		/* objects waiting to be freed */
 
@@ -710,6 +760,9 @@ void az_template_drop_owner(struct az_store *s, u16 owner);
 int az_sim_find(struct az_store *s, u32 group, const u64 *sf,
 		struct az_obj **out, int max);
 void az_sim_features(const void *page, u64 *sf);
+void az_sim_stats(struct az_store *s, struct az_stats *st);
+/* A similarity delta against @base was stored: its group's yield. */
+void az_sim_credit(struct az_store *s, struct az_obj *base);
 /* Link @o into the dedup and (if a possible base) similarity indexes. */
 void az_index_insert(struct az_store *s, struct az_obj *o, const u64 *sf);
 /* Unlink @o from every index (object is dying). */

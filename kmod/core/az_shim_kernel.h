@@ -190,6 +190,7 @@ static inline void az_wake_up(az_wait_t *wq)
 #define az_atomic_inc_not_zero(a)	atomic_inc_not_zero(a)
 #define az_atomic_or(v, a)		atomic_or(v, a)
 #define az_atomic_fetch_or(v, a)	((u32)atomic_fetch_or(v, a))
+#define az_atomic_andnot(v, a)		atomic_andnot(v, a)
 /* Object references: refcount_t (saturates and warns on misuse). */
 #define az_ref_t			refcount_t
 #define az_ref_set(r, v)		refcount_set(r, v)

@@ -148,6 +148,10 @@ struct az_stats {
 	u64 template_lost;
 	u64 packs;		/* live multi-page objects (az_store_pack) */
 	u64 packed_pages;	/* slots referring to one */
+	/* sparse similarity entries (az_store_set_sim_sample): */
+	u64 sim_sparse;		/* group buckets sparse now (of AZ_SIM_GROUPS) */
+	u64 sim_waiting;	/* objects whose entries wait (keys kept) */
+	u64 sim_switches;	/* monotonic: group buckets switched */
 };
 
 /*
@@ -321,6 +325,22 @@ static inline bool az_sim_slots_valid(u32 slots)
 }
 int az_store_set_sim_slots(struct az_store *s, u32 slots);
 u32 az_store_get_sim_slots(struct az_store *s);
+
+/*
+ * Sparse similarity entries (index.c): a trust group whose similarity
+ * lookups find few bases links the entries of 1 in @sample of its objects
+ * only, until its lookups find enough again.  A power of two from 1 (never
+ * sparse) to AZ_SIM_SAMPLE_MAX, default AZ_SIM_SAMPLE_DEFAULT; may change
+ * at any time (the entries follow in the background).  -EINVAL otherwise.
+ */
+#define AZ_SIM_SAMPLE_MAX	64
+#define AZ_SIM_SAMPLE_DEFAULT	8
+static inline bool az_sim_sample_valid(u32 sample)
+{
+	return az_sim_slots_valid(sample);
+}
+int az_store_set_sim_sample(struct az_store *s, u32 sample);
+u32 az_store_get_sim_sample(struct az_store *s);
 
 void az_store_get_stats(struct az_store *s, struct az_stats *st);
 u64 az_store_nr_slots(struct az_store *s);

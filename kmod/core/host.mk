@@ -70,9 +70,10 @@ $(AZ_BUILD)/azcore-fuzz-gcc: $(AZ_SRCS) $(AZ_HDRS) $(AZ_CORE)/fuzz/fuzz_decode.c
 		$(AZ_CORE)/fuzz/standalone.c $(AZ_LDLIBS)
 
 # Multi-threaded stress (host/stress.c) under ASan or TSan.  Index resizes
-# move 4 buckets per lock hold there, so the workers meet half-moved tables.
+# move 4 buckets per lock hold there, so the workers meet half-moved tables,
+# and trust groups are judged sparse or dense every 64 similarity lookups.
 stress: $(AZ_BUILD)/azcore-stress $(AZ_BUILD)/azcore-stress-tsan
-AZ_STRESS_FLAGS := -DAZ_MOVE_STEP=4
+AZ_STRESS_FLAGS := -DAZ_MOVE_STEP=4 -DAZ_SIM_WINDOW=64
 
 $(AZ_BUILD)/azcore-stress: $(AZ_SRCS) $(AZ_HDRS) $(AZ_CORE)/host/stress.c
 	@mkdir -p $(AZ_BUILD)

@@ -55,6 +55,22 @@
  * az_sim_head()), which holds for any new size because a bucket (set)
  * is moved whole.  The template table (a chunk per 48 template pages:
  * small) is rehashed in one step.
+ *
+ * Sparse similarity entries: a trust group whose lookups find few bases
+ * (a fleet forked from its template finds its bases by page index, in the
+ * template index) does not pay for entries of every object.  Each group
+ * (hashed into AZ_SIM_GROUPS buckets) counts its lookups and the
+ * similarity deltas stored from them; every AZ_SIM_WINDOW lookups it is
+ * judged, and the counts halved.  A dense group (every object has entries)
+ * that found fewer than 1 base per AZ_SIM_SPARSE_BELOW lookups turns
+ * sparse: only 1 in s->sim_sample of its objects gets entries; the others
+ * keep their keys (AZ_OBJ_SIM_LATER).  A sparse group whose sampled
+ * entries found 1 base per AZ_SIM_DENSE_FROM lookups (scaled by the
+ * sample) turns dense again.  A switch asks az_index_resize() to walk
+ * every indexed object (the dedup chains hold them all) and link or
+ * unlink entries to match; the similarity table then halves or doubles
+ * with them.  The entries follow, the keys stay: a group that switches
+ * loses nothing it could find again.
  */
 #define AZ_DEDUP_LOAD	4
 /*
@@ -63,6 +79,12 @@
  * near-duplicates with one entry per object, the oldest dropping out early.
  */
 #define AZ_SIM_LOAD	AZ_NR_SF
+#ifndef AZ_SIM_WINDOW		/* the debug builds judge more often */
+#define AZ_SIM_WINDOW		1024
+#endif
+#define AZ_SIM_SPARSE_BELOW	100
+#define AZ_SIM_DENSE_FROM	50
+#define AZ_SIM_DENSE_MIN_HITS	8
 #ifndef AZ_MOVE_STEP		/* the debug builds move a few at a time */
 #define AZ_MOVE_STEP	1024
 #endif
@@ -176,6 +198,48 @@ int az_store_set_sim_slots(struct az_store *s, u32 slots)
 u32 az_store_get_sim_slots(struct az_store *s)
 {
 	return AZ_READ_ONCE(s->sim_slots);
+}
+
+int az_store_set_sim_sample(struct az_store *s, u32 sample)
+{
+	struct az_index *x = &s->idx;
+	bool kick;
+
+	if (!az_sim_sample_valid(sample))
+		return -EINVAL;
+	az_spin_lock(&s->idx_lock);
+	/* A sparse group's sampled objects change: its entries follow. */
+	kick = sample != s->sim_sample && x->sparse;
+	AZ_WRITE_ONCE(s->sim_sample, sample);
+	if (sample == 1 && x->sparse) {
+		x->sparse = 0;	/* never sparse: every group dense again */
+		AZ_WRITE_ONCE(x->switches, x->switches + 1);
+	}
+	if (kick)
+		AZ_WRITE_ONCE(x->regroup, true);
+	az_spin_unlock(&s->idx_lock);
+	if (kick)
+		az_defer_kick(&s->defer);
+	return 0;
+}
+
+u32 az_store_get_sim_sample(struct az_store *s)
+{
+	return AZ_READ_ONCE(s->sim_sample);
+}
+
+/* Sparse similarity entries, for the stats. */
+void az_sim_stats(struct az_store *s, struct az_stats *st)
+{
+	struct az_index *x = &s->idx;
+	u64 m;
+
+	az_spin_lock(&s->idx_lock);
+	for (m = x->sparse, st->sim_sparse = 0; m; m &= m - 1)
+		st->sim_sparse++;
+	st->sim_waiting = x->later;
+	st->sim_switches = x->switches;
+	az_spin_unlock(&s->idx_lock);
 }
 
 void az_index_destroy(struct az_store *s)
@@ -331,9 +395,14 @@ static inline u32 az_sim_key32(u64 key)
 	return (u32)(key >> 32);
 }
 
-static inline u16 az_sim_tag(u64 key)
+/*
+ * A way's tag: 16 bits mixed from the kept half of the key (all of its
+ * bits, not only those above the set index), so that the entries of an
+ * object whose keys were kept for later can be made from the object alone.
+ */
+static inline u16 az_sim_tag(u32 key32)
 {
-	return (u16)key;
+	return (u16)((key32 * 0x9e3779b1U) >> 16);
 }
 
 static inline u32 az_sim_setno(u32 key32, u32 bits)
@@ -364,6 +433,49 @@ static inline bool az_sim_has_key(const struct az_obj *o, u32 key32)
 	return false;
 }
 
+/*
+ * Count a lookup of @group and judge its yield once a window is full
+ * (idx_lock held).  Returns whether the group switched.
+ */
+static bool az_sim_judge(struct az_store *s, u32 group)
+{
+	struct az_index *x = &s->idx;
+	struct az_sim_yield *y = &x->yield[az_sim_gno(group)];
+	u64 bit = 1ULL << az_sim_gno(group), found;
+	u32 sample = AZ_READ_ONCE(s->sim_sample), hits;
+	bool sparse = x->sparse & bit, to;
+
+	if (++y->lookups < AZ_SIM_WINDOW)
+		return false;
+	/* What entries of every object would have found. */
+	hits = y->hits;
+	found = (u64)hits * (sparse ? sample : 1);
+	y->lookups /= 2;
+	y->hits /= 2;
+	if (sparse)
+		to = hits < AZ_SIM_DENSE_MIN_HITS ||
+		     found * AZ_SIM_DENSE_FROM < AZ_SIM_WINDOW;
+	else
+		to = sample > 1 &&
+		     found * AZ_SIM_SPARSE_BELOW < AZ_SIM_WINDOW;
+	if (to == sparse)
+		return false;
+	x->sparse ^= bit;
+	AZ_WRITE_ONCE(x->switches, x->switches + 1);
+	AZ_WRITE_ONCE(x->regroup, true);
+	return true;
+}
+
+void az_sim_credit(struct az_store *s, struct az_obj *base)
+{
+	struct az_sim_yield *y = &s->idx.yield[az_sim_gno(base->group)];
+
+	az_spin_lock(&s->idx_lock);
+	if (y->hits < y->lookups)
+		y->hits++;
+	az_spin_unlock(&s->idx_lock);
+}
+
 int az_sim_find(struct az_store *s, u32 group, const u64 *sf,
 		struct az_obj **out, int max)
 {
@@ -371,17 +483,18 @@ int az_sim_find(struct az_store *s, u32 group, const u64 *sf,
 	struct az_sim_set *e;
 	unsigned int i, w;
 	int n = 0, k;
-	u64 key;
+	bool kick;
+	u32 key32;
 
 	az_spin_lock(&s->idx_lock);
 	for (i = 0; i < AZ_NR_SF && n < max; i++) {
-		key = az_sim_key(group, i, sf[i]);
-		e = az_sim_head(x, az_sim_key32(key));
+		key32 = az_sim_key32(az_sim_key(group, i, sf[i]));
+		e = az_sim_head(x, key32);
 		for (w = 0; w < AZ_SIM_WAYS && n < max; w++) {
 			struct az_obj *o = e->obj[w];
 
-			if (!o || e->tag[w] != az_sim_tag(key) ||
-			    !az_sim_has_key(o, az_sim_key32(key)) ||
+			if (!o || e->tag[w] != az_sim_tag(key32) ||
+			    !az_sim_has_key(o, key32) ||
 			    o->group != group || !o->owner || az_obj_base(o))
 				continue;
 			for (k = 0; k < n; k++)
@@ -393,7 +506,10 @@ int az_sim_find(struct az_store *s, u32 group, const u64 *sf,
 				out[n++] = o;
 		}
 	}
+	kick = az_sim_judge(s, group);
 	az_spin_unlock(&s->idx_lock);
+	if (kick)
+		az_defer_kick(&s->defer);
 	return n;
 }
 
@@ -403,16 +519,18 @@ int az_sim_find(struct az_store *s, u32 group, const u64 *sf,
  * The size a table of @n buckets (a power of two) goes to for @used
  * entries at most @per_bucket a bucket: doubled past that load up to
  * @max, halved (as often as it takes) while below an eighth of it, down
- * to @min; 0 when it stays.
+ * to @min; 0 when it stays.  @fit: halved as long as half of it holds its
+ * load (after a regroup took out many entries at once).
  */
 static u32 az_index_size_for(u32 n, u64 used, u64 per_bucket, u32 min,
-			     u32 max)
+			     u32 max, bool fit)
 {
 	u32 to = n;
 
 	if (n < max && used > (u64)n * per_bucket)
 		return n * 2;
-	while (to > min && used * 8 < (u64)to * per_bucket)
+	while (to > min && (fit ? used * 2 <= (u64)to * per_bucket :
+				  used * 8 < (u64)to * per_bucket))
 		to /= 2;
 	return to == n ? 0 : to;
 }
@@ -430,14 +548,15 @@ static bool az_index_off_load(struct az_store *s, u32 *dn, u32 *sb, u32 *tn)
 
 	*dn = x->dold ? 0 : az_index_size_for(x->dmask + 1, x->indexed,
 					      AZ_DEDUP_LOAD, AZ_DEDUP_MIN,
-					      x->dmax);
+					      x->dmax, false);
 	sets = x->sold ? 0 : az_index_size_for(1U << x->sbits,
-					       x->simmed * AZ_SIM_LOAD,
+					       (x->simmed + x->scoming) *
+					       AZ_SIM_LOAD,
 					       per_set, AZ_SIM_MIN,
-					       1U << x->smax_bits);
+					       1U << x->smax_bits, x->sfit);
 	*sb = sets ? az_log2(sets) : 0;
 	*tn = az_index_size_for(x->tmask + 1, x->tchunks, 1, AZ_TMPL_MIN,
-				x->tmax);
+				x->tmax, false);
 	return *dn || *sb || *tn;
 }
 
@@ -462,14 +581,69 @@ static bool az_index_want_resize(struct az_store *s)
 	return true;
 }
 
+/*
+ * Make the similarity entries of @o from its keys (idx_lock held): a way
+ * in the set of each key, the set's oldest dropping out.
+ */
+static void az_sim_link(struct az_index *x, struct az_obj *o)
+{
+	struct az_sim_set *e;
+	unsigned int i;
+
+	for (i = 0; i < AZ_NR_SF; i++) {
+		e = az_sim_head(x, o->sim_key[i]);
+		/* Drop the oldest way, newest first. */
+		memmove(&e->tag[1], &e->tag[0],
+			(AZ_SIM_WAYS - 1) * sizeof(e->tag[0]));
+		memmove(&e->obj[1], &e->obj[0],
+			(AZ_SIM_WAYS - 1) * sizeof(e->obj[0]));
+		e->tag[0] = az_sim_tag(o->sim_key[i]);
+		e->obj[0] = o;
+	}
+	o->nr_sf = AZ_NR_SF;
+	x->simmed++;
+	if (az_obj_flag(o, AZ_OBJ_SIM_LATER)) {
+		az_obj_flag_clear(o, AZ_OBJ_SIM_LATER);
+		x->later--;
+	}
+}
+
+/* Take out what is left of @o's similarity entries (idx_lock held). */
+static void az_sim_unlink(struct az_index *x, struct az_obj *o)
+{
+	struct az_sim_set *e;
+	unsigned int i, w;
+
+	for (i = 0; i < o->nr_sf; i++) {
+		e = az_sim_head(x, o->sim_key[i]);
+		for (w = 0; w < AZ_SIM_WAYS; w++)
+			if (e->obj[w] == o)
+				e->obj[w] = NULL;
+	}
+	if (o->nr_sf)
+		x->simmed--;
+	o->nr_sf = 0;
+}
+
+/* Entries for @o's keys now, or its keys kept for later (idx_lock held). */
+static void az_sim_place(struct az_store *s, struct az_obj *o)
+{
+	struct az_index *x = &s->idx;
+
+	if (az_sim_wanted(x, o, AZ_READ_ONCE(s->sim_sample))) {
+		az_sim_link(x, o);
+	} else if (!az_obj_flag(o, AZ_OBJ_SIM_LATER)) {
+		az_obj_flag_set(o, AZ_OBJ_SIM_LATER);
+		x->later++;
+	}
+}
+
 void az_index_insert(struct az_store *s, struct az_obj *o, const u64 *sf)
 {
 	struct az_index *x = &s->idx;
 	struct az_obj **head;
-	struct az_sim_set *e;
 	unsigned int i;
 	bool kick;
-	u64 key;
 
 	az_spin_lock(&s->idx_lock);
 	head = az_dhead(x, o->hash);
@@ -477,20 +651,10 @@ void az_index_insert(struct az_store *s, struct az_obj *o, const u64 *sf)
 	*head = o;
 	o->nr_sf = 0;
 	if (sf && !az_obj_base(o)) {
-		for (i = 0; i < AZ_NR_SF; i++) {
-			key = az_sim_key(o->group, i, sf[i]);
-			o->sim_key[i] = az_sim_key32(key);
-			e = az_sim_head(x, o->sim_key[i]);
-			/* Drop the oldest way, newest first. */
-			memmove(&e->tag[1], &e->tag[0],
-				(AZ_SIM_WAYS - 1) * sizeof(e->tag[0]));
-			memmove(&e->obj[1], &e->obj[0],
-				(AZ_SIM_WAYS - 1) * sizeof(e->obj[0]));
-			e->tag[0] = az_sim_tag(key);
-			e->obj[0] = o;
-		}
-		o->nr_sf = AZ_NR_SF;
-		x->simmed++;
+		for (i = 0; i < AZ_NR_SF; i++)
+			o->sim_key[i] = az_sim_key32(az_sim_key(o->group, i,
+								sf[i]));
+		az_sim_place(s, o);
 	}
 	AZ_WRITE_ONCE(x->indexed, x->indexed + 1);
 	az_obj_flag_set(o, AZ_OBJ_INDEXED);
@@ -508,8 +672,6 @@ void az_index_remove(struct az_store *s, struct az_obj *o)
 {
 	struct az_index *x = &s->idx;
 	struct az_obj **pp;
-	struct az_sim_set *e;
-	unsigned int i, w;
 
 	az_spin_lock(&s->idx_lock);
 	for (pp = az_dhead(x, o->hash); *pp; pp = &(*pp)->dnext) {
@@ -518,14 +680,11 @@ void az_index_remove(struct az_store *s, struct az_obj *o)
 			break;
 		}
 	}
-	for (i = 0; i < o->nr_sf; i++) {
-		e = az_sim_head(x, o->sim_key[i]);
-		for (w = 0; w < AZ_SIM_WAYS; w++)
-			if (e->obj[w] == o)
-				e->obj[w] = NULL;
+	az_sim_unlink(x, o);
+	if (az_obj_flag(o, AZ_OBJ_SIM_LATER)) {
+		az_obj_flag_clear(o, AZ_OBJ_SIM_LATER);
+		x->later--;
 	}
-	if (o->nr_sf)
-		x->simmed--;
 	AZ_WRITE_ONCE(x->indexed, x->indexed - 1);
 	az_index_want_resize(s);
 	az_spin_unlock(&s->idx_lock);
@@ -649,6 +808,7 @@ static bool az_index_resize_once(struct az_store *s, bool *short_of_memory)
 	az_spin_lock(&s->idx_lock);
 	AZ_WRITE_ONCE(x->resize, false);
 	off = az_index_off_load(s, &dn, &sb, &tn);
+	x->sfit = false;	/* once: later sizes follow the usual load */
 	/* Only this caller changes the sizes: still these when installing. */
 	d0 = x->dmask + 1;
 	sb0 = x->sbits;
@@ -749,21 +909,104 @@ static bool az_index_resize_once(struct az_store *s, bool *short_of_memory)
 }
 
 /*
- * Resize what is off its load, if anything (process context; may sleep).
- * One caller at a time: another returns at once, and a request made
- * while this one runs is taken up before it returns.  Short of memory,
- * it leaves the request for a later call.
+ * Walk every indexed object (the dedup chains hold them all), AZ_MOVE_STEP
+ * dedup buckets per idx_lock hold: unlink the similarity entries its group
+ * no longer wants (az_sim_wanted()), and link those it wants now if @link.
+ * Returns the objects that wanted entries and were not given them.  The
+ * resizer's bit is held and no table is half moved, so the dedup table
+ * keeps its size; objects indexed meanwhile are placed by their insert.
+ */
+static u64 az_sim_walk(struct az_store *s, bool link)
+{
+	struct az_index *x = &s->idx;
+	u32 sample, b = 0, end;
+	struct az_obj *o;
+	u64 wanting = 0;
+
+	az_spin_lock(&s->idx_lock);
+	for (;;) {
+		sample = AZ_READ_ONCE(s->sim_sample);
+		end = az_min(b + AZ_MOVE_STEP, x->dmask + 1);
+		for (; b < end; b++) {
+			for (o = x->dbuckets[b]; o; o = o->dnext) {
+				if (o->nr_sf && !az_sim_wanted(x, o, sample)) {
+					az_sim_unlink(x, o);
+					az_obj_flag_set(o, AZ_OBJ_SIM_LATER);
+					x->later++;
+				} else if (az_obj_flag(o, AZ_OBJ_SIM_LATER) &&
+					   az_sim_wanted(x, o, sample)) {
+					if (link)
+						az_sim_link(x, o);
+					else
+						wanting++;
+				}
+			}
+		}
+		if (b > x->dmask)
+			break;
+		az_spin_unlock(&s->idx_lock);
+		az_cond_resched();
+		az_spin_lock(&s->idx_lock);
+	}
+	az_spin_unlock(&s->idx_lock);
+	return wanting;
+}
+
+/*
+ * Give every indexed object the similarity entries its group wants, and
+ * only those (a group switched, or the sample changed): unlink what goes,
+ * size the similarity table to fit what stays and what comes (a dense
+ * table an eighth full would not halve; entries linked into a table too
+ * small would push each other out), then link.  Resizer's bit held.
+ */
+static void az_sim_regroup(struct az_store *s, bool *short_of_memory)
+{
+	struct az_index *x = &s->idx;
+	u64 coming;
+
+	az_spin_lock(&s->idx_lock);
+	AZ_WRITE_ONCE(x->regroup, false);
+	az_spin_unlock(&s->idx_lock);
+	coming = az_sim_walk(s, false);
+	az_spin_lock(&s->idx_lock);
+	x->scoming = coming;
+	x->sfit = true;
+	AZ_WRITE_ONCE(x->resize, true);
+	az_spin_unlock(&s->idx_lock);
+	while (!*short_of_memory && az_index_resize_once(s, short_of_memory))
+		;
+	az_sim_walk(s, true);
+	az_spin_lock(&s->idx_lock);
+	x->scoming = 0;
+	x->sfit = false;
+	az_spin_unlock(&s->idx_lock);
+}
+
+/*
+ * Resize what is off its load, and regroup the similarity entries when a
+ * group switched, if anything (process context; may sleep).  One caller
+ * at a time: another returns at once, and a request made while this one
+ * runs is taken up before it returns.  Short of memory, it leaves a
+ * resize for a later call.
  */
 void az_index_resize(struct az_store *s)
 {
 	struct az_index *x = &s->idx;
 	bool short_of_memory = false;
 
-	while (!short_of_memory && AZ_READ_ONCE(x->resize) &&
+	while ((AZ_READ_ONCE(x->regroup) ||
+		(!short_of_memory && AZ_READ_ONCE(x->resize))) &&
 	       AZ_READ_ONCE(x->dbuckets) && !AZ_READ_ONCE(x->closing)) {
 		if (az_test_and_set_bit(0, &x->resizing))
 			return;
-		while (az_index_resize_once(s, &short_of_memory))
+		while (!short_of_memory &&
+		       az_index_resize_once(s, &short_of_memory))
+			;
+		/* After the moves: a regroup walks whole tables. */
+		if (AZ_READ_ONCE(x->regroup))
+			az_sim_regroup(s, &short_of_memory);
+		while (!short_of_memory &&
+		       az_index_resize_once(s, &short_of_memory))
 			;
 		az_clear_bit_unlock(0, &x->resizing);
 		/* A request made meanwhile saw the bit set: read it after. */

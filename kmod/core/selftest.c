@@ -581,7 +581,14 @@ static int ss_worker(void *arg)
 		int op = ss_rnd(&w->rnd) % 10, err;
 
 		if (op < 5) {
-			ss_page(ss, buf, &w->rnd, f);
+			/*
+			 * Group 2 gets text of its own, rarely similar: it
+			 * turns sparse, and its entries come and go.
+			 */
+			if (o == SS_SC)
+				az_text_page(buf, &w->rnd);
+			else
+				ss_page(ss, buf, &w->rnd, f);
 			err = az_store_put(ss->s, ctx, slot, buf, &pi);
 			/* A failed put (pool full) keeps the old block. */
 			if (err && err != -ENOMEM)
@@ -625,7 +632,7 @@ static int ss_control(void *arg)
 		goto out;
 	}
 	while (ss_running(ss)) {
-		switch (ss_rnd(&r) % 7) {
+		switch (ss_rnd(&r) % 8) {
 		case 0:
 			ss_page(ss, buf, &r, ss_rnd(&r) % ST_FAM);
 			err = treg ? az_store_template_load(ss->s, ctx, SS_T1,
@@ -663,6 +670,12 @@ static int ss_control(void *arg)
 					  az_min(nslots - n, (u64)SS_PER), &n))
 				ss_fail(ss, "pack", 0);
 			az_atomic64_add(n, &ss->packed);
+			break;
+		case 6:
+			/* sparse groups' entries follow in the background */
+			if (az_store_set_sim_sample(ss->s,
+						    1U << (ss_rnd(&r) % 4)))
+				ss_fail(ss, "set_sim_sample", 0);
 			break;
 		default:
 			az_store_get_stats(ss->s, &st);
@@ -742,12 +755,13 @@ int az_core_stress(unsigned int nthreads, unsigned int ms)
 
 	az_store_drain(ss.s);
 	az_store_get_stats(ss.s, &st);
-	az_info("stress: %llu stores (%llu failed), %llu loads, %llu pages packed, index tables seen at %llu sizes\n",
+	az_info("stress: %llu stores (%llu failed), %llu loads, %llu pages packed, index tables seen at %llu sizes, trust groups switched %llu times\n",
 		(unsigned long long)st.stores,
 		(unsigned long long)st.failed_stores,
 		(unsigned long long)st.loads,
 		(unsigned long long)az_atomic64_read(&ss.packed),
-		(unsigned long long)ss.resizes);
+		(unsigned long long)ss.resizes,
+		(unsigned long long)st.sim_switches);
 	for (i = 0; i < nslots; i++)
 		az_store_free(ss.s, i);
 	az_store_del_template(ss.s, SS_T1);
@@ -755,7 +769,7 @@ int az_core_stress(unsigned int nthreads, unsigned int ms)
 	az_store_get_stats(ss.s, &st);
 	if (st.objects || st.pool_bytes || st.stored_bytes || st.bases ||
 	    st.template_pages || st.pages_stored || st.cross_group ||
-	    st.packs || st.packed_pages ||
+	    st.packs || st.packed_pages || st.sim_waiting ||
 	    az_atomic64_read(&ss.s->leaves))
 		ss_fail(&ss, "not empty after freeing everything", 0);
 	/* and the index tables are back to their starting sizes */

@@ -813,6 +813,7 @@ struct az_store *az_store_create(u64 nr_slots, const char *name)
 	s->pol.verify = 1;
 	s->pol.shuffle = 1;
 	s->sim_slots = AZ_SIM_DENSITY;
+	s->sim_sample = AZ_SIM_SAMPLE_DEFAULT;
 	/* The cache is an optimisation: without memory for it, run without. */
 	if (az_store_set_base_cache(s, AZ_BC_DEFAULT_PAGES))
 		az_warn("no memory for the base cache, running without\n");
@@ -1292,6 +1293,8 @@ int az_store_put_nowait(struct az_store *s, struct az_ctx *ctx, u64 slot,
 	az_obj_account(s, o, pin.tmpl);
 	if (c.base)
 		az_obj_mark_base(s, c.base);
+	if (c.kind == AZ_KIND_XDELTA)
+		az_sim_credit(s, c.base);
 	az_index_insert(s, o, pol.xdelta && !c.base ? sf : NULL);
 	if (tnode)
 		az_put_template_entry(s, pin.group, pi->index, pin.idx, o, t);
@@ -1794,4 +1797,5 @@ void az_store_get_stats(struct az_store *s, struct az_stats *st)
 	st->deferred = az_atomic64_read(&s->deferred);
 	st->packs = az_atomic64_read(&s->packs);
 	st->packed_pages = az_atomic64_read(&s->packed_pages);
+	az_sim_stats(s, st);
 }

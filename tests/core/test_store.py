@@ -508,6 +508,7 @@ def test_index_tables_grow_with_indexed_objects(make_store, sim_slots):
     """The index tables start small and double as objects are indexed; entries moved by a
     doubling are all found again; with every object gone they are back to their start."""
     s = make_store(1 << 16)
+    s.set_sim_sample(1)  # entries for every object (sparse groups: test_sparse_sim.py)
     s.set_sim_slots(sim_slots)
     s.add_sandbox(11, 1)
     assert s.stats()["index_table_bytes"] == index_tables(256, 64)
@@ -543,6 +544,7 @@ def test_index_tables_halve_as_objects_go(make_store, sim_slots):
     starting size); what stays indexed is found through the merged buckets and sets, and a
     new fleet grows the tables again."""
     s = make_store(1 << 16)
+    s.set_sim_sample(1)  # entries for every object (sparse groups: test_sparse_sim.py)
     s.set_sim_slots(sim_slots)
     s.add_sandbox(11, 1)
     distinct = [pages.make("random", 1000 + k) for k in range(3000)]
@@ -581,6 +583,7 @@ def test_index_tables_stop_at_a_full_devices_size(make_store, sim_slots):
     """Caps: a bucket per 4 slots, an entry per sim_slots slots (what a device full of
     indexed objects needs); the oldest similarity entries then drop out."""
     s = make_store(4096)
+    s.set_sim_sample(1)  # entries for every object (sparse groups: test_sparse_sim.py)
     s.set_sim_slots(sim_slots)
     s.add_sandbox(11, 1)
     for k in range(4096):
@@ -653,6 +656,7 @@ def test_index_halving_without_memory_waits(make_store):
     """A halving that cannot allocate leaves the table as it is; it is asked for again once
     an eighth fewer objects are indexed."""
     s = make_store(1 << 14)
+    s.set_sim_sample(1)  # entries for every object (sparse groups: test_sparse_sim.py)
     s.add_sandbox(11, 1)
     distinct = [pages.make("random", 70 + k) for k in range(4000)]
     for k, p in enumerate(distinct):  # 12000 entries: 4096 sets
@@ -683,6 +687,7 @@ def test_index_halving_without_memory_waits(make_store):
 def test_index_tables_do_not_flip_with_a_few_objects(make_store):
     """Objects coming and going around a resize point change a table's size once."""
     s = make_store(1 << 14)
+    s.set_sim_sample(1)  # entries for every object (sparse groups: test_sparse_sim.py)
     s.add_sandbox(11, 1)
     distinct = [pages.make("random", 9000 + k) for k in range(1100)]
     for k in range(1024):  # dedup at its load: 256 buckets x 4

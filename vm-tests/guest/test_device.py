@@ -238,6 +238,7 @@ BAD: dict[str, list[bytes]] = {
     "delta_max_pct": [b"", b"0", b"101", b"-1", b"abc", b"4294967297"],
     "base_cache": [b"", b"65537", b"-1", b"abc", b"1M", b"4294967296", b"99999999999999999999"],
     "sim_slots": [b"", b"0", b"3", b"6", b"128", b"-1", b"abc", b"4294967296"],
+    "sim_sample": [b"", b"0", b"3", b"6", b"128", b"-1", b"abc", b"4294967296"],
 }
 READ_ONLY = ["initstate", "mm_stat", "io_stat", "kind_stat", "obj_stat", "meta_stat"]
 
@@ -286,6 +287,9 @@ def test_bad_input_every_attribute(dev0, initialised: bool) -> None:
         ("base_cache", "256", "256"),
         ("sim_slots", "64", "64"),
         ("sim_slots", "1", "1"),
+        ("sim_sample", "64", "64"),
+        ("sim_sample", "1", "1"),
+        ("sim_sample", "8", "8"),
     ]:
         d.set(attr, good)
         assert d.read(attr) == shown, attr

@@ -248,7 +248,7 @@ int az_store_debug_check(struct az_store *s)
 	struct az_tchunk *t;
 	struct az_defer_node *dn;
 	size_t i, j, n0, uniq = 0, direct = 0, chunks = 0, packed = 0;
-	size_t packs = 0;
+	size_t packs = 0, simmed = 0, waiting = 0;
 	u64 slot;
 	int err = 0;
 
@@ -373,14 +373,32 @@ int az_store_debug_check(struct az_store *s)
 	for (i = 0, j = 0; s->idx.dbuckets && i <= s->idx.dmask; i++) {
 		struct az_obj *o;
 
-		for (o = s->idx.dbuckets[i]; o; o = o->dnext, j++)
+		for (o = s->idx.dbuckets[i]; o; o = o->dnext, j++) {
+			bool later = az_obj_flag(o, AZ_OBJ_SIM_LATER);
+
 			AZ_CHK((o->hash & s->idx.dmask) == i &&
 			       az_obj_flag(o, AZ_OBJ_INDEXED),
 			       "obj %p (hash %08x) in dedup bucket %zu",
 			       (void *)o, o->hash, i);
+			AZ_CHK(!later || (!o->nr_sf && !az_obj_base(o)),
+			       "obj %p keeps keys for later and has entries",
+			       (void *)o);
+			simmed += !!o->nr_sf;
+			waiting += later;
+			/* Settled: entries where the group wants them. */
+			AZ_CHK(s->idx.regroup || !(later || o->nr_sf) ||
+			       az_sim_wanted(&s->idx, o, s->sim_sample) ==
+			       !!o->nr_sf,
+			       "obj %p: similarity entries not as its group",
+			       (void *)o);
+		}
 	}
 	AZ_CHK(j == s->idx.indexed, "%zu objects in dedup chains, %llu counted",
 	       j, (unsigned long long)s->idx.indexed);
+	AZ_CHK(simmed == s->idx.simmed && waiting == s->idx.later,
+	       "%zu objects with similarity entries, %llu counted; %zu waiting, %llu counted",
+	       simmed, (unsigned long long)s->idx.simmed, waiting,
+	       (unsigned long long)s->idx.later);
 	for (i = 0; s->idx.sim && i < (1UL << s->idx.sbits); i++) {
 		u32 w, k;
 
