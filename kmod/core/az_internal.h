@@ -438,11 +438,12 @@ _Static_assert(sizeof(struct az_tchunk) <= AZ_TCHUNK_BYTES,
 #define AZ_SIM_WAYS	4
 
 /*
- * One set of the similarity table: 10 bytes per way.  A way's tag is the
- * low 16 bits of the mixed 64-bit key; the set index is the top bits of
- * its top half, which the object keeps (az_obj.sim_key), so a lookup
- * filters by tag and confirms by the object's key, and a table being
- * doubled knows where each entry goes.
+ * One set of the similarity table: 10 bytes per way.  The object keeps
+ * the top half of each 64-bit key (az_obj.sim_key); a way's tag is 16
+ * bits mixed from that half and the set index is its top bits, so a
+ * lookup filters by tag and confirms by the object's key, a table being
+ * resized knows where each entry goes, and an entry can be made again
+ * from the object alone.
  */
 struct az_sim_set {
 	u16 tag[AZ_SIM_WAYS];
@@ -471,8 +472,9 @@ static inline u32 az_sim_gno(u32 group)
 
 /*
  * The index tables (index.c: how they are sized and resized).  Everything
- * is under s->idx_lock but @resize (read without it) and @resizing (the
- * one process-context caller resizing the tables, az_index_resize()).
+ * is under s->idx_lock but @resize and @regroup (read without it) and
+ * @resizing (the one process-context caller resizing the tables,
+ * az_index_resize()).
  */
 struct az_index {
 	struct az_obj **dbuckets;	/* dedup: hash -> chain */
@@ -511,11 +513,13 @@ struct az_index {
 	 * az_sim_gbit()) is set in @sparse get entries only when sampled
 	 * (s->sim_sample); the others keep their keys for later
 	 * (AZ_OBJ_SIM_LATER, counted in @later).  @regroup: entries are to
-	 * be linked or unlinked to match (az_index_resize() does it).
+	 * be linked or unlinked to match (az_index_resize() does it);
+	 * @regrouping: that is under way.  No group is judged meanwhile.
 	 */
 	struct az_sim_yield yield[AZ_SIM_GROUPS];
 	u64 sparse;
 	bool regroup;
+	bool regrouping;
 	bool sfit;			/* size the similarity table to fit */
 	u64 scoming;			/* and room for this many more */
 	u64 later;
@@ -756,15 +760,20 @@ int az_template_set(struct az_store *s, u32 group, u64 index, u16 owner,
 		    struct az_obj *o, struct az_tchunk *nt);
 /* Drop every template entry of @owner. */
 void az_template_drop_owner(struct az_store *s, u16 owner);
-/* Up to @max similar base candidates (referenced) in @group. */
+/*
+ * Up to @max similar base candidates (referenced) in @group; @count: a
+ * put's first attempt (counted in its group's yield).
+ */
 int az_sim_find(struct az_store *s, u32 group, const u64 *sf,
-		struct az_obj **out, int max);
+		struct az_obj **out, int max, bool count);
 void az_sim_features(const void *page, u64 *sf);
 void az_sim_stats(struct az_store *s, struct az_stats *st);
-/* A similarity delta against @base was stored: its group's yield. */
-void az_sim_credit(struct az_store *s, struct az_obj *base);
-/* Link @o into the dedup and (if a possible base) similarity indexes. */
-void az_index_insert(struct az_store *s, struct az_obj *o, const u64 *sf);
+/*
+ * Link @o into the dedup and (if a possible base) similarity indexes.
+ * @found: @o is a similarity delta (its group's lookups found a base).
+ */
+void az_index_insert(struct az_store *s, struct az_obj *o, const u64 *sf,
+		     bool found);
 /* Unlink @o from every index (object is dying). */
 void az_index_remove(struct az_store *s, struct az_obj *o);
 

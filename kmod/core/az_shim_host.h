@@ -112,6 +112,7 @@ struct az_atomic64 { int64_t v; };
 #define az_atomic_or(x, a)	((void)__atomic_fetch_or(&(a)->v, (int)(x), AZ_SC))
 #define az_atomic_fetch_or(x, a) \
 	((u32)__atomic_fetch_or(&(a)->v, (int)(x), AZ_SC))
+#define az_hweight64(v)		((unsigned int)__builtin_popcountll(v))
 #define az_atomic_andnot(x, a) \
 	((void)__atomic_fetch_and(&(a)->v, ~(int)(x), AZ_SC))
 static inline bool az_atomic_inc_not_zero(az_atomic_t *a)

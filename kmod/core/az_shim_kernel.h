@@ -191,6 +191,7 @@ static inline void az_wake_up(az_wait_t *wq)
 #define az_atomic_or(v, a)		atomic_or(v, a)
 #define az_atomic_fetch_or(v, a)	((u32)atomic_fetch_or(v, a))
 #define az_atomic_andnot(v, a)		atomic_andnot(v, a)
+#define az_hweight64(v)			hweight64(v)
 /* Object references: refcount_t (saturates and warns on misuse). */
 #define az_ref_t			refcount_t
 #define az_ref_set(r, v)		refcount_set(r, v)

@@ -328,7 +328,7 @@ u32 az_store_get_sim_slots(struct az_store *s);
 
 /*
  * Sparse similarity entries (index.c): a trust group whose similarity
- * lookups find few bases links the entries of 1 in @sample of its objects
+ * lookups find few bases gives entries to 1 in @sample of its objects
  * only, until its lookups find enough again.  A power of two from 1 (never
  * sparse) to AZ_SIM_SAMPLE_MAX, default AZ_SIM_SAMPLE_DEFAULT; may change
  * at any time (the entries follow in the background).  -EINVAL otherwise.
@@ -337,7 +337,8 @@ u32 az_store_get_sim_slots(struct az_store *s);
 #define AZ_SIM_SAMPLE_DEFAULT	8
 static inline bool az_sim_sample_valid(u32 sample)
 {
-	return az_sim_slots_valid(sample);
+	return sample && sample <= AZ_SIM_SAMPLE_MAX &&
+	       !(sample & (sample - 1));
 }
 int az_store_set_sim_sample(struct az_store *s, u32 sample);
 u32 az_store_get_sim_sample(struct az_store *s);

@@ -59,18 +59,21 @@
  * Sparse similarity entries: a trust group whose lookups find few bases
  * (a fleet forked from its template finds its bases by page index, in the
  * template index) does not pay for entries of every object.  Each group
- * (hashed into AZ_SIM_GROUPS buckets) counts its lookups and the
- * similarity deltas stored from them; every AZ_SIM_WINDOW lookups it is
- * judged, and the counts halved.  A dense group (every object has entries)
- * that found fewer than 1 base per AZ_SIM_SPARSE_BELOW lookups turns
- * sparse: only 1 in s->sim_sample of its objects gets entries; the others
- * keep their keys (AZ_OBJ_SIM_LATER).  A sparse group whose sampled
- * entries found 1 base per AZ_SIM_DENSE_FROM lookups (scaled by the
- * sample) turns dense again.  A switch asks az_index_resize() to walk
- * every indexed object (the dedup chains hold them all) and link or
- * unlink entries to match; the similarity table then halves or doubles
- * with them.  The entries follow, the keys stay: a group that switches
- * loses nothing it could find again.
+ * (hashed into AZ_SIM_GROUPS buckets) counts its lookups (a put's first
+ * attempt) and the similarity deltas stored from them; once AZ_SIM_WINDOW
+ * lookups are counted it is judged and the counts halved (so every half
+ * window after the first).  A dense group (every object has entries) that
+ * found fewer than 1 base per AZ_SIM_SPARSE_BELOW lookups turns sparse:
+ * only 1 in s->sim_sample of its objects gets entries; the others keep
+ * their keys (AZ_OBJ_SIM_LATER).  A sparse group whose sampled entries
+ * found 1 base per AZ_SIM_DENSE_FROM lookups (scaled by the sample, and
+ * at least AZ_SIM_DENSE_MIN_HITS) turns dense again.  A switch starts the
+ * group's counts afresh and asks az_index_resize() to walk every indexed
+ * object (the dedup chains hold them all) and link or unlink entries to
+ * match, the similarity table sized to fit them; until that is done no
+ * group is judged or counted, so a judgement never mixes the two states.
+ * The entries follow, the keys stay: a group that switches loses nothing
+ * it could find again.
  */
 #define AZ_DEDUP_LOAD	4
 /*
@@ -212,8 +215,9 @@ int az_store_set_sim_sample(struct az_store *s, u32 sample)
 	kick = sample != s->sim_sample && x->sparse;
 	AZ_WRITE_ONCE(s->sim_sample, sample);
 	if (sample == 1 && x->sparse) {
-		x->sparse = 0;	/* never sparse: every group dense again */
-		AZ_WRITE_ONCE(x->switches, x->switches + 1);
+		/* never sparse: every group dense again */
+		x->switches += az_hweight64(x->sparse);
+		x->sparse = 0;
 	}
 	if (kick)
 		AZ_WRITE_ONCE(x->regroup, true);
@@ -232,11 +236,9 @@ u32 az_store_get_sim_sample(struct az_store *s)
 void az_sim_stats(struct az_store *s, struct az_stats *st)
 {
 	struct az_index *x = &s->idx;
-	u64 m;
 
 	az_spin_lock(&s->idx_lock);
-	for (m = x->sparse, st->sim_sparse = 0; m; m &= m - 1)
-		st->sim_sparse++;
+	st->sim_sparse = az_hweight64(x->sparse);
 	st->sim_waiting = x->later;
 	st->sim_switches = x->switches;
 	az_spin_unlock(&s->idx_lock);
@@ -445,6 +447,8 @@ static bool az_sim_judge(struct az_store *s, u32 group)
 	u32 sample = AZ_READ_ONCE(s->sim_sample), hits;
 	bool sparse = x->sparse & bit, to;
 
+	if (x->regroup || x->regrouping)
+		return false;	/* entries not yet as the groups want */
 	if (++y->lookups < AZ_SIM_WINDOW)
 		return false;
 	/* What entries of every object would have found. */
@@ -461,23 +465,16 @@ static bool az_sim_judge(struct az_store *s, u32 group)
 	if (to == sparse)
 		return false;
 	x->sparse ^= bit;
-	AZ_WRITE_ONCE(x->switches, x->switches + 1);
+	x->switches++;
+	/* The new state's yield from its own lookups only. */
+	y->lookups = 0;
+	y->hits = 0;
 	AZ_WRITE_ONCE(x->regroup, true);
 	return true;
 }
 
-void az_sim_credit(struct az_store *s, struct az_obj *base)
-{
-	struct az_sim_yield *y = &s->idx.yield[az_sim_gno(base->group)];
-
-	az_spin_lock(&s->idx_lock);
-	if (y->hits < y->lookups)
-		y->hits++;
-	az_spin_unlock(&s->idx_lock);
-}
-
 int az_sim_find(struct az_store *s, u32 group, const u64 *sf,
-		struct az_obj **out, int max)
+		struct az_obj **out, int max, bool count)
 {
 	struct az_index *x = &s->idx;
 	struct az_sim_set *e;
@@ -506,7 +503,7 @@ int az_sim_find(struct az_store *s, u32 group, const u64 *sf,
 				out[n++] = o;
 		}
 	}
-	kick = az_sim_judge(s, group);
+	kick = count && az_sim_judge(s, group);
 	az_spin_unlock(&s->idx_lock);
 	if (kick)
 		az_defer_kick(&s->defer);
@@ -638,14 +635,19 @@ static void az_sim_place(struct az_store *s, struct az_obj *o)
 	}
 }
 
-void az_index_insert(struct az_store *s, struct az_obj *o, const u64 *sf)
+void az_index_insert(struct az_store *s, struct az_obj *o, const u64 *sf,
+		     bool found)
 {
 	struct az_index *x = &s->idx;
+	struct az_sim_yield *y = &x->yield[az_sim_gno(o->group)];
 	struct az_obj **head;
 	unsigned int i;
 	bool kick;
 
 	az_spin_lock(&s->idx_lock);
+	/* Its lookup was counted (unless a regroup was pending then). */
+	if (found && y->hits < y->lookups)
+		y->hits++;
 	head = az_dhead(x, o->hash);
 	o->dnext = *head;
 	*head = o;
@@ -966,19 +968,24 @@ static void az_sim_regroup(struct az_store *s, bool *short_of_memory)
 
 	az_spin_lock(&s->idx_lock);
 	AZ_WRITE_ONCE(x->regroup, false);
+	x->regrouping = true;
 	az_spin_unlock(&s->idx_lock);
 	coming = az_sim_walk(s, false);
-	az_spin_lock(&s->idx_lock);
-	x->scoming = coming;
-	x->sfit = true;
-	AZ_WRITE_ONCE(x->resize, true);
-	az_spin_unlock(&s->idx_lock);
-	while (!*short_of_memory && az_index_resize_once(s, short_of_memory))
-		;
+	if (!*short_of_memory) {
+		az_spin_lock(&s->idx_lock);
+		x->scoming = coming;
+		x->sfit = true;
+		AZ_WRITE_ONCE(x->resize, true);
+		az_spin_unlock(&s->idx_lock);
+		while (!*short_of_memory &&
+		       az_index_resize_once(s, short_of_memory))
+			;
+	}
 	az_sim_walk(s, true);
 	az_spin_lock(&s->idx_lock);
 	x->scoming = 0;
 	x->sfit = false;
+	x->regrouping = false;
 	az_spin_unlock(&s->idx_lock);
 }
 
@@ -992,9 +999,9 @@ static void az_sim_regroup(struct az_store *s, bool *short_of_memory)
 void az_index_resize(struct az_store *s)
 {
 	struct az_index *x = &s->idx;
-	bool short_of_memory = false;
+	bool short_of_memory = false, regrouped = false;
 
-	while ((AZ_READ_ONCE(x->regroup) ||
+	while (((!regrouped && AZ_READ_ONCE(x->regroup)) ||
 		(!short_of_memory && AZ_READ_ONCE(x->resize))) &&
 	       AZ_READ_ONCE(x->dbuckets) && !AZ_READ_ONCE(x->closing)) {
 		if (az_test_and_set_bit(0, &x->resizing))
@@ -1003,8 +1010,10 @@ void az_index_resize(struct az_store *s)
 		       az_index_resize_once(s, &short_of_memory))
 			;
 		/* After the moves: a regroup walks whole tables. */
-		if (AZ_READ_ONCE(x->regroup))
+		if (!regrouped && AZ_READ_ONCE(x->regroup)) {
 			az_sim_regroup(s, &short_of_memory);
+			regrouped = true;
+		}
 		while (!short_of_memory &&
 		       az_index_resize_once(s, &short_of_memory))
 			;
@@ -1012,6 +1021,13 @@ void az_index_resize(struct az_store *s)
 		/* A request made meanwhile saw the bit set: read it after. */
 		az_smp_mb();
 	}
+	/*
+	 * One walk per call (the deferred frees wait behind it): another
+	 * regroup asked for meanwhile is the worker's next run.
+	 */
+	if (regrouped && AZ_READ_ONCE(x->regroup) &&
+	    !AZ_READ_ONCE(x->closing))
+		az_defer_kick(&s->defer);
 }
 
 /* ---- template index --------------------------------------------------- */

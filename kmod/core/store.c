@@ -1091,13 +1091,14 @@ static u32 az_choose_plain(struct az_store *s, struct az_ctx *ctx,
  * candidate (the template base, else the first similar object) is tried
  * before the page is compressed plain: a delta within delta_max_pct of
  * AZ_PLAIN_FLOOR is kept at once.  Otherwise the plain encoding sets the
- * limit the other candidates are tried against.
+ * limit the other candidates are tried against.  @first_try: the put's
+ * first attempt, whose similarity lookup counts in its group's yield.
  */
 static void az_choose(struct az_store *s, struct az_ctx *ctx,
 		      const struct az_policy *pol, const void *page,
 		      const struct az_page_info *pi, const struct az_pin *pin,
 		      u64 hash, const u64 *sf, struct az_choice *c,
-		      struct az_obj **dup)
+		      struct az_obj **dup, bool first_try)
 {
 	/* At most one candidate per way of each super-feature's set. */
 	struct az_obj *cand[AZ_NR_SF * AZ_SIM_WAYS];
@@ -1125,7 +1126,8 @@ static void az_choose(struct az_store *s, struct az_ctx *ctx,
 		if (pol->xdelta && pol->sim_effort)
 			n = az_sim_find(s, pin->group, sf, cand,
 					az_min(pol->sim_effort,
-					       (u32)ARRAY_SIZE(cand)));
+					       (u32)ARRAY_SIZE(cand)),
+					first_try);
 	}
 	if (!first && n) {
 		first = cand[i++];
@@ -1235,7 +1237,8 @@ int az_store_put_nowait(struct az_store *s, struct az_ctx *ctx, u64 slot,
 	if (pol.xdelta)
 		az_sim_features(page, sf);
 	tnode = pin.tmpl && pi;
-	az_choose(s, ctx, &pol, page, pi, &pin, hash, sf, &c, &o);
+	az_choose(s, ctx, &pol, page, pi, &pin, hash, sf, &c, &o,
+		  !res->filled);
 	if (o) {
 		if (tnode && !az_tchunk_get(s, res, pin.group, pi->index, &t,
 					    &err)) {
@@ -1293,9 +1296,8 @@ int az_store_put_nowait(struct az_store *s, struct az_ctx *ctx, u64 slot,
 	az_obj_account(s, o, pin.tmpl);
 	if (c.base)
 		az_obj_mark_base(s, c.base);
-	if (c.kind == AZ_KIND_XDELTA)
-		az_sim_credit(s, c.base);
-	az_index_insert(s, o, pol.xdelta && !c.base ? sf : NULL);
+	az_index_insert(s, o, pol.xdelta && !c.base ? sf : NULL,
+			c.kind == AZ_KIND_XDELTA);
 	if (tnode)
 		az_put_template_entry(s, pin.group, pi->index, pin.idx, o, t);
 	az_slot_set(s, sl, slot, c.kind, pin.idx, (u64)(unsigned long)o, 0);
@@ -1691,7 +1693,7 @@ int az_store_template_load_nowait(struct az_store *s, struct az_ctx *ctx,
 		goto out;	/* a delta against a same page gains nothing */
 	hash = az_xxh64(page, AZ_PAGE_SIZE, 0);
 	az_sim_features(page, sf);
-	az_choose(s, ctx, &pol, page, &pi, &pin, hash, sf, &c, &o);
+	az_choose(s, ctx, &pol, page, &pi, &pin, hash, sf, &c, &o, false);
 	if (o) {
 		if (az_tchunk_get(s, res, pin.group, index, &t, &err))
 			err = az_template_set(s, pin.group, index, pin.idx, o, t);
@@ -1718,7 +1720,7 @@ int az_store_template_load_nowait(struct az_store *s, struct az_ctx *ctx,
 	o->hash = az_hash_tag(hash);
 	az_obj_write(s, ctx, o, h2, c.size == AZ_PAGE_SIZE ? page : c.buf);
 	az_obj_account(s, o, true);
-	az_index_insert(s, o, pol.xdelta ? sf : NULL);
+	az_index_insert(s, o, pol.xdelta ? sf : NULL, false);
 	err = az_template_set(s, pin.group, index, pin.idx, o, t);
 	az_obj_put(s, o);	/* the entry's reference, or none: freed */
 	if (err == -ENOMEM && !res->filled) {

@@ -386,7 +386,8 @@ int az_store_debug_check(struct az_store *s)
 			simmed += !!o->nr_sf;
 			waiting += later;
 			/* Settled: entries where the group wants them. */
-			AZ_CHK(s->idx.regroup || !(later || o->nr_sf) ||
+			AZ_CHK(s->idx.regroup || s->idx.regrouping ||
+			       !(later || o->nr_sf) ||
 			       az_sim_wanted(&s->idx, o, s->sim_sample) ==
 			       !!o->nr_sf,
 			       "obj %p: similarity entries not as its group",
