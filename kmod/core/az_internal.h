@@ -510,7 +510,7 @@ struct az_index {
 	u64 table_bytes;
 	/*
 	 * Sparse similarity entries: the objects of a group whose bit (by
-	 * az_sim_gbit()) is set in @sparse get entries only when sampled
+	 * az_sim_gno()) is set in @sparse get entries only when sampled
 	 * (s->sim_sample); the others keep their keys for later
 	 * (AZ_OBJ_SIM_LATER, counted in @later).  @regroup: entries are to
 	 * be linked or unlinked to match (az_index_resize() does it);

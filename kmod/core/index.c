@@ -605,8 +605,11 @@ static void az_sim_link(struct az_index *x, struct az_obj *o)
 	}
 }
 
-/* Take out what is left of @o's similarity entries (idx_lock held). */
-static void az_sim_unlink(struct az_index *x, struct az_obj *o)
+/*
+ * Take out what is left of @o's similarity entries (idx_lock held), and
+ * keep its keys for later (@keep) or forget them (the object goes).
+ */
+static void az_sim_unlink(struct az_index *x, struct az_obj *o, bool keep)
 {
 	struct az_sim_set *e;
 	unsigned int i, w;
@@ -620,18 +623,14 @@ static void az_sim_unlink(struct az_index *x, struct az_obj *o)
 	if (o->nr_sf)
 		x->simmed--;
 	o->nr_sf = 0;
-}
-
-/* Entries for @o's keys now, or its keys kept for later (idx_lock held). */
-static void az_sim_place(struct az_store *s, struct az_obj *o)
-{
-	struct az_index *x = &s->idx;
-
-	if (az_sim_wanted(x, o, AZ_READ_ONCE(s->sim_sample))) {
-		az_sim_link(x, o);
-	} else if (!az_obj_flag(o, AZ_OBJ_SIM_LATER)) {
+	if (keep == az_obj_flag(o, AZ_OBJ_SIM_LATER))
+		return;
+	if (keep) {
 		az_obj_flag_set(o, AZ_OBJ_SIM_LATER);
 		x->later++;
+	} else {
+		az_obj_flag_clear(o, AZ_OBJ_SIM_LATER);
+		x->later--;
 	}
 }
 
@@ -656,7 +655,10 @@ void az_index_insert(struct az_store *s, struct az_obj *o, const u64 *sf,
 		for (i = 0; i < AZ_NR_SF; i++)
 			o->sim_key[i] = az_sim_key32(az_sim_key(o->group, i,
 								sf[i]));
-		az_sim_place(s, o);
+		if (az_sim_wanted(x, o, AZ_READ_ONCE(s->sim_sample)))
+			az_sim_link(x, o);
+		else
+			az_sim_unlink(x, o, true);
 	}
 	AZ_WRITE_ONCE(x->indexed, x->indexed + 1);
 	az_obj_flag_set(o, AZ_OBJ_INDEXED);
@@ -682,11 +684,7 @@ void az_index_remove(struct az_store *s, struct az_obj *o)
 			break;
 		}
 	}
-	az_sim_unlink(x, o);
-	if (az_obj_flag(o, AZ_OBJ_SIM_LATER)) {
-		az_obj_flag_clear(o, AZ_OBJ_SIM_LATER);
-		x->later--;
-	}
+	az_sim_unlink(x, o, false);
 	AZ_WRITE_ONCE(x->indexed, x->indexed - 1);
 	az_index_want_resize(s);
 	az_spin_unlock(&s->idx_lock);
@@ -924,6 +922,7 @@ static u64 az_sim_walk(struct az_store *s, bool link)
 	u32 sample, b = 0, end;
 	struct az_obj *o;
 	u64 wanting = 0;
+	bool want;
 
 	az_spin_lock(&s->idx_lock);
 	for (;;) {
@@ -931,17 +930,16 @@ static u64 az_sim_walk(struct az_store *s, bool link)
 		end = az_min(b + AZ_MOVE_STEP, x->dmask + 1);
 		for (; b < end; b++) {
 			for (o = x->dbuckets[b]; o; o = o->dnext) {
-				if (o->nr_sf && !az_sim_wanted(x, o, sample)) {
-					az_sim_unlink(x, o);
-					az_obj_flag_set(o, AZ_OBJ_SIM_LATER);
-					x->later++;
-				} else if (az_obj_flag(o, AZ_OBJ_SIM_LATER) &&
-					   az_sim_wanted(x, o, sample)) {
-					if (link)
-						az_sim_link(x, o);
-					else
-						wanting++;
-				}
+				if (!o->nr_sf &&
+				    !az_obj_flag(o, AZ_OBJ_SIM_LATER))
+					continue;	/* no keys */
+				want = az_sim_wanted(x, o, sample);
+				if (o->nr_sf && !want)
+					az_sim_unlink(x, o, true);
+				else if (!o->nr_sf && want && link)
+					az_sim_link(x, o);
+				else if (!o->nr_sf && want)
+					wanting++;
 			}
 		}
 		if (b > x->dmask)
