@@ -72,6 +72,8 @@ STAT_FILES: dict[str, tuple[str, ...]] = {
         "sim_sparse",
         "sim_waiting",
         "sim_switches",
+        "sim_direct",
+        "direct_pages",
     ),
     # meta_bytes by component (all but slot_used_bytes sum to it)
     "meta_stat": (

@@ -577,13 +577,13 @@ static ssize_t obj_stat_show(struct device *d, struct device_attribute *attr,
 
 	azswap_read_stats(d, &st);
 	return sysfs_emit(buf,
-			  "%8llu %8llu %8llu %8llu %8llu %8llu %8llu %8llu %8llu %8llu %8llu %8llu %8llu %8llu %8llu\n",
+			  "%8llu %8llu %8llu %8llu %8llu %8llu %8llu %8llu %8llu %8llu %8llu %8llu %8llu %8llu %8llu %8llu %8llu\n",
 			  st.pages_stored, st.objects, st.bases,
 			  st.template_pages, st.deferred, st.cross_group,
 			  st.base_cache_pages, st.base_cache_hits,
 			  st.base_cache_misses, st.template_lost, st.packs,
 			  st.packed_pages, st.sim_sparse, st.sim_waiting,
-			  st.sim_switches);
+			  st.sim_switches, st.sim_direct, st.direct_pages);
 }
 static DEVICE_ATTR_RO(obj_stat);
 

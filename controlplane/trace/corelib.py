@@ -120,6 +120,8 @@ class Stats(ctypes.Structure):
         ("sim_sparse", u64),
         ("sim_waiting", u64),
         ("sim_switches", u64),
+        ("sim_direct", u64),
+        ("direct_pages", u64),
     ]
 
 

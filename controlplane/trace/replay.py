@@ -228,8 +228,12 @@ def replay(
             "put_mbps": nr * PAGE_SIZE / t_put / 1e6 if t_put else 0.0,
             "pack_s": t_pack,
             "packed_pages": end["packed_pages"],
-            # sparse similarity entries when the pages were stored (docs/store.md)
-            "similarity": {k: end[f"sim_{k}"] for k in ("sparse", "waiting", "switches")},
+            # sparse similarity entries and direct groups when the pages were stored
+            # (docs/store.md), and the pages stored without an object
+            "similarity": {
+                **{k: end[f"sim_{k}"] for k in ("sparse", "waiting", "switches", "direct")},
+                "direct_pages": end["direct_pages"],
+            },
             "get_mbps": nr * PAGE_SIZE / t_get / 1e6 if t_get else 0.0,
             "verified_pages": nr,
             "owners": owners,

@@ -192,6 +192,7 @@ enum {
 	AZ_OBJ_TEMPLATE,	/* charged to a template owner */
 	AZ_OBJ_CACHED,		/* may have a decoded copy in the base cache */
 	AZ_OBJ_SIM_LATER,	/* similarity keys kept, no entries (index.c) */
+	AZ_OBJ_FROM_DIRECT,	/* a DIRECT slot's page, to be packed */
 };
 
 /*
@@ -455,14 +456,18 @@ _Static_assert(sizeof(struct az_sim_set) ==
 
 /*
  * Similarity yield of a trust group (index.c, "Sparse similarity
- * entries"): its lookups and the similarity deltas they gave, halved each
- * time they are judged.  Groups share AZ_SIM_GROUPS of these by hash.
+ * entries"): its lookups, the similarity deltas they gave and the pages
+ * found as duplicates of its sandboxes' own plain pages, halved each time
+ * they are judged.  Groups share AZ_SIM_GROUPS of these by hash.
  */
 #define AZ_SIM_GROUP_BITS	6
 #define AZ_SIM_GROUPS		(1U << AZ_SIM_GROUP_BITS)
 struct az_sim_yield {
 	u32 lookups;
 	u32 hits;
+	u32 dups;
+	u16 first;	/* the owner of its first lookup */
+	u32 others;	/* lookups of other owners, up to AZ_SIM_OTHERS */
 };
 
 static inline u32 az_sim_gno(u32 group)
@@ -515,9 +520,13 @@ struct az_index {
 	 * (AZ_OBJ_SIM_LATER, counted in @later).  @regroup: entries are to
 	 * be linked or unlinked to match (az_index_resize() does it);
 	 * @regrouping: that is under way.  No group is judged meanwhile.
+	 * A sparse group whose bit is set in @direct stores a private plain
+	 * page that is not sampled without an object (az_group_direct();
+	 * read without the lock).
 	 */
 	struct az_sim_yield yield[AZ_SIM_GROUPS];
 	u64 sparse;
+	u64 direct;
 	bool regroup;
 	bool regrouping;
 	bool sfit;			/* size the similarity table to fit */
@@ -527,15 +536,37 @@ struct az_index {
 };
 
 /*
- * Whether @o (a possible base with similarity keys) gets entries: always
- * in a dense group, when sampled (bits 22.. of its hash, above any dedup
- * bucket's, 1 in @sample) in a sparse one.  idx_lock held.
+ * Whether a page of @group with hash tag @tag is sampled: always in a
+ * dense group, 1 in @sample (bits 22.. of the tag, above any dedup
+ * bucket's) in a sparse one.  Unlocked callers get a hint.
+ */
+static inline bool az_sim_sampled(const struct az_index *x, u32 group,
+				  u32 tag, u32 sample)
+{
+	return !(AZ_READ_ONCE(x->sparse) & (1ULL << az_sim_gno(group))) ||
+	       !((tag >> 22) & (sample - 1));
+}
+
+/*
+ * Whether @o (a possible base with similarity keys) gets entries: when
+ * sampled.  idx_lock held.
  */
 static inline bool az_sim_wanted(const struct az_index *x,
 				 const struct az_obj *o, u32 sample)
 {
-	return !(x->sparse & (1ULL << az_sim_gno(o->group))) ||
-	       !((o->hash >> 22) & (sample - 1));
+	return az_sim_sampled(x, o->group, o->hash, sample);
+}
+
+/*
+ * Whether a private plain page of @group (hash tag @tag) goes to a DIRECT
+ * slot, without an object: its group is direct and the page not sampled
+ * (index.c, "Private pages without an object").  Read without idx_lock.
+ */
+static inline bool az_group_direct(const struct az_index *x, u32 group,
+				   u32 tag, u32 sample)
+{
+	return (AZ_READ_ONCE(x->direct) & (1ULL << az_sim_gno(group))) &&
+	       !az_sim_sampled(x, group, tag, sample);
 }
 
 /* ---- the store -------------------------------------------------------- */
@@ -744,7 +775,7 @@ u64 az_index_bytes(struct az_store *s, u64 *table_bytes, u64 *tnode_bytes);
 /* Identical page in @group: returns a referenced object or NULL. */
 struct az_obj *az_dedup_find(struct az_store *s, struct az_ctx *ctx,
 			     u32 group, u64 hash, const void *page,
-			     bool need_base);
+			     bool need_base, bool count);
 /* Template base for (@group, @index): referenced object or NULL. */
 struct az_obj *az_template_find(struct az_store *s, u32 group, u64 index);
 /* Whether (@group, @index) has a template chunk (an entry may be set). */
@@ -762,9 +793,9 @@ int az_template_set(struct az_store *s, u32 group, u64 index, u16 owner,
 void az_template_drop_owner(struct az_store *s, u16 owner);
 /*
  * Up to @max similar base candidates (referenced) in @group; @count: a
- * put's first attempt (counted in its group's yield).
+ * put's first attempt (counted in its group's yield, by @owner).
  */
-int az_sim_find(struct az_store *s, u32 group, const u64 *sf,
+int az_sim_find(struct az_store *s, u32 group, u16 owner, const u64 *sf,
 		struct az_obj **out, int max, bool count);
 void az_sim_features(const void *page, u64 *sf);
 void az_sim_stats(struct az_store *s, struct az_stats *st);

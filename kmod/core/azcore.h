@@ -152,6 +152,8 @@ struct az_stats {
 	u64 sim_sparse;		/* group buckets sparse now (of AZ_SIM_GROUPS) */
 	u64 sim_waiting;	/* objects whose entries wait (keys kept) */
 	u64 sim_switches;	/* monotonic: group buckets switched */
+	u64 sim_direct;		/* group buckets storing private pages direct */
+	u64 direct_pages;	/* slots holding a page without an object */
 };
 
 /*

@@ -74,6 +74,20 @@
  * group is judged or counted, so a judgement never mixes the two states.
  * The entries follow, the keys stay: a group that switches loses nothing
  * it could find again.
+ *
+ * Private pages without an object: in a sparse group, a sandbox's plain
+ * page that no later page finds as a duplicate needs no object either
+ * (64 bytes; a forked fleet's own plain pages are 30-80% of its pages).
+ * Each group also counts the pages found as duplicates of its sandboxes'
+ * plain pages (not a template's, not a delta's).  A sparse group that
+ * found fewer than 1 per AZ_SIM_SPARSE_BELOW lookups turns direct: its
+ * plain pages that are not sampled go to DIRECT slots (pool handle, size
+ * and check bits in the slot, charged to their owner), found by no later
+ * page; the sampled ones stay objects, and the duplicates found of them,
+ * scaled by the sample, turn the group back (1 per AZ_SIM_DENSE_FROM,
+ * at least AZ_SIM_DENSE_MIN_HITS) as do similarity hits (the group turns
+ * dense).  Nothing is walked: a page stored direct stays so until freed
+ * (az_store_pack() gives one an object to join a pack).
  */
 #define AZ_DEDUP_LOAD	4
 /*
@@ -88,6 +102,7 @@
 #define AZ_SIM_SPARSE_BELOW	100
 #define AZ_SIM_DENSE_FROM	50
 #define AZ_SIM_DENSE_MIN_HITS	8
+#define AZ_SIM_OTHERS		(AZ_SIM_WINDOW / 2)
 #ifndef AZ_MOVE_STEP		/* the debug builds move a few at a time */
 #define AZ_MOVE_STEP	1024
 #endif
@@ -218,6 +233,7 @@ int az_store_set_sim_sample(struct az_store *s, u32 sample)
 		/* never sparse: every group dense again */
 		x->switches += az_hweight64(x->sparse);
 		x->sparse = 0;
+		AZ_WRITE_ONCE(x->direct, 0);
 	}
 	if (kick)
 		AZ_WRITE_ONCE(x->regroup, true);
@@ -241,6 +257,7 @@ void az_sim_stats(struct az_store *s, struct az_stats *st)
 	st->sim_sparse = az_hweight64(x->sparse);
 	st->sim_waiting = x->later;
 	st->sim_switches = x->switches;
+	st->sim_direct = az_hweight64(x->direct);
 	az_spin_unlock(&s->idx_lock);
 }
 
@@ -289,9 +306,33 @@ static inline struct az_obj **az_dhead(struct az_index *x, u32 tag)
 
 #define AZ_DEDUP_CANDS	4
 
+/*
+ * A put of @group found a duplicate of a sandbox's plain page (hash tag
+ * @tag): counted in its group's yield when every page like it would have
+ * been an object to find (the group not direct, or @tag sampled).
+ */
+static void az_sim_count_dup(struct az_store *s, u32 group, u32 tag)
+{
+	struct az_index *x = &s->idx;
+	struct az_sim_yield *y = &x->yield[az_sim_gno(group)];
+	u32 sample = AZ_READ_ONCE(s->sim_sample);
+
+	az_spin_lock(&s->idx_lock);
+	if (!x->regroup && !x->regrouping && y->dups < AZ_SIM_WINDOW &&
+	    (!(x->direct & (1ULL << az_sim_gno(group))) ||
+	     az_sim_sampled(x, group, tag, sample)))
+		y->dups++;
+	az_spin_unlock(&s->idx_lock);
+}
+
+/*
+ * An object of @group holding @page (hash @hash), referenced, or NULL;
+ * @need_base: not a delta.  @count: the put's first attempt, whose find of
+ * a sandbox's plain page counts in its group's yield.
+ */
 struct az_obj *az_dedup_find(struct az_store *s, struct az_ctx *ctx,
 			     u32 group, u64 hash, const void *page,
-			     bool need_base)
+			     bool need_base, bool count)
 {
 	struct az_index *x = &s->idx;
 	struct az_obj *cand[AZ_DEDUP_CANDS], *o, *found = NULL;
@@ -323,6 +364,9 @@ struct az_obj *az_dedup_find(struct az_store *s, struct az_ctx *ctx,
 		az_obj_put(s, found);
 		found = NULL;
 	}
+	if (found && count && !az_obj_flag(found, AZ_OBJ_TEMPLATE) &&
+	    !az_obj_base(found))
+		az_sim_count_dup(s, group, tag);
 	return found;
 }
 
@@ -439,41 +483,74 @@ static inline bool az_sim_has_key(const struct az_obj *o, u32 key32)
  * Count a lookup of @group and judge its yield once a window is full
  * (idx_lock held).  Returns whether the group switched.
  */
-static bool az_sim_judge(struct az_store *s, u32 group)
+/*
+ * Whether a yield of @hits (@scale times that for what every object
+ * would have given) keeps a state that few hits earn (@few: below 1 per
+ * AZ_SIM_SPARSE_BELOW lookups to turn to it; from 1 per AZ_SIM_DENSE_FROM,
+ * at least AZ_SIM_DENSE_MIN_HITS, to leave it).
+ */
+static bool az_yield_few(u32 hits, u32 scale, bool few)
+{
+	u64 found = (u64)hits * scale;
+
+	if (few)
+		return hits < AZ_SIM_DENSE_MIN_HITS ||
+		       found * AZ_SIM_DENSE_FROM < AZ_SIM_WINDOW;
+	return found * AZ_SIM_SPARSE_BELOW < AZ_SIM_WINDOW;
+}
+
+static bool az_sim_judge(struct az_store *s, u32 group, u16 owner)
 {
 	struct az_index *x = &s->idx;
 	struct az_sim_yield *y = &x->yield[az_sim_gno(group)];
-	u64 bit = 1ULL << az_sim_gno(group), found;
-	u32 sample = AZ_READ_ONCE(s->sim_sample), hits;
-	bool sparse = x->sparse & bit, to;
+	u64 bit = 1ULL << az_sim_gno(group);
+	u32 sample = AZ_READ_ONCE(s->sim_sample), hits, dups;
+	bool sparse = x->sparse & bit, direct = x->direct & bit, to;
 
 	if (x->regroup || x->regrouping)
 		return false;	/* entries not yet as the groups want */
+	if (!y->first)
+		y->first = owner;
+	else if (owner != y->first && y->others < AZ_SIM_OTHERS)
+		y->others++;
 	if (++y->lookups < AZ_SIM_WINDOW)
 		return false;
-	/* What entries of every object would have found. */
+	/* What entries (objects) of every page would have found. */
 	hits = y->hits;
-	found = (u64)hits * (sparse ? sample : 1);
+	dups = y->dups;
+	/*
+	 * Until a second sandbox has looked up as many pages, the first
+	 * one's pages had nobody's to be duplicates of.
+	 */
+	if (y->others < AZ_SIM_OTHERS)
+		dups = AZ_SIM_WINDOW;
 	y->lookups /= 2;
 	y->hits /= 2;
-	if (sparse)
-		to = hits < AZ_SIM_DENSE_MIN_HITS ||
-		     found * AZ_SIM_DENSE_FROM < AZ_SIM_WINDOW;
-	else
-		to = sample > 1 &&
-		     found * AZ_SIM_SPARSE_BELOW < AZ_SIM_WINDOW;
-	if (to == sparse)
+	y->dups /= 2;
+	to = sample > 1 && az_yield_few(hits, sparse ? sample : 1, sparse);
+	if (to != sparse) {
+		x->sparse ^= bit;
+		/* direct at once if it found no sandbox's page either */
+		if (to && az_yield_few(dups, 1, false))
+			AZ_WRITE_ONCE(x->direct, x->direct | bit);
+		else
+			AZ_WRITE_ONCE(x->direct, x->direct & ~bit);
+		AZ_WRITE_ONCE(x->regroup, true);
+	} else if (sparse &&
+		   az_yield_few(dups, direct ? sample : 1, direct) != direct) {
+		AZ_WRITE_ONCE(x->direct, x->direct ^ bit);
+	} else {
 		return false;
-	x->sparse ^= bit;
+	}
 	x->switches++;
 	/* The new state's yield from its own lookups only. */
 	y->lookups = 0;
 	y->hits = 0;
-	AZ_WRITE_ONCE(x->regroup, true);
-	return true;
+	y->dups = 0;
+	return to != sparse;
 }
 
-int az_sim_find(struct az_store *s, u32 group, const u64 *sf,
+int az_sim_find(struct az_store *s, u32 group, u16 owner, const u64 *sf,
 		struct az_obj **out, int max, bool count)
 {
 	struct az_index *x = &s->idx;
@@ -503,7 +580,7 @@ int az_sim_find(struct az_store *s, u32 group, const u64 *sf,
 				out[n++] = o;
 		}
 	}
-	kick = count && az_sim_judge(s, group);
+	kick = count && az_sim_judge(s, group, owner);
 	az_spin_unlock(&s->idx_lock);
 	if (kick)
 		az_defer_kick(&s->defer);

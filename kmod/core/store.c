@@ -372,7 +372,8 @@ _Static_assert(AZ_NR_SF != 3 || sizeof(struct az_obj) == 64,
 /*
  * Last reference gone and unreachable: release everything.  A split object's
  * link is read from the pool here, so never in IRQ context (every az_obj is
- * indexed: in practice this runs from the deferred free).
+ * indexed, so this runs from the deferred free, but for an object made for
+ * a DIRECT slot's page, never split, which az_store_pack() destroys).
  */
 static void az_obj_destroy(struct az_store *s, struct az_obj *o)
 {
@@ -704,7 +705,8 @@ static void az_slot_release(struct az_store *s, unsigned long flags, u64 val)
 		az_atomic64_sub(size, &s->stored_bytes);
 		az_atomic64_dec(&s->objects);
 		az_atomic64_dec(&s->direct);
-		az_atomic64_sub(size, &az_owner_at(s, 0)->excl_bytes);
+		az_atomic64_sub(size, &az_owner_at(s, flags &
+						AZ_SLOT_OWNER_MASK)->excl_bytes);
 		return;
 	}
 	o = (struct az_obj *)(unsigned long)val;
@@ -1110,7 +1112,8 @@ static void az_choose(struct az_store *s, struct az_ctx *ctx,
 
 	*dup = NULL;
 	if (pin->reg && pol->dedup) {
-		*dup = az_dedup_find(s, ctx, pin->group, hash, page, pin->tmpl);
+		*dup = az_dedup_find(s, ctx, pin->group, hash, page, pin->tmpl,
+				     first_try);
 		if (*dup)
 			return;
 	}
@@ -1124,7 +1127,7 @@ static void az_choose(struct az_store *s, struct az_ctx *ctx,
 		if (pol->tdelta && pi)
 			first = az_template_find(s, pin->group, pi->index);
 		if (pol->xdelta && pol->sim_effort)
-			n = az_sim_find(s, pin->group, sf, cand,
+			n = az_sim_find(s, pin->group, pin->idx, sf, cand,
 					az_min(pol->sim_effort,
 					       (u32)ARRAY_SIZE(cand)),
 					first_try);
@@ -1157,19 +1160,19 @@ out:
 		az_obj_put(s, cand[i]);
 }
 
-/* Unshareable page: PLAIN/RAW in a DIRECT slot, no az_obj. */
-static int az_put_direct(struct az_store *s, struct az_ctx *ctx,
-			 const struct az_policy *pol, u64 slot,
-			 const void *page, u64 hash, struct az_reserve *res)
+/*
+ * A page without an object: PLAIN/RAW (@size bytes of @buf, the page itself
+ * when raw) in a DIRECT slot, charged to owner @own: an unregistered
+ * cgroup's page, or a private page of a direct group (index.c).
+ */
+static int az_put_direct(struct az_store *s, struct az_reserve *res,
+			 u64 slot, u16 own, const void *buf, u32 size,
+			 u64 hash, bool verify)
 {
 	struct az_slot *sl = NULL;
 	unsigned long h;
-	u32 size;
 	int err;
-	u8 enc;
 
-	size = az_encode_plain(ctx, pol, page, ctx->obuf, AZ_RAW_THRESHOLD,
-			       &enc);
 	h = az_pool_get(s, res, size, &err, false);
 	if (h)
 		sl = az_slot_hold_new(s, res, slot, &err);
@@ -1180,16 +1183,16 @@ static int az_put_direct(struct az_store *s, struct az_ctx *ctx,
 			az_reserve_want(res, size, false, false);
 		return err;
 	}
-	az_pool_write(s->pool, h, size == AZ_PAGE_SIZE ? page : ctx->obuf, size);
+	az_pool_write(s->pool, h, buf, size);
 	az_atomic64_add(size, &s->stored_bytes);
 	az_atomic64_inc(&s->objects);
 	az_atomic64_inc(&s->direct);
-	az_atomic64_add(size, &az_owner_at(s, 0)->excl_bytes);
+	az_atomic64_add(size, &az_owner_at(s, own)->excl_bytes);
 	az_slot_set(s, sl, slot,
-		    size == AZ_PAGE_SIZE ? AZ_KIND_RAW : AZ_KIND_PLAIN, 0, h,
+		    size == AZ_PAGE_SIZE ? AZ_KIND_RAW : AZ_KIND_PLAIN, own, h,
 		    AZ_SLOT_DIRECT |
 		    ((unsigned long)size << AZ_SLOT_SIZE_SHIFT) |
-		    (pol->verify ? az_slot_check(hash) : 0));
+		    (verify ? az_slot_check(hash) : 0));
 	return 0;
 }
 
@@ -1231,7 +1234,11 @@ int az_store_put_nowait(struct az_store *s, struct az_ctx *ctx, u64 slot,
 	if (pin.reg || pol.verify)
 		hash = az_xxh64(page, AZ_PAGE_SIZE, 0);
 	if (!pin.reg) {
-		err = az_put_direct(s, ctx, &pol, slot, page, hash, res);
+		u32 size = az_encode_plain(ctx, &pol, page, ctx->obuf,
+					   AZ_RAW_THRESHOLD, &c.enc);
+
+		err = az_put_direct(s, res, slot, 0, size == AZ_PAGE_SIZE ?
+				    page : ctx->obuf, size, hash, pol.verify);
 		goto out;
 	}
 	if (pol.xdelta)
@@ -1262,6 +1269,16 @@ int az_store_put_nowait(struct az_store *s, struct az_ctx *ctx, u64 slot,
 					      o, t);
 		az_slot_set(s, sl, slot, AZ_KIND_DUP, pin.idx,
 			    (u64)(unsigned long)o, 0);
+		goto out;
+	}
+	/* A private plain page its group would not find again: no object. */
+	if (!c.base && !pin.tmpl && !az_obj_split(c.size) &&
+	    pol.xdelta && pol.sim_effort &&
+	    az_group_direct(&s->idx, pin.group, az_hash_tag(hash),
+			    AZ_READ_ONCE(s->sim_sample))) {
+		err = az_put_direct(s, res, slot, pin.idx,
+				    c.size == AZ_PAGE_SIZE ? page : c.buf,
+				    c.size, hash, pol.verify);
 		goto out;
 	}
 	/* Everything the new object needs, before anything changes. */
@@ -1331,6 +1348,23 @@ int az_store_put(struct az_store *s, struct az_ctx *ctx, u64 slot,
 	return err;
 }
 
+/*
+ * Whether decoded @page matches the check bits DIRECT slot @flags keeps
+ * (none: stored with verify off); its hash, when computed, in *@hash.
+ */
+static bool az_slot_checks(unsigned long flags, const void *page, u64 *hash)
+{
+	unsigned long check = az_slot_check(flags);
+	u64 h;
+
+	if (!check && !hash)
+		return true;
+	h = az_xxh64(page, AZ_PAGE_SIZE, 0);
+	if (hash)
+		*hash = h;
+	return !check || az_slot_check(h) == check;
+}
+
 /* Read held slot @sl into @page; an empty slot reads as zeroes. */
 static int az_slot_read(struct az_store *s, struct az_ctx *ctx,
 			struct az_slot *sl, void *page)
@@ -1361,9 +1395,7 @@ static int az_slot_read(struct az_store *s, struct az_ctx *ctx,
 		az_pool_read_end(s->pool, h, size, src);
 		/* The check bits are 0 when stored with verify off. */
 		if (!err && AZ_READ_ONCE(s->pol.verify) &&
-		    (flags >> AZ_SLOT_CHECK_SHIFT) &&
-		    az_slot_check(az_xxh64(page, AZ_PAGE_SIZE, 0)) !=
-		    (flags & ~((1UL << AZ_SLOT_CHECK_SHIFT) - 1)))
+		    !az_slot_checks(flags, page, NULL))
 			err = -EIO;
 		az_slot_unlock(sl);
 		return err;
@@ -1434,17 +1466,101 @@ int az_store_free_notify(struct az_store *s, u64 slot)
 
 /* ---- packs ------------------------------------------------------------ */
 
+/* Does a slot of @flags hold a registered owner's PLAIN page, DIRECT? */
+static inline bool az_slot_private_direct(unsigned long flags)
+{
+	return (flags & AZ_SLOT_USED) && (flags & AZ_SLOT_DIRECT) &&
+	       (flags & AZ_SLOT_OWNER_MASK) &&
+	       az_slot_kind(flags) == AZ_KIND_PLAIN;
+}
+
 /*
- * @slot's object if it may join a pack, with a reference taken: a PLAIN
- * page of a sandbox (an owner entry that is no template; *@own, or any
- * when 0: then set), referred to by this slot alone.  NULL otherwise;
- * *@other is then set if it would have been one for another owner.
+ * Give the page of DIRECT slot @sl (locked: a registered owner's PLAIN
+ * page, else nothing is done) object @o (zeroed, unseen), so that it can
+ * join a pack: the slot's pool handle moves to it and the slot refers to
+ * it.  The page is decoded (into ctx->pbuf) for its hash and checked.
+ * False, nothing changed, when it is no such page or does not decode or
+ * check.
  */
-static struct az_obj *az_pack_candidate(struct az_store *s, u64 slot,
+static bool az_direct_to_obj(struct az_store *s, struct az_ctx *ctx,
+			     struct az_slot *sl, struct az_obj *o)
+{
+	unsigned long flags = sl->flags, h = (unsigned long)sl->val;
+	u32 size = az_slot_size(flags);
+	u16 own = flags & AZ_SLOT_OWNER_MASK;
+	const u8 *src;
+	u64 hash;
+	int enc, err;
+
+	if (!az_slot_private_direct(flags))
+		return false;
+	src = az_pool_read_begin(s->pool, h, size, ctx->gbuf);
+	enc = az_obj_encoding(src, size);
+	err = az_decode(ctx, src, size, NULL, ctx->pbuf);
+	az_pool_read_end(s->pool, h, size, src);
+	if (err || enc <= 0 || !az_slot_checks(flags, ctx->pbuf, &hash))
+		return false;
+	o->handle = h;
+	o->size = size;
+	o->enc = enc;
+	o->owner = own;
+	o->group = AZ_READ_ONCE(az_owner_at(s, own)->group);
+	o->hash = az_hash_tag(hash);
+	az_obj_flag_set(o, AZ_OBJ_FROM_DIRECT);
+	az_ref_set(&o->ref, 1);
+	sl->val = (u64)(unsigned long)o;
+	sl->flags = flags & ~(AZ_SLOT_DIRECT | az_slot_check(flags) |
+			      (AZ_SLOT_SIZE_MASK << AZ_SLOT_SIZE_SHIFT));
+	az_atomic64_dec(&s->direct);
+	return true;
+}
+
+/*
+ * Drop the caller's reference on candidate @o of @slot.  One that
+ * az_direct_to_obj() made and that the slot still refers to (it did not
+ * join a pack) goes back to a DIRECT slot: nothing else can reach it.
+ */
+static void az_pack_candidate_put(struct az_store *s, u64 slot,
+				  struct az_obj *o)
+{
+	struct az_slot *sl = NULL;
+	bool back = false;
+
+	if (az_obj_flag(o, AZ_OBJ_FROM_DIRECT))
+		sl = az_slot_hold(s, slot);
+	if (sl) {
+		az_slot_lock(sl);
+		if (sl->val == (u64)(unsigned long)o &&
+		    !az_slot_member(sl->flags)) {
+			sl->val = o->handle;
+			sl->flags |= AZ_SLOT_DIRECT |
+				     ((unsigned long)o->size << AZ_SLOT_SIZE_SHIFT) |
+				     az_slot_check((u64)o->hash << 32);
+			az_atomic64_inc(&s->direct);
+			back = true;
+		}
+		az_slot_unlock(sl);
+		az_leaf_put(s, slot);
+	}
+	if (back)
+		az_free(o);	/* the slot's reference and ours */
+	else
+		az_obj_put(s, o);
+}
+
+/*
+ * The object of @slot if it can join a pack of owner *@own's pages (any
+ * owner's when 0: then set), referred to by this slot alone; one made for
+ * a DIRECT slot's page (az_direct_to_obj()).  NULL otherwise; *@other is
+ * then set if it would have been one for another owner.  Release with
+ * az_pack_candidate_put().
+ */
+static struct az_obj *az_pack_candidate(struct az_store *s,
+					struct az_ctx *ctx, u64 slot,
 					u16 *own, bool *other)
 {
 	struct az_slot *sl = az_slot_hold(s, slot);
-	struct az_obj *o = NULL;
+	struct az_obj *o = NULL, *spare = NULL;
 	unsigned long flags;
 	u16 so;
 
@@ -1454,6 +1570,20 @@ static struct az_obj *az_pack_candidate(struct az_store *s, u64 slot,
 	az_slot_lock(sl);
 	flags = sl->flags;
 	so = flags & AZ_SLOT_OWNER_MASK;
+	if (az_slot_private_direct(flags)) {
+		if (*own && so != *own) {
+			*other = true;
+		} else {
+			/* allocated without the lock: the slot is looked at again */
+			az_slot_unlock(sl);
+			spare = az_zalloc(sizeof(*spare), AZ_GFP_NOWAIT);
+			az_slot_lock(sl);
+			if (spare && az_direct_to_obj(s, ctx, sl, spare))
+				spare = NULL;
+		}
+		flags = sl->flags;
+		so = flags & AZ_SLOT_OWNER_MASK;
+	}
 	if ((flags & AZ_SLOT_USED) && !(flags & AZ_SLOT_DIRECT) &&
 	    az_slot_kind(flags) == AZ_KIND_PLAIN && so) {
 		o = (struct az_obj *)(unsigned long)sl->val;
@@ -1471,6 +1601,7 @@ static struct az_obj *az_pack_candidate(struct az_store *s, u64 slot,
 	}
 	az_slot_unlock(sl);
 	az_leaf_put(s, slot);
+	az_free(spare);
 	return o;
 }
 
@@ -1517,9 +1648,19 @@ static bool az_pack_move(struct az_store *s, u64 slot, struct az_obj *from,
 }
 
 /*
+ * What candidate @o costs: its pool bytes and its header, unless it was
+ * made for a DIRECT slot's page (which goes back to one if not packed).
+ */
+static u32 az_pack_cost(const struct az_obj *o)
+{
+	return az_obj_bytes(o) +
+	       (az_obj_flag(o, AZ_OBJ_FROM_DIRECT) ? 0 : sizeof(*o));
+}
+
+/*
  * Pack the candidates @m[0..*@n) of slots @first...: decoded (each checked
- * against its hash), encoded together, and, if that takes fewer pool bytes
- * than they do, installed.  When *@n pages do not fit one object, the
+ * against its hash), encoded together, and, if that takes fewer bytes (pool and
+ * headers) than they do, installed.  When *@n pages do not fit one object, the
  * first two are tried; *@n is then 2.  Returns the slots now referring to
  * the pack.  The candidates' own references stay with the caller.
  */
@@ -1543,14 +1684,15 @@ static u32 az_pack_one(struct az_store *s, struct az_ctx *ctx,
 	}
 	for (;;) {
 		for (i = 0, have = 0; i < *n; i++)
-			have += az_obj_bytes(m[i]);
+			have += az_pack_cost(m[i]);
 		size = az_encode_pack(ctx, pol, ctx->kbuf, *n, ctx->obuf,
 				      az_min(az_obj_max(pol), have), &enc);
 		if (size || *n == 2)
 			break;
 		*n = 2;
 	}
-	if (!size || size + (az_obj_split(size) ? AZ_SPLIT_LINK : 0) >= have)
+	if (!size || size + (az_obj_split(size) ? AZ_SPLIT_LINK : 0) +
+		     sizeof(*p) >= have)
 		return 0;
 	/*
 	 * No-wait: a pack is an optimisation, never worth waiting for.  Past
@@ -1572,12 +1714,12 @@ static u32 az_pack_one(struct az_store *s, struct az_ctx *ctx,
 	for (i = 0; i < *n; i++) {
 		if (az_pack_move(s, first + i, m[i], 0, p, i)) {
 			got++;
-			took += az_obj_bytes(m[i]);
+			took += az_pack_cost(m[i]);
 			in |= 1U << i;
 		}
 	}
 	/* slots freed or rewritten meanwhile: keep the pack only if it pays */
-	if (got < 2 || az_obj_bytes(p) >= took) {
+	if (got < 2 || az_obj_bytes(p) + sizeof(*p) >= took) {
 		for (i = 0; i < *n; i++)
 			if (in & (1U << i))
 				az_pack_move(s, first + i, p, i, m[i], 0);
@@ -1605,7 +1747,8 @@ int az_store_pack(struct az_store *s, struct az_ctx *ctx, u64 first, u64 nr,
 	for (slot = first; slot < end; slot += used) {
 		own = 0;
 		for (n = 0; n < AZ_PACK_MAX && slot + n < end; n++) {
-			m[n] = az_pack_candidate(s, slot + n, &own, &other);
+			m[n] = az_pack_candidate(s, ctx, slot + n, &own,
+						 &other);
 			if (!m[n])
 				break;
 		}
@@ -1622,7 +1765,7 @@ int az_store_pack(struct az_store *s, struct az_ctx *ctx, u64 first, u64 nr,
 				used = i;
 		}
 		for (i = 0; i < n; i++)
-			az_obj_put(s, m[i]);
+			az_pack_candidate_put(s, slot + i, m[i]);
 	}
 	return 0;
 }
@@ -1778,7 +1921,8 @@ void az_store_get_stats(struct az_store *s, struct az_stats *st)
 	st->slot_used_bytes = st->pages_stored * sizeof(struct az_slot);
 	st->owner_bytes = az_owner_bytes(s);
 	/* The objects' index fields are in sizeof(struct az_obj): once. */
-	st->obj_meta_bytes = (st->objects - az_atomic64_read(&s->direct)) *
+	st->direct_pages = az_atomic64_read(&s->direct);
+	st->obj_meta_bytes = (st->objects - st->direct_pages) *
 			     sizeof(struct az_obj);
 	st->base_cache_bytes = az_bcache_bytes(s);
 	st->meta_bytes = st->slot_bytes + st->owner_bytes +

@@ -166,6 +166,45 @@ def _wait_obj(d: ag.Dev, ok, what: str, timeout: float = 20) -> dict[str, int]:
         time.sleep(0.05)
 
 
+def test_private_pages_without_objects(dev0) -> None:
+    """Two sandboxes of one trust group whose pages share nothing: the first turns the group
+    sparse, and once the second has made 512 lookups without finding any of the first's pages
+    the group turns direct: most of its later pages are stored in DIRECT slots, with no object
+    header (obj_stat direct_pages); every page reads back and nothing is left after swapoff."""
+    d = dev0
+    d.swapon("64M", prio=100)
+    n = 1600
+    nl = Client()
+    procs: list[subprocess.Popen[str]] = []
+    try:
+        for i in range(2):
+            cg = ag.Cgroup(f"direct-sb{i}")
+            nl.request("SANDBOX_ADD", [("CGROUP_PATH", cg.rel), ("GROUP", 10)])
+            proc = subprocess.Popen(
+                [sys.executable, "-c", _RANDOM_PAGES, str(cg.path), str(n), str(7 + i)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            procs.append(proc)
+            assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+            cg.reclaim("1G")
+            assert cg.swap_current() > (n // 2) * 4096, cg.swap_current()
+        o = _wait_obj(d, lambda o: o["sim_direct"] >= 1, "group not direct")
+        assert o["direct_pages"] > n // 8, o
+        for proc in procs:
+            out, _ = proc.communicate("check\n", timeout=300)
+            assert proc.returncode == 0, out
+        procs = []
+        d.swapoff()
+        d.assert_empty_after_swapoff()
+        assert d.obj()["direct_pages"] == 0
+    finally:
+        for proc in procs:
+            proc.kill()
+        nl.close()
+
+
 def test_sparse_similarity_entries(dev0) -> None:
     """A sandbox whose pages share nothing: its trust group's similarity lookups find no base,
     the group turns sparse and 7 in 8 of its objects give their similarity entries up (the

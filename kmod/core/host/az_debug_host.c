@@ -289,10 +289,12 @@ int az_store_debug_check(struct az_store *s)
 		if (!(sl->flags & AZ_SLOT_USED) || kind == AZ_KIND_SAME)
 			continue;
 		if (sl->flags & AZ_SLOT_DIRECT) {
-			AZ_CHK(!own && (kind == AZ_KIND_PLAIN ||
-					kind == AZ_KIND_RAW),
+			AZ_CHK(kind == AZ_KIND_PLAIN || kind == AZ_KIND_RAW,
 			       "direct slot %llu owner %u kind %u",
 			       (unsigned long long)slot, own, kind);
+			AZ_CHK(!az_slot_member(sl->flags),
+			       "direct slot %llu has a pack position",
+			       (unsigned long long)slot);
 			direct++;
 			continue;
 		}
@@ -469,6 +471,9 @@ int az_store_debug_check(struct az_store *s)
 		       "obj %p ref %d, expected %zu", (void *)refs.v[i],
 		       az_ref_read(&refs.v[i]->ref), j - i);
 	}
+	AZ_CHK(direct == (size_t)az_atomic64_read(&s->direct),
+	       "%zu direct slots, %llu counted", direct,
+	       (unsigned long long)az_atomic64_read(&s->direct));
 	AZ_CHK(uniq + direct + az_atomic64_read(&s->deferred) ==
 	       az_atomic64_read(&s->objects), "objects %llu reachable %zu",
 	       (unsigned long long)az_atomic64_read(&s->objects), uniq);

@@ -1,0 +1,179 @@
+"""Private pages without an object: a sparse trust group whose sandboxes' pages are not found as
+duplicates of each other stores a sandbox's plain page that is not sampled in a DIRECT slot,
+with no ``az_obj`` (kmod/core/index.c, "Private pages without an object"; docs/store.md).
+
+Each group counts, beside its similarity lookups, the pages found as duplicates of its sandboxes'
+own plain pages.  Once a second sandbox has made 512 lookups, a sparse group that found fewer
+than 1 such duplicate per 100 lookups turns direct; duplicates of its sampled pages (scaled by
+the sample, at least 8) from 1 per 50 lookups turn it back.
+"""
+
+from __future__ import annotations
+
+import random
+
+from controlplane.trace.corelib import Store
+from tests.core import pages
+
+WINDOW = 1024
+
+
+def distinct(n: int, seed: int) -> list[bytes]:
+    """Pages that share nothing: no lookup finds a base or a duplicate for them."""
+    return [pages.make("random", seed + k) for k in range(n)]
+
+
+def half_random(n: int, seed: int) -> list[bytes]:
+    """Plain pages (half zeroes) that share nothing and gain nothing from packing."""
+    rng = random.Random(seed)
+    return [rng.randbytes(pages.PAGE // 2) + bytes(pages.PAGE // 2) for _ in range(n)]
+
+
+def records(n: int, seed: int) -> list[bytes]:
+    """Plain pages of JSON-lines records: each compresses alone, better packed together."""
+    return [pages.make("records", seed + k) for k in range(n)]
+
+
+def owner_sums(s: Store) -> int:
+    return sum(o["exclusive_bytes"] + o["shared_bytes"] for o in s.list_owners())
+
+
+def forked_fleet(make_store, sample: int = 8, **pol: int) -> tuple[Store, dict[int, bytes]]:
+    """Group 1: three sandboxes whose pages share nothing, 1,200 pages each.  The first turns
+    the group sparse; once the second has made 512 lookups the group, having found no sandbox's
+    page as a duplicate, turns direct."""
+    s = make_store(1 << 14, **pol)
+    s.set_sim_sample(sample)
+    stored: dict[int, bytes] = {}
+    for i, cg in enumerate((11, 12, 13)):
+        s.add_sandbox(cg, 1)
+        for k, p in enumerate(distinct(1200, 10000 * (i + 1))):
+            s.put(2000 * i + k, p, owner=cg, index=k)
+            stored[2000 * i + k] = p
+    s.drain()
+    return s, stored
+
+
+def test_a_group_whose_pages_no_sandbox_finds_stores_them_direct(make_store):
+    s, stored = forked_fleet(make_store)
+    st = s.stats()
+    assert st["sim_sparse"] == 1 and st["sim_direct"] == 1
+    # judged direct 1,024 lookups after the switch to sparse (176 + 848 of the second sandbox):
+    # the rest of the second and all of the third, but for 1 in 8 sampled
+    direct = st["direct_pages"]
+    assert 0.8 * (352 + 1200) < direct < 0.95 * (352 + 1200), direct
+    assert st["objects"] == 3600 and st["kind_pages"]["raw"] == 3600
+    # no header for them: the metadata of the same pages all stored as objects is larger
+    d, _ = forked_fleet(make_store, sample=1)
+    dense = d.stats()
+    assert dense["direct_pages"] == 0 and dense["sim_direct"] == 0
+    assert st["obj_meta_bytes"] == dense["obj_meta_bytes"] - direct * 64
+    assert st["meta_bytes"] < dense["meta_bytes"] - direct * 64
+    s.check()
+    # every page reads back; each owner is charged its pages' bytes
+    assert all(s.get(k) == p for k, p in stored.items())
+    assert owner_sums(s) == st["stored_bytes"]
+    assert s.owner_stats(13)["exclusive_bytes"] == sum(s.slot_bytes(4000 + k) for k in range(1200))
+    # freed, they are gone: nothing left charged, counted or allocated
+    for k in stored:
+        s.free(k)
+    s.drain()
+    st = s.stats()
+    assert st["direct_pages"] == 0 and st["objects"] == 0 and st["stored_bytes"] == 0
+    assert owner_sums(s) == 0
+    s.check()
+
+
+def test_duplicates_of_sandbox_pages_keep_them_objects(make_store):
+    """A fleet whose sandboxes' pages are duplicates of each other's never turns direct: the
+    second sandbox finds every one of the first's pages, and so does the fourth the third's."""
+    s = make_store(1 << 14)
+    for cg in (11, 12, 13, 14):
+        s.add_sandbox(cg, 1)
+    first, third = distinct(1200, 10000), distinct(1200, 30000)
+    for k, p in enumerate(first):
+        s.put(k, p, owner=11, index=k)
+    for k, p in enumerate(first):
+        s.put(2000 + k, p, owner=12, index=k)
+    for k, p in enumerate(third):
+        s.put(4000 + k, p, owner=13, index=k)
+    for k, p in enumerate(third):
+        s.put(6000 + k, p, owner=14, index=k)
+    s.drain()
+    st = s.stats()
+    assert st["sim_sparse"] == 1 and st["sim_direct"] == 0 and st["direct_pages"] == 0
+    assert all(s.kind(6000 + k) == "dup" for k in range(1200))
+    assert all(s.get(6000 + k) == p for k, p in enumerate(third))
+    s.check()
+
+
+def test_duplicates_of_sampled_pages_turn_a_direct_group_back(make_store):
+    """In a direct group only sampled pages are objects; duplicates found of them, scaled by
+    the sample, are what every page would have found: plenty, so the group turns back and its
+    new pages are objects again.  The pages stored direct meanwhile stay so and read back."""
+    s, stored = forked_fleet(make_store)
+    before = s.stats()
+    assert before["sim_direct"] == 1
+    s.add_sandbox(14, 1)
+    # the third sandbox's pages again, 1,024 lookups' worth of new pages between them
+    fresh = distinct(1200, 40000)
+    third = [stored[4000 + k] for k in range(1200)]
+    for k in range(1200):
+        s.put(6000 + 2 * k, third[k], owner=14, index=2 * k)
+        s.put(6001 + 2 * k, fresh[k], owner=14, index=2 * k + 1)
+    s.drain()
+    st = s.stats()
+    assert st["sim_direct"] == 0 and st["sim_switches"] > before["sim_switches"]
+    # the last new pages after the switch back are all objects: no direct page among them
+    assert st["direct_pages"] < before["direct_pages"] + 1200 * 7 // 8
+    assert all(s.get(6000 + 2 * k) == third[k] for k in range(1200))
+    assert all(s.get(6001 + 2 * k) == fresh[k] for k in range(1200))
+    s.check()
+
+
+def test_direct_pages_join_packs_and_go_back_when_packing_does_not_pay(make_store):
+    s, _ = forked_fleet(make_store, codec=1, level=3)
+    fleet = s.stats()["direct_pages"]
+    s.add_sandbox(14, 1)
+    text, half = records(256, 50000), half_random(256, 60000)
+    for k, p in enumerate(text):
+        s.put(8000 + k, p, owner=14, index=k)
+    for k, p in enumerate(half):
+        s.put(9000 + k, p, owner=14, index=1000 + k)
+    s.drain()
+    st = s.stats()
+    assert st["sim_direct"] == 1
+    direct_text = sum(1 for k in range(256) if s.kind(8000 + k) == "plain")
+    assert s.kind(9000) == "plain"
+    assert st["direct_pages"] > fleet + 0.8 * 512
+    # the text pages pack (fewer bytes, a header per pack); the half-random ones do not, and
+    # go back to their DIRECT slots
+    packed = s.pack(8000, 256)
+    assert packed > 0.9 * direct_text, (packed, direct_text)
+    assert s.pack(9000, 256) == 0
+    after = s.stats()
+    assert after["packed_pages"] == packed
+    # the packed ones (all but the sampled few were direct) are out of their DIRECT slots, the
+    # half-random ones back in theirs
+    assert 0 <= after["direct_pages"] - (st["direct_pages"] - packed) <= 256 // 4
+    assert after["stored_bytes"] < st["stored_bytes"]
+    assert after["meta_bytes"] < st["meta_bytes"] + (packed // 2) * 64
+    s.check()
+    assert all(s.get(8000 + k) == p for k, p in enumerate(text))
+    assert all(s.get(9000 + k) == p for k, p in enumerate(half))
+    assert owner_sums(s) == after["stored_bytes"]
+
+
+def test_sim_sample_1_ends_direct_groups(make_store):
+    s, stored = forked_fleet(make_store)
+    assert s.stats()["sim_direct"] == 1
+    s.set_sim_sample(1)
+    s.drain()
+    before = s.stats()
+    assert before["sim_direct"] == 0 and before["sim_sparse"] == 0
+    for k, p in enumerate(distinct(200, 70000)):
+        s.put(7000 + k, p, owner=13, index=5000 + k)
+    st = s.stats()
+    assert st["direct_pages"] == before["direct_pages"]
+    assert all(s.get(k) == p for k, p in stored.items())
+    s.check()
