@@ -294,9 +294,10 @@ static inline bool az_obj_flag_test_and_set(struct az_obj *o, unsigned int nr)
  * for a DIRECT slot - a pool handle.  Both are protected by the slot's bit
  * lock.
  *
- * DIRECT slots are the zram-style fast path for pages that can never be
- * shared (unregistered owners): PLAIN/RAW objects without an az_obj, the
- * object size and the top 26 bits of the page's xxh64 kept in @flags.
+ * DIRECT slots are the zram-style fast path for pages that are never
+ * shared (unregistered owners, and a direct group's unsampled plain pages:
+ * index.c): PLAIN/RAW objects without an az_obj, the object size and the
+ * top 26 bits of the page's xxh64 kept in @flags.
  *
  *   bits  0-11  owner index       bit 17     DIRECT
  *   bits 12-15  kind              bits 18-21 page in its pack (MEMBER)
@@ -466,8 +467,8 @@ struct az_sim_yield {
 	u32 lookups;
 	u32 hits;
 	u32 dups;
-	u16 first;	/* the owner of its first lookup */
-	u32 others;	/* lookups of other owners, up to AZ_SIM_OTHERS */
+	u16 first;	/* the owner of its first lookup since a switch */
+	u32 others;	/* lookups of other owners since, halved with @lookups */
 };
 
 static inline u32 az_sim_gno(u32 group)

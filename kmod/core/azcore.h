@@ -285,8 +285,10 @@ int az_store_free_notify(struct az_store *s, u64 slot);
  * template, registered or since removed) and referred to by that slot
  * alone become one object (each slot keeps random access: a load decodes
  * the pack, or copies from the context's last decoded one).  A run is
- * packed only when the pack takes fewer pool bytes than the pages it
- * replaces (checked again once installed: slots freed meanwhile undo it).
+ * packed only when the pack takes fewer pool bytes and object headers
+ * than the pages it replaces (checked again once installed: slots freed
+ * meanwhile undo it); a DIRECT page gets an object to join one, and its
+ * DIRECT slot back if it does not.
  * It may exceed mem_limit by up to 64 pages for that moment.  A packed
  * page is no dedup target or delta base for later pages.  *@packed: the
  * slots that now refer to a pack.  0, or -EINVAL for a bad range.  May

@@ -232,7 +232,7 @@ int az_store_set_sim_sample(struct az_store *s, u32 sample)
 	if (sample == 1 && x->sparse) {
 		/* never sparse: every group dense again */
 		x->switches += az_hweight64(x->sparse);
-		x->sparse = 0;
+		AZ_WRITE_ONCE(x->sparse, 0);
 		AZ_WRITE_ONCE(x->direct, 0);
 	}
 	if (kick)
@@ -511,7 +511,7 @@ static bool az_sim_judge(struct az_store *s, u32 group, u16 owner)
 		return false;	/* entries not yet as the groups want */
 	if (!y->first)
 		y->first = owner;
-	else if (owner != y->first && y->others < AZ_SIM_OTHERS)
+	else if (owner != y->first)
 		y->others++;
 	if (++y->lookups < AZ_SIM_WINDOW)
 		return false;
@@ -519,17 +519,21 @@ static bool az_sim_judge(struct az_store *s, u32 group, u16 owner)
 	hits = y->hits;
 	dups = y->dups;
 	/*
-	 * Until a second sandbox has looked up as many pages, the first
-	 * one's pages had nobody's to be duplicates of.
+	 * Until other sandboxes than the first since the last switch looked
+	 * up as many pages, the first one's had nobody's to be duplicates
+	 * of: no turning direct on them.
 	 */
-	if (y->others < AZ_SIM_OTHERS)
+	if (!direct && y->others < AZ_SIM_OTHERS)
 		dups = AZ_SIM_WINDOW;
 	y->lookups /= 2;
 	y->hits /= 2;
 	y->dups /= 2;
+	y->others /= 2;
 	to = sample > 1 && az_yield_few(hits, sparse ? sample : 1, sparse);
 	if (to != sparse) {
-		x->sparse ^= bit;
+		AZ_WRITE_ONCE(x->sparse, x->sparse ^ bit);
+		y->first = 0;
+		y->others = 0;
 		/* direct at once if it found no sandbox's page either */
 		if (to && az_yield_few(dups, 1, false))
 			AZ_WRITE_ONCE(x->direct, x->direct | bit);

@@ -472,6 +472,7 @@ out:
 #define SS_SA		11
 #define SS_SB		12
 #define SS_SC		21
+#define SS_SD		22
 #define SS_UNREG	99
 
 struct az_stress {
@@ -481,6 +482,7 @@ struct az_stress {
 	az_atomic_t failures;
 	az_atomic64_t packed;	/* slots the control thread packed */
 	u64 resizes;		/* index table sizes the control thread saw */
+	u64 direct_seen;	/* of its looks, those with a direct group */
 	u64 tables0;		/* index table bytes before the first page */
 	u64 end_ms;
 	u32 nthreads;
@@ -554,7 +556,7 @@ static bool ss_running(struct az_stress *ss)
 static int ss_worker(void *arg)
 {
 	static const u64 owners[] = {
-		SS_SA, SS_SB, SS_SC, SS_UNREG, 0, SS_T1,
+		SS_SA, SS_SB, SS_SC, SS_SD, SS_UNREG, 0, SS_T1,
 	};
 	struct az_stress_worker *w = arg;
 	struct az_stress *ss = w->ss;
@@ -575,17 +577,18 @@ static int ss_worker(void *arg)
 		u8 *m = model + k * AZ_PAGE_SIZE;
 		unsigned int f = ss_rnd(&w->rnd) % ST_FAM;
 		/* half the puts: the sandbox of the slot's block of four */
-		u64 o = ss_rnd(&w->rnd) & 1 ? owners[(k / 4) % 3] :
+		u64 o = ss_rnd(&w->rnd) & 1 ? owners[(k / 4) % 4] :
 			owners[ss_rnd(&w->rnd) % ARRAY_SIZE(owners)];
 		struct az_page_info pi = { .owner = o, .index = f };
 		int op = ss_rnd(&w->rnd) % 10, err;
 
 		if (op < 5) {
 			/*
-			 * Group 2 gets text of its own, rarely similar: it
-			 * turns sparse, and its entries come and go.
+			 * Group 2's two sandboxes get text of their own,
+			 * rarely similar, never alike: it turns sparse, its
+			 * entries come and go, and it turns direct.
 			 */
-			if (o == SS_SC)
+			if (o == SS_SC || o == SS_SD)
 				az_text_page(buf, &w->rnd);
 			else
 				ss_page(ss, buf, &w->rnd, f);
@@ -683,6 +686,8 @@ static int ss_control(void *arg)
 				ss_fail(ss, "cross_group", 0);
 			if (st.index_table_bytes != tables)
 				ss->resizes++;
+			if (st.sim_direct)
+				ss->direct_seen++;
 			tables = st.index_table_bytes;
 			break;
 		}
@@ -726,7 +731,8 @@ int az_core_stress(unsigned int nthreads, unsigned int ms)
 	err = az_store_add_template(ss.s, SS_T1, 1) ?:
 	      az_store_add_sandbox(ss.s, SS_SA, 1) ?:
 	      az_store_add_sandbox(ss.s, SS_SB, 1) ?:
-	      az_store_add_sandbox(ss.s, SS_SC, 2);
+	      az_store_add_sandbox(ss.s, SS_SC, 2) ?:
+	      az_store_add_sandbox(ss.s, SS_SD, 2);
 	if (err)
 		goto out;
 	az_store_get_stats(ss.s, &st);
@@ -755,13 +761,14 @@ int az_core_stress(unsigned int nthreads, unsigned int ms)
 
 	az_store_drain(ss.s);
 	az_store_get_stats(ss.s, &st);
-	az_info("stress: %llu stores (%llu failed), %llu loads, %llu pages packed, index tables seen at %llu sizes, trust groups switched %llu times\n",
+	az_info("stress: %llu stores (%llu failed), %llu loads, %llu pages packed, index tables seen at %llu sizes, trust groups switched %llu times, direct at %llu looks\n",
 		(unsigned long long)st.stores,
 		(unsigned long long)st.failed_stores,
 		(unsigned long long)st.loads,
 		(unsigned long long)az_atomic64_read(&ss.packed),
 		(unsigned long long)ss.resizes,
-		(unsigned long long)st.sim_switches);
+		(unsigned long long)st.sim_switches,
+		(unsigned long long)ss.direct_seen);
 	for (i = 0; i < nslots; i++)
 		az_store_free(ss.s, i);
 	az_store_del_template(ss.s, SS_T1);

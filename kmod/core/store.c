@@ -373,7 +373,8 @@ _Static_assert(AZ_NR_SF != 3 || sizeof(struct az_obj) == 64,
  * Last reference gone and unreachable: release everything.  A split object's
  * link is read from the pool here, so never in IRQ context (every az_obj is
  * indexed, so this runs from the deferred free, but for an object made for
- * a DIRECT slot's page, never split, which az_store_pack() destroys).
+ * a DIRECT slot's page, never split, which az_store_pack() or a free of
+ * its slot destroys).
  */
 static void az_obj_destroy(struct az_store *s, struct az_obj *o)
 {
@@ -1179,8 +1180,9 @@ static int az_put_direct(struct az_store *s, struct az_reserve *res,
 	if (!sl) {
 		if (h)
 			az_pool_free(s->pool, h);
+		/* a header too: the retry may find the group no longer direct */
 		if (err == -EAGAIN)
-			az_reserve_want(res, size, false, false);
+			az_reserve_want(res, size, own, false);
 		return err;
 	}
 	az_pool_write(s->pool, h, buf, size);
@@ -1276,9 +1278,10 @@ int az_store_put_nowait(struct az_store *s, struct az_ctx *ctx, u64 slot,
 	    pol.xdelta && pol.sim_effort &&
 	    az_group_direct(&s->idx, pin.group, az_hash_tag(hash),
 			    AZ_READ_ONCE(s->sim_sample))) {
+		/* with check bits: az_direct_to_obj() checks them */
 		err = az_put_direct(s, res, slot, pin.idx,
 				    c.size == AZ_PAGE_SIZE ? page : c.buf,
-				    c.size, hash, pol.verify);
+				    c.size, hash, true);
 		goto out;
 	}
 	/* Everything the new object needs, before anything changes. */
@@ -1578,7 +1581,9 @@ static struct az_obj *az_pack_candidate(struct az_store *s,
 			az_slot_unlock(sl);
 			spare = az_zalloc(sizeof(*spare), AZ_GFP_NOWAIT);
 			az_slot_lock(sl);
-			if (spare && az_direct_to_obj(s, ctx, sl, spare))
+			so = sl->flags & AZ_SLOT_OWNER_MASK;
+			if (spare && (!*own || so == *own) &&
+			    az_direct_to_obj(s, ctx, sl, spare))
 				spare = NULL;
 		}
 		flags = sl->flags;

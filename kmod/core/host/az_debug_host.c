@@ -295,6 +295,17 @@ int az_store_debug_check(struct az_store *s)
 			AZ_CHK(!az_slot_member(sl->flags),
 			       "direct slot %llu has a pack position",
 			       (unsigned long long)slot);
+			/* never split; RAW exactly when a whole page */
+			AZ_CHK((az_slot_size(sl->flags) == AZ_PAGE_SIZE) ==
+			       (kind == AZ_KIND_RAW) &&
+			       !az_obj_split(az_slot_size(sl->flags)) &&
+			       az_slot_size(sl->flags),
+			       "direct slot %llu: %u bytes, kind %u",
+			       (unsigned long long)slot,
+			       az_slot_size(sl->flags), kind);
+			AZ_CHK(!(az_owner_at(s, own)->flags & AZ_OWN_TEMPLATE),
+			       "direct slot %llu of template owner %u",
+			       (unsigned long long)slot, own);
 			direct++;
 			continue;
 		}
