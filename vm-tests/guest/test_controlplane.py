@@ -133,7 +133,10 @@ def test_controlplane_end_to_end(dev0: ag.Dev, azpages: Any, workers: list) -> N
         ag.all_call([w1, w2], "fill")
         mem0 = cg1.current()
         st0 = module_owner(cg1.id)
-        assert mem0 >= 256 * MiB and st0.pages == 0
+        # Nothing compressed before the hint: the daemon reclaims 8 MiB chunks.  The kernel's own
+        # reclaim may have swapped a few pages meanwhile (the debug kernel, its KASAN shadow
+        # taking guest memory, swapped 141-210 of 65,536 while the workers filled).
+        assert mem0 >= 256 * MiB and st0.pages * ag.PAGE < 8 * MiB, (mem0, st0)
 
         # -- llm-wait compresses sb1: memory.current drops, stored bytes rise ---------------
         events = DaemonClient(SOCK).subscribe(timeout=600)
