@@ -120,3 +120,8 @@ KINDS = {
 
 def make(kind: str, seed: int) -> bytes:
     return KINDS[kind](random.Random(seed))
+
+
+def distinct(n: int, seed: int) -> list[bytes]:
+    """Random pages that share nothing: no lookup finds a base or a duplicate for them."""
+    return [make("random", seed + k) for k in range(n)]

@@ -15,13 +15,6 @@ import random
 from controlplane.trace.corelib import Store
 from tests.core import pages
 
-WINDOW = 1024
-
-
-def distinct(n: int, seed: int) -> list[bytes]:
-    """Pages that share nothing: no lookup finds a base or a duplicate for them."""
-    return [pages.make("random", seed + k) for k in range(n)]
-
 
 def half_random(n: int, seed: int) -> list[bytes]:
     """Plain pages (half zeroes) that share nothing and gain nothing from packing."""
@@ -47,7 +40,7 @@ def forked_fleet(make_store, sample: int = 8, **pol: int) -> tuple[Store, dict[i
     stored: dict[int, bytes] = {}
     for i, cg in enumerate((11, 12, 13)):
         s.add_sandbox(cg, 1)
-        for k, p in enumerate(distinct(1200, 10000 * (i + 1))):
+        for k, p in enumerate(pages.distinct(1200, 10000 * (i + 1))):
             s.put(2000 * i + k, p, owner=cg, index=k)
             stored[2000 * i + k] = p
     s.drain()
@@ -90,7 +83,7 @@ def test_duplicates_of_sandbox_pages_keep_them_objects(make_store):
     s = make_store(1 << 14)
     for cg in (11, 12, 13, 14):
         s.add_sandbox(cg, 1)
-    first, third = distinct(1200, 10000), distinct(1200, 30000)
+    first, third = pages.distinct(1200, 10000), pages.distinct(1200, 30000)
     for k, p in enumerate(first):
         s.put(k, p, owner=11, index=k)
     for k, p in enumerate(first):
@@ -116,7 +109,7 @@ def test_duplicates_of_sampled_pages_turn_a_direct_group_back(make_store):
     assert before["sim_direct"] == 1
     s.add_sandbox(14, 1)
     # the third sandbox's pages again, 1,024 lookups' worth of new pages between them
-    fresh = distinct(1200, 40000)
+    fresh = pages.distinct(1200, 40000)
     third = [stored[4000 + k] for k in range(1200)]
     for k in range(1200):
         s.put(6000 + 2 * k, third[k], owner=14, index=2 * k)
@@ -171,7 +164,7 @@ def test_sim_sample_1_ends_direct_groups(make_store):
     s.drain()
     before = s.stats()
     assert before["sim_direct"] == 0 and before["sim_sparse"] == 0
-    for k, p in enumerate(distinct(200, 70000)):
+    for k, p in enumerate(pages.distinct(200, 70000)):
         s.put(7000 + k, p, owner=13, index=5000 + k)
     st = s.stats()
     assert st["direct_pages"] == before["direct_pages"]

@@ -20,24 +20,19 @@ from tests.core import pages
 WINDOW = 1024
 
 
-def distinct(n: int, seed: int) -> list[bytes]:
-    """Pages that share nothing: no lookup finds a base for them."""
-    return [pages.make("random", seed + k) for k in range(n)]
-
-
 def sparse_store(make_store, *, template: bool = False) -> tuple[Store, list[bytes]]:
     """Group 1 after 1,200 lookups that found nothing (sparse).  With ``template`` its first
     1,200 pages are a template's (stored before any lookup: all with entries until the switch).
     """
     s = make_store(1 << 14)
     s.add_sandbox(11, 1)
-    first = distinct(1200, 1000)
+    first = pages.distinct(1200, 1000)
     if template:
         s.add_template(7, 1)
         for k, p in enumerate(first):
             s.put(k, p, owner=7, index=k)
         assert s.stats()["sim_waiting"] == 0
-    for k, p in enumerate(distinct(1200, 5000)):
+    for k, p in enumerate(pages.distinct(1200, 5000)):
         s.put(2000 + k, p, owner=11, index=k)
     s.drain()
     return s, first
@@ -55,13 +50,13 @@ def test_group_that_finds_nothing_turns_sparse(make_store):
     d = make_store(1 << 14)
     d.set_sim_sample(1)
     d.add_sandbox(11, 1)
-    for k, p in enumerate(distinct(1200, 5000)):
+    for k, p in enumerate(pages.distinct(1200, 5000)):
         d.put(2000 + k, p, owner=11, index=k)
     d.drain()
     dense = d.stats()
     assert dense["sim_sparse"] == 0 and dense["sim_waiting"] == 0
     assert st["index_table_bytes"] < dense["index_table_bytes"]
-    assert all(s.get(2000 + k) == p for k, p in enumerate(distinct(1200, 5000)))
+    assert all(s.get(2000 + k) == p for k, p in enumerate(pages.distinct(1200, 5000)))
 
 
 def near_duplicates(s: Store, tpages: list[bytes]) -> list[str | None]:
@@ -98,7 +93,7 @@ def test_sparse_group_turns_dense_when_its_samples_find_bases(make_store):
     d.add_template(7, 1)
     for k, p in enumerate(tpages):
         d.put(k, p, owner=7, index=k)
-    for k, p in enumerate(distinct(1200, 5000)):
+    for k, p in enumerate(pages.distinct(1200, 5000)):
         d.put(2000 + k, p, owner=11, index=k)
     always = near_duplicates(d, tpages)
     assert always[-300:].count("xdelta") > 250
@@ -113,8 +108,8 @@ def test_groups_are_judged_apart(make_store):
     s.add_sandbox(11, 1)
     s.add_sandbox(21, 2)
     rng = random.Random(9)
-    seeds = distinct(80, 9000)
-    for k, p in enumerate(distinct(1200, 5000)):
+    seeds = pages.distinct(80, 9000)
+    for k, p in enumerate(pages.distinct(1200, 5000)):
         s.put(k, p, owner=11, index=k)
         s.put(2000 + k, pages.mutate(seeds[k % 80], rng, 4), owner=21, index=k)
     s.drain()
@@ -145,7 +140,7 @@ def test_sim_sample_setting(make_store):
     assert st["sim_sparse"] == 0 and st["sim_waiting"] == 0 and st["sim_switches"] == 2
     s.check()
     # and it stays dense however little it finds
-    for k, p in enumerate(distinct(1200, 7000)):
+    for k, p in enumerate(pages.distinct(1200, 7000)):
         s.put(4000 + k, p, owner=11, index=4000 + k)
     s.drain()
     assert s.stats()["sim_sparse"] == 0
