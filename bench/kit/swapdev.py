@@ -420,6 +420,8 @@ class Azswap(System):
             "template_bytes": m["template_bytes"],
             "compacted": m.get("compacted_bytes", 0),
             "base_cache_pages": o["base_cache_pages"],
+            # pages stored without an object (direct groups, unregistered cgroups)
+            "direct_pages": o.get("direct_pages", 0),
         }
         for name in STAT_FILES["kind_stat"]:
             out[f"kind_{name}"] = k[name]
