@@ -373,8 +373,8 @@ _Static_assert(AZ_NR_SF != 3 || sizeof(struct az_obj) == 64,
  * Last reference gone and unreachable: release everything.  A split object's
  * link is read from the pool here, so never in IRQ context (every az_obj is
  * indexed, so this runs from the deferred free, but for an object made for
- * a DIRECT slot's page, never split, which az_store_pack() or a free of
- * its slot destroys).
+ * a DIRECT slot's page, never split, which az_store_pack() destroys: it
+ * holds a reference for the object's whole life).
  */
 static void az_obj_destroy(struct az_store *s, struct az_obj *o)
 {
