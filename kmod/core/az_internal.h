@@ -253,10 +253,16 @@ static inline u32 az_hash_tag(u64 hash)
 	return (u32)(hash >> 32);
 }
 
-/* Pool bytes charged for @o: its size and a split object's link. */
+/* Pool bytes charged for an object of @size bytes: a split one's link too. */
+static inline u32 az_size_bytes(u32 size)
+{
+	return size + (az_obj_split(size) ? AZ_SPLIT_LINK : 0);
+}
+
+/* Pool bytes charged for @o. */
 static inline u32 az_obj_bytes(const struct az_obj *o)
 {
-	return o->size + (az_obj_split(o->size) ? AZ_SPLIT_LINK : 0);
+	return az_size_bytes(o->size);
 }
 
 /* The base of a delta, NULL for any other object. */
@@ -297,11 +303,16 @@ static inline bool az_obj_flag_test_and_set(struct az_obj *o, unsigned int nr)
  * DIRECT slots are the zram-style fast path for pages that are never
  * shared (unregistered owners, and a direct group's unsampled plain pages:
  * index.c): PLAIN/RAW objects without an az_obj, the object size and the
- * top 26 bits of the page's xxh64 kept in @flags.
+ * top 26 bits of the page's xxh64 kept in @flags.  A split one (a direct
+ * group's, see AZ_SPLIT_HEAD) keeps its first allocation's handle; the
+ * second's is read from it, checked against the top 6 bits of its
+ * az_link_check() (LINK), so a corrupted link is -EIO on a load and a
+ * leaked allocation at the free in all but 1 in 64 cases.
  *
  *   bits  0-11  owner index       bit 17     DIRECT
  *   bits 12-15  kind              bits 18-21 page in its pack (MEMBER)
- *   bit  16     used              bit 24     lock
+ *   bit  16     used              bits 18-23 link check (DIRECT, split)
+ *                                 bit 24     lock
  *                                 bits 25-37 object size (DIRECT)
  *                                 bits 38-63 xxh64 >> 38 (DIRECT)
  */
@@ -340,6 +351,9 @@ struct az_leaf_dir {
 #define AZ_SLOT_DIRECT		(1UL << 17)
 #define AZ_SLOT_MEMBER_SHIFT	18
 #define AZ_SLOT_MEMBER_MASK	(0xfUL << AZ_SLOT_MEMBER_SHIFT)
+#define AZ_SLOT_LINK_SHIFT	18
+#define AZ_SLOT_LINK_BITS	6
+#define AZ_SLOT_LINK_MASK	(0x3fUL << AZ_SLOT_LINK_SHIFT)
 #define AZ_SLOT_LOCK_BIT	24
 #define AZ_SLOT_SIZE_SHIFT	25
 #define AZ_SLOT_SIZE_MASK	0x1fffUL
@@ -358,6 +372,13 @@ static inline u32 az_slot_member(unsigned long flags)
 static inline u32 az_slot_size(unsigned long flags)
 {
 	return (flags >> AZ_SLOT_SIZE_SHIFT) & AZ_SLOT_SIZE_MASK;
+}
+
+/* The part of a link's az_link_check() a DIRECT slot keeps, in place. */
+static inline unsigned long az_slot_link(u16 check)
+{
+	return (unsigned long)(check >> (16 - AZ_SLOT_LINK_BITS)) <<
+	       AZ_SLOT_LINK_SHIFT;
 }
 
 /* The part of a page hash a DIRECT slot keeps, in place. */

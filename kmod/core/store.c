@@ -317,40 +317,90 @@ static void az_reserve_want(struct az_reserve *res, u32 size, bool obj,
 }
 
 /*
- * Copy @src (@o->size bytes) into @o's pool memory (@h2: az_obj_get()).
- * A split object's first part is assembled in ctx->gbuf.
+ * Copy @size bytes of @src into pool allocation @h, or, for a split object
+ * (@h2 its second allocation), into both, the first part assembled in
+ * ctx->gbuf behind the link.
  */
+static void az_bytes_write(struct az_store *s, struct az_ctx *ctx,
+			   unsigned long h, unsigned long h2, const void *src,
+			   u32 size)
+{
+	if (!h2) {
+		az_pool_write(s->pool, h, src, size);
+		return;
+	}
+	az_put_le64(h2, ctx->gbuf);
+	az_copy_words(ctx->gbuf + AZ_SPLIT_LINK, src, AZ_SPLIT_DATA);
+	az_pool_write(s->pool, h, ctx->gbuf, AZ_SPLIT_HEAD);
+	az_pool_write(s->pool, h2, (const u8 *)src + AZ_SPLIT_DATA,
+		      size - AZ_SPLIT_DATA);
+}
+
+/* Copy @src (@o->size bytes) into @o's pool memory (@h2: az_obj_get()). */
 static void az_obj_write(struct az_store *s, struct az_ctx *ctx,
 			 struct az_obj *o, unsigned long h2, const void *src)
 {
-	if (!h2) {
-		az_pool_write(s->pool, o->handle, src, o->size);
-		return;
-	}
-	o->link_check = az_link_check(h2);
-	az_put_le64(h2, ctx->gbuf);
-	az_copy_words(ctx->gbuf + AZ_SPLIT_LINK, src, AZ_SPLIT_DATA);
-	az_pool_write(s->pool, o->handle, ctx->gbuf, AZ_SPLIT_HEAD);
-	az_pool_write(s->pool, h2, (const u8 *)src + AZ_SPLIT_DATA,
-		      o->size - AZ_SPLIT_DATA);
+	if (h2)
+		o->link_check = az_link_check(h2);
+	az_bytes_write(s, ctx, o->handle, h2, src, o->size);
 }
 
 /*
- * The second allocation of a split object (read from its first), or 0 when
- * the link does not match its check (the allocation is then leaked).
+ * Does link @h2 match @check, the top @bits bits of its az_link_check()
+ * (an object keeps all 16, a DIRECT slot AZ_SLOT_LINK_BITS)?
  */
-static unsigned long az_obj_tail(struct az_store *s, const struct az_obj *o)
+static bool az_link_ok(u64 h2, u16 check, unsigned int bits)
+{
+	return az_link_check(h2) >> (16 - bits) == check;
+}
+
+/*
+ * The second allocation of the split object at @h (read from its first),
+ * or 0 when the link does not match @check (az_link_ok(); the allocation
+ * is then leaked).  Reads the pool: atomic context, never IRQ context.
+ */
+static unsigned long az_split_tail(struct az_store *s, unsigned long h,
+				   u16 check, unsigned int bits)
 {
 	u8 local[AZ_SPLIT_LINK];
 	const u8 *src;
-	unsigned long h;
+	unsigned long h2;
 
-	src = az_pool_read_begin(s->pool, o->handle, AZ_SPLIT_LINK, local);
-	h = (unsigned long)az_get_le64(src);
-	az_pool_read_end(s->pool, o->handle, AZ_SPLIT_LINK, src);
-	if (AZ_WARN_ON(az_link_check(h) != o->link_check))
+	src = az_pool_read_begin(s->pool, h, AZ_SPLIT_LINK, local);
+	h2 = (unsigned long)az_get_le64(src);
+	az_pool_read_end(s->pool, h, AZ_SPLIT_LINK, src);
+	if (AZ_WARN_ON(!az_link_ok(h2, check, bits)))
 		return 0;
-	return h;
+	return h2;
+}
+
+/*
+ * Gather the split object of @size bytes at @h into ctx->gbuf (the pool
+ * allows one mapping at a time).  Returns its second allocation, or 0,
+ * nothing gathered, when the link does not match @check (az_link_ok()).
+ */
+static unsigned long az_split_gather(struct az_store *s, struct az_ctx *ctx,
+				     unsigned long h, u32 size, u16 check,
+				     unsigned int bits)
+{
+	u32 tail = size - AZ_SPLIT_DATA;
+	unsigned long h2;
+	const u8 *src;
+
+	src = az_pool_read_begin(s->pool, h, AZ_SPLIT_HEAD, ctx->gbuf);
+	h2 = (unsigned long)az_get_le64(src);
+	if (!az_link_ok(h2, check, bits)) {
+		az_pool_read_end(s->pool, h, AZ_SPLIT_HEAD, src);
+		return 0;
+	}
+	/* Moves down over itself when @src is ctx->gbuf: word by word is safe. */
+	az_copy_words(ctx->gbuf, src + AZ_SPLIT_LINK, AZ_SPLIT_DATA);
+	az_pool_read_end(s->pool, h, AZ_SPLIT_HEAD, src);
+	src = az_pool_read_begin(s->pool, h2, tail, ctx->gbuf + AZ_SPLIT_DATA);
+	if (src != ctx->gbuf + AZ_SPLIT_DATA)
+		az_copy_words(ctx->gbuf + AZ_SPLIT_DATA, src, tail);
+	az_pool_read_end(s->pool, h2, tail, src);
+	return h2;
 }
 
 /* Bytes are charged to the creating owner: see azcore.h. */
@@ -371,10 +421,8 @@ _Static_assert(AZ_NR_SF != 3 || sizeof(struct az_obj) == 64,
 
 /*
  * Last reference gone and unreachable: release everything.  A split object's
- * link is read from the pool here, so never in IRQ context (every az_obj is
- * indexed, so this runs from the deferred free, but for an object made for
- * a DIRECT slot's page, never split, which az_store_pack() destroys: it
- * holds a reference for the object's whole life).
+ * link is read from the pool here, so never in IRQ context (as a free of a
+ * split DIRECT slot's page; the store's frees never run there).
  */
 static void az_obj_destroy(struct az_store *s, struct az_obj *o)
 {
@@ -394,7 +442,8 @@ static void az_obj_destroy(struct az_store *s, struct az_obj *o)
 	az_atomic64_sub(az_obj_bytes(o), &s->stored_bytes);
 	az_atomic64_dec(&s->objects);
 	if (az_obj_split(o->size)) {
-		unsigned long h2 = az_obj_tail(s, o);
+		unsigned long h2 = az_split_tail(s, o->handle, o->link_check,
+						 16);
 
 		if (h2)
 			az_pool_free(s->pool, h2);
@@ -408,8 +457,7 @@ static void az_obj_destroy(struct az_store *s, struct az_obj *o)
 /*
  * Drop a reference.  Atomic context safe: an object that an index can
  * still reach (or that holds a base) goes to the deferred free, which
- * unlinks it under idx_lock; so does a pack (a split one reads its link
- * from the pool); anything else is freed here.
+ * unlinks it under idx_lock; so does a pack; anything else is freed here.
  */
 void az_obj_put(struct az_store *s, struct az_obj *o)
 {
@@ -481,17 +529,15 @@ static int az_decode_any(struct az_ctx *ctx, const u8 *src, u32 size,
 }
 
 /*
- * A split object is gathered into ctx->gbuf first: the pool allows one
- * mapping at a time.  @pack: decode a pack (@page has AZ_PACK_MAX pages;
- * returns the page count), else a page (0).
+ * A split object is gathered into ctx->gbuf first (az_split_gather()).
+ * @pack: decode a pack (@page has AZ_PACK_MAX pages; returns the page
+ * count), else a page (0).
  */
 static int az_obj_decode(struct az_store *s, struct az_ctx *ctx,
 			 struct az_obj *o, const void *base, void *page,
 			 bool pack)
 {
 	const u8 *src;
-	u32 tail = o->size - AZ_SPLIT_DATA;
-	unsigned long h2;
 	int err;
 
 	if (!az_obj_split(o->size)) {
@@ -500,20 +546,49 @@ static int az_obj_decode(struct az_store *s, struct az_ctx *ctx,
 		az_pool_read_end(s->pool, o->handle, o->size, src);
 		return err;
 	}
-	src = az_pool_read_begin(s->pool, o->handle, AZ_SPLIT_HEAD, ctx->gbuf);
-	h2 = (unsigned long)az_get_le64(src);
-	if (az_link_check(h2) != o->link_check) {
-		az_pool_read_end(s->pool, o->handle, AZ_SPLIT_HEAD, src);
+	if (!az_split_gather(s, ctx, o->handle, o->size, o->link_check, 16))
 		return -EIO;
-	}
-	/* Moves down over itself when @src is ctx->gbuf: word by word is safe. */
-	az_copy_words(ctx->gbuf, src + AZ_SPLIT_LINK, AZ_SPLIT_DATA);
-	az_pool_read_end(s->pool, o->handle, AZ_SPLIT_HEAD, src);
-	src = az_pool_read_begin(s->pool, h2, tail, ctx->gbuf + AZ_SPLIT_DATA);
-	if (src != ctx->gbuf + AZ_SPLIT_DATA)
-		az_copy_words(ctx->gbuf + AZ_SPLIT_DATA, src, tail);
-	az_pool_read_end(s->pool, h2, tail, src);
 	return az_decode_any(ctx, ctx->gbuf, o->size, base, page, pack);
+}
+
+/* The link check bits of DIRECT slot @flags, for az_link_ok(). */
+static inline u16 az_slot_link_check(unsigned long flags)
+{
+	return (flags & AZ_SLOT_LINK_MASK) >> AZ_SLOT_LINK_SHIFT;
+}
+
+/*
+ * Decode the page of DIRECT slot @flags (pool handle @h; locked) into
+ * @page; *@enc (if not NULL) its encoding, *@h2 (if not NULL) the second
+ * allocation of a split one, else 0.
+ */
+static int az_direct_decode(struct az_store *s, struct az_ctx *ctx,
+			    unsigned long flags, unsigned long h, void *page,
+			    int *enc, unsigned long *h2)
+{
+	u32 size = az_slot_size(flags);
+	unsigned long link = 0;
+	const u8 *src;
+	int err;
+
+	if (az_obj_split(size)) {
+		link = az_split_gather(s, ctx, h, size,
+				       az_slot_link_check(flags),
+				       AZ_SLOT_LINK_BITS);
+		if (!link)
+			return -EIO;
+		src = ctx->gbuf;
+	} else {
+		src = az_pool_read_begin(s->pool, h, size, ctx->gbuf);
+	}
+	if (enc)
+		*enc = az_obj_encoding(src, size);
+	if (h2)
+		*h2 = link;
+	err = az_decode(ctx, src, size, NULL, page);
+	if (!link)
+		az_pool_read_end(s->pool, h, size, src);
+	return err;
 }
 
 /*
@@ -702,6 +777,16 @@ static void az_slot_release(struct az_store *s, unsigned long flags, u64 val)
 		return;
 	if (flags & AZ_SLOT_DIRECT) {
 		size = az_slot_size(flags);
+		if (az_obj_split(size)) {
+			unsigned long h2;
+
+			h2 = az_split_tail(s, (unsigned long)val,
+					   az_slot_link_check(flags),
+					   AZ_SLOT_LINK_BITS);
+			if (h2)
+				az_pool_free(s->pool, h2);
+			size = az_size_bytes(size);
+		}
 		az_pool_free(s->pool, (unsigned long)val);
 		az_atomic64_sub(size, &s->stored_bytes);
 		az_atomic64_dec(&s->objects);
@@ -1163,37 +1248,46 @@ out:
 
 /*
  * A page without an object: PLAIN/RAW (@size bytes of @buf, the page itself
- * when raw) in a DIRECT slot, charged to owner @own: an unregistered
- * cgroup's page, or a private page of a direct group (index.c).
+ * when raw; split in two allocations as an object would be) in a DIRECT
+ * slot, charged to owner @own: an unregistered cgroup's page, or a private
+ * page of a direct group (index.c).
  */
-static int az_put_direct(struct az_store *s, struct az_reserve *res,
-			 u64 slot, u16 own, const void *buf, u32 size,
-			 u64 hash, bool verify)
+static int az_put_direct(struct az_store *s, struct az_ctx *ctx,
+			 struct az_reserve *res, u64 slot, u16 own,
+			 const void *buf, u32 size, u64 hash, bool verify)
 {
 	struct az_slot *sl = NULL;
-	unsigned long h;
+	unsigned long h = 0, h2 = 0;
+	u32 head, tail;
 	int err;
 
-	h = az_pool_get(s, res, size, &err, false);
+	az_obj_parts(size, &head, &tail);
+	if (tail)
+		h2 = az_pool_get(s, res, tail, &err, false);
+	if (h2 || !tail)
+		h = az_pool_get(s, res, head, &err, false);
 	if (h)
 		sl = az_slot_hold_new(s, res, slot, &err);
 	if (!sl) {
 		if (h)
 			az_pool_free(s->pool, h);
+		if (h2)
+			az_pool_free(s->pool, h2);
 		/* a header too: the retry may find the group no longer direct */
 		if (err == -EAGAIN)
-			az_reserve_want(res, size, own, false);
+			az_reserve_want(res, size, own != 0, false);
 		return err;
 	}
-	az_pool_write(s->pool, h, buf, size);
-	az_atomic64_add(size, &s->stored_bytes);
+	az_bytes_write(s, ctx, h, h2, buf, size);
+	az_atomic64_add(az_size_bytes(size), &s->stored_bytes);
 	az_atomic64_inc(&s->objects);
 	az_atomic64_inc(&s->direct);
-	az_atomic64_add(size, &az_owner_at(s, own)->excl_bytes);
+	az_atomic64_add(az_size_bytes(size), &az_owner_at(s, own)->excl_bytes);
 	az_slot_set(s, sl, slot,
 		    size == AZ_PAGE_SIZE ? AZ_KIND_RAW : AZ_KIND_PLAIN, own, h,
 		    AZ_SLOT_DIRECT |
 		    ((unsigned long)size << AZ_SLOT_SIZE_SHIFT) |
+		    (h2 ? az_slot_link(az_link_check(h2)) : 0) |
 		    (verify ? az_slot_check(hash) : 0));
 	return 0;
 }
@@ -1239,7 +1333,7 @@ int az_store_put_nowait(struct az_store *s, struct az_ctx *ctx, u64 slot,
 		u32 size = az_encode_plain(ctx, &pol, page, ctx->obuf,
 					   AZ_RAW_THRESHOLD, &c.enc);
 
-		err = az_put_direct(s, res, slot, 0, size == AZ_PAGE_SIZE ?
+		err = az_put_direct(s, ctx, res, slot, 0, size == AZ_PAGE_SIZE ?
 				    page : ctx->obuf, size, hash, pol.verify);
 		goto out;
 	}
@@ -1274,12 +1368,11 @@ int az_store_put_nowait(struct az_store *s, struct az_ctx *ctx, u64 slot,
 		goto out;
 	}
 	/* A private plain page its group would not find again: no object. */
-	if (!c.base && !pin.tmpl && !az_obj_split(c.size) &&
-	    pol.xdelta && pol.sim_effort &&
+	if (!c.base && !pin.tmpl && pol.xdelta && pol.sim_effort &&
 	    az_group_direct(&s->idx, pin.group, az_hash_tag(hash),
 			    AZ_READ_ONCE(s->sim_sample))) {
 		/* with check bits: az_direct_to_obj() checks them */
-		err = az_put_direct(s, res, slot, pin.idx,
+		err = az_put_direct(s, ctx, res, slot, pin.idx,
 				    c.size == AZ_PAGE_SIZE ? page : c.buf,
 				    c.size, hash, true);
 		goto out;
@@ -1389,13 +1482,8 @@ static int az_slot_read(struct az_store *s, struct az_ctx *ctx,
 		return 0;
 	}
 	if (flags & AZ_SLOT_DIRECT) {
-		unsigned long h = (unsigned long)sl->val;
-		u32 size = az_slot_size(flags);
-		const void *src = az_pool_read_begin(s->pool, h, size,
-						     ctx->gbuf);
-
-		err = az_decode(ctx, src, size, NULL, page);
-		az_pool_read_end(s->pool, h, size, src);
+		err = az_direct_decode(s, ctx, flags, (unsigned long)sl->val,
+				       page, NULL, NULL);
 		/* The check bits are 0 when stored with verify off. */
 		if (!err && AZ_READ_ONCE(s->pol.verify) &&
 		    !az_slot_checks(flags, page, NULL))
@@ -1488,23 +1576,20 @@ static inline bool az_slot_private_direct(unsigned long flags)
 static bool az_direct_to_obj(struct az_store *s, struct az_ctx *ctx,
 			     struct az_slot *sl, struct az_obj *o)
 {
-	unsigned long flags = sl->flags, h = (unsigned long)sl->val;
-	u32 size = az_slot_size(flags);
+	unsigned long flags = sl->flags, h = (unsigned long)sl->val, h2;
 	u16 own = flags & AZ_SLOT_OWNER_MASK;
-	const u8 *src;
 	u64 hash;
 	int enc, err;
 
 	if (!az_slot_private_direct(flags))
 		return false;
-	src = az_pool_read_begin(s->pool, h, size, ctx->gbuf);
-	enc = az_obj_encoding(src, size);
-	err = az_decode(ctx, src, size, NULL, ctx->pbuf);
-	az_pool_read_end(s->pool, h, size, src);
+	err = az_direct_decode(s, ctx, flags, h, ctx->pbuf, &enc, &h2);
 	if (err || enc <= 0 || !az_slot_checks(flags, ctx->pbuf, &hash))
 		return false;
 	o->handle = h;
-	o->size = size;
+	o->size = az_slot_size(flags);
+	if (h2)
+		o->link_check = az_link_check(h2);
 	o->enc = enc;
 	o->owner = own;
 	o->group = AZ_READ_ONCE(az_owner_at(s, own)->group);
@@ -1513,6 +1598,7 @@ static bool az_direct_to_obj(struct az_store *s, struct az_ctx *ctx,
 	az_ref_set(&o->ref, 1);
 	sl->val = (u64)(unsigned long)o;
 	sl->flags = flags & ~(AZ_SLOT_DIRECT | az_slot_check(flags) |
+			      AZ_SLOT_LINK_MASK |
 			      (AZ_SLOT_SIZE_MASK << AZ_SLOT_SIZE_SHIFT));
 	az_atomic64_dec(&s->direct);
 	return true;
@@ -1539,6 +1625,8 @@ static void az_pack_candidate_put(struct az_store *s, u64 slot,
 			sl->flags |= AZ_SLOT_DIRECT |
 				     ((unsigned long)o->size << AZ_SLOT_SIZE_SHIFT) |
 				     az_slot_check((u64)o->hash << 32);
+			if (az_obj_split(o->size))
+				sl->flags |= az_slot_link(o->link_check);
 			az_atomic64_inc(&s->direct);
 			back = true;
 		}
@@ -1798,7 +1886,7 @@ int az_store_slot_info(struct az_store *s, u64 slot, u32 *bytes)
 		struct az_obj *o = (struct az_obj *)(unsigned long)sl->val;
 
 		if (flags & AZ_SLOT_DIRECT)
-			size = az_slot_size(flags);
+			size = az_size_bytes(az_slot_size(flags));
 		else if (az_enc_is_pack(o->enc))	/* its share */
 			size = az_obj_bytes(o) / o->pack.pages;
 		else

@@ -10,9 +10,12 @@ the sample, at least 8) from 1 per 50 lookups turn it back.
 
 from __future__ import annotations
 
+import errno
 import random
 
-from controlplane.trace.corelib import Store
+import pytest
+
+from controlplane.trace.corelib import CoreError, Store
 from tests.core import pages
 
 
@@ -31,16 +34,23 @@ def owner_sums(s: Store) -> int:
     return sum(o["exclusive_bytes"] + o["shared_bytes"] for o in s.list_owners())
 
 
-def forked_fleet(make_store, sample: int = 8, **pol: int) -> tuple[Store, dict[int, bytes]]:
-    """Group 1: three sandboxes whose pages share nothing, 1,200 pages each.  The first turns
-    the group sparse; once the second has made 512 lookups the group, having found no sandbox's
-    page as a duplicate, turns direct."""
+def float_pages(n: int, seed: int) -> list[bytes]:
+    """float32 weights that share nothing: bit-shuffled, each encodes to a split size."""
+    return [pages.make("floats", seed + k) for k in range(n)]
+
+
+def forked_fleet(
+    make_store, sample: int = 8, make=pages.distinct, **pol: int
+) -> tuple[Store, dict[int, bytes]]:
+    """Group 1: three sandboxes whose pages (@make) share nothing, 1,200 pages each.  The first
+    turns the group sparse; once the second has made 512 lookups the group, having found no
+    sandbox's page as a duplicate, turns direct."""
     s = make_store(1 << 14, **pol)
     s.set_sim_sample(sample)
     stored: dict[int, bytes] = {}
     for i, cg in enumerate((11, 12, 13)):
         s.add_sandbox(cg, 1)
-        for k, p in enumerate(pages.distinct(1200, 10000 * (i + 1))):
+        for k, p in enumerate(make(1200, 10000 * (i + 1))):
             s.put(2000 * i + k, p, owner=cg, index=k)
             stored[2000 * i + k] = p
     s.drain()
@@ -170,3 +180,76 @@ def test_sim_sample_1_ends_direct_groups(make_store):
     assert st["direct_pages"] == before["direct_pages"]
     assert all(s.get(k) == p for k, p in stored.items())
     s.check()
+
+
+@pytest.mark.parametrize("pol", [{}, {"codec": 1, "level": 3}], ids=["lz4", "zstd"])
+def test_split_size_pages_stored_direct(make_store, pol):
+    """A page encoding above 3/4 of a page takes two pool allocations; in a DIRECT slot the
+    first one's handle, the second's read from it and checked against the slot's link bits."""
+    s, stored = forked_fleet(make_store, make=float_pages, **pol)
+    st = s.stats()
+    assert st["sim_direct"] == 1
+    direct = [k for k in stored if s.kind(k) == "plain" and s.slot_bytes(k) > pages.PAGE * 3 // 4]
+    assert st["direct_pages"] > 0.8 * (352 + 1200), st["direct_pages"]
+    assert len(direct) >= st["direct_pages"] - 8, (len(direct), st["direct_pages"])
+    d, _ = forked_fleet(make_store, sample=1, make=float_pages, **pol)
+    assert st["obj_meta_bytes"] == d.stats()["obj_meta_bytes"] - st["direct_pages"] * 64
+    # the same pool bytes, the link included, charged to their owners
+    assert st["stored_bytes"] == d.stats()["stored_bytes"]
+    assert owner_sums(s) == st["stored_bytes"]
+    s.check()
+    assert all(s.get(k) == p for k, p in stored.items())
+    # a flip in either allocation's data is -EIO; stored again, it reads back
+    slot = direct[-1]
+    for off in (100, pages.PAGE - 100):
+        s.corrupt(slot, off, 4)
+        with pytest.raises(CoreError) as e:
+            s.get(slot)
+        assert e.value.errno == errno.EIO
+        s.put(slot, stored[slot], owner=13, index=slot - 4000)
+        assert s.get(slot) == stored[slot]
+    # a flipped link is -EIO, never a wild handle; flipped back, all is well
+    slot = direct[-2]
+    for bit in range(8):
+        s.corrupt_link(slot, 1 << bit)
+        with pytest.raises(CoreError) as e:
+            s.get(slot)
+        assert e.value.errno == errno.EIO
+        s.corrupt_link(slot, 1 << bit)
+        assert s.get(slot) == stored[slot]
+    s.check()
+    # freed, both allocations go: nothing left charged, counted or allocated
+    for k in stored:
+        s.free(k)
+    s.drain()
+    st = s.stats()
+    assert st["direct_pages"] == 0 and st["objects"] == 0 and st["stored_bytes"] == 0
+    assert owner_sums(s) == 0
+    s.check()
+
+
+def test_split_size_direct_pages_in_packs(make_store):
+    """A pack pass gives split DIRECT pages objects: pages repeated next to each other (a
+    direct group does not find them) pack; float pages, which do not fit a pack, go back to
+    their DIRECT slots, links intact."""
+    s, stored = forked_fleet(make_store, make=float_pages, codec=1, level=3)
+    s.add_sandbox(14, 1)
+    rng = random.Random(90000)
+    twice = [p for _ in range(128) for p in [rng.randbytes(3300) + bytes(pages.PAGE - 3300)] * 2]
+    for k, p in enumerate(twice):
+        s.put(8000 + k, p, owner=14, index=k)
+    s.drain()
+    st = s.stats()
+    split = [k for k in range(8000, 8256) if s.kind(k) == "plain" and s.slot_bytes(k) > 3072]
+    assert len(split) > 0.8 * 256, len(split)
+    packed = s.pack(8000, 256)
+    assert packed > 0.6 * len(split), (packed, len(split))
+    assert s.pack(4000, 1200) == 0
+    after = s.stats()
+    assert after["packed_pages"] == packed
+    assert after["stored_bytes"] < st["stored_bytes"]
+    assert 0 <= after["direct_pages"] - (st["direct_pages"] - packed) <= 256 // 4
+    s.check()
+    assert all(s.get(8000 + k) == p for k, p in enumerate(twice))
+    assert all(s.get(k) == p for k, p in stored.items())
+    assert owner_sums(s) == after["stored_bytes"]

@@ -46,8 +46,13 @@ int az_store_debug_corrupt(struct az_store *s, u64 slot, u32 off, u8 xor)
 	}
 	if (sl->flags & AZ_SLOT_DIRECT) {
 		unsigned long h = (unsigned long)sl->val;
+		u32 size = az_slot_size(sl->flags);
 
-		az_debug_xor(s->pool, h, az_slot_size(sl->flags), 0, off, xor);
+		if (az_obj_split(size))
+			az_debug_xor(s->pool, h, AZ_SPLIT_HEAD, AZ_SPLIT_LINK,
+				     off, xor);
+		else
+			az_debug_xor(s->pool, h, size, 0, off, xor);
 		goto out;
 	}
 	o = (struct az_obj *)(unsigned long)sl->val;
@@ -75,8 +80,14 @@ int az_store_debug_corrupt_link(struct az_store *s, u64 slot, u8 xor)
 	if (!sl)
 		return -ENOENT;
 	az_bit_lock(AZ_SLOT_LOCK_BIT, &sl->flags);
-	if ((sl->flags & AZ_SLOT_USED) && !(sl->flags & AZ_SLOT_DIRECT) &&
-	    az_slot_kind(sl->flags) != AZ_KIND_SAME) {
+	if ((sl->flags & AZ_SLOT_USED) && (sl->flags & AZ_SLOT_DIRECT) &&
+	    az_obj_split(az_slot_size(sl->flags))) {
+		az_debug_xor(s->pool, (unsigned long)sl->val, AZ_SPLIT_HEAD, 0,
+			     0, xor);
+		err = 0;
+	} else if ((sl->flags & AZ_SLOT_USED) &&
+		   !(sl->flags & AZ_SLOT_DIRECT) &&
+		   az_slot_kind(sl->flags) != AZ_KIND_SAME) {
 		o = (struct az_obj *)(unsigned long)sl->val;
 		if (az_obj_split(o->size)) {
 			az_debug_xor(s->pool, o->handle, AZ_SPLIT_HEAD, 0, 0,
@@ -292,13 +303,15 @@ int az_store_debug_check(struct az_store *s)
 			AZ_CHK(kind == AZ_KIND_PLAIN || kind == AZ_KIND_RAW,
 			       "direct slot %llu owner %u kind %u",
 			       (unsigned long long)slot, own, kind);
-			AZ_CHK(!az_slot_member(sl->flags),
-			       "direct slot %llu has a pack position",
+			/* a link check only when split */
+			AZ_CHK(az_obj_split(az_slot_size(sl->flags)) ||
+			       !(sl->flags & AZ_SLOT_LINK_MASK),
+			       "direct slot %llu has a link check",
 			       (unsigned long long)slot);
-			/* never split; RAW exactly when a whole page */
+			/* split only if a registered owner's; RAW exactly when a whole page */
 			AZ_CHK((az_slot_size(sl->flags) == AZ_PAGE_SIZE) ==
 			       (kind == AZ_KIND_RAW) &&
-			       !az_obj_split(az_slot_size(sl->flags)) &&
+			       (own || !az_obj_split(az_slot_size(sl->flags))) &&
 			       az_slot_size(sl->flags),
 			       "direct slot %llu: %u bytes, kind %u",
 			       (unsigned long long)slot,
@@ -306,6 +319,20 @@ int az_store_debug_check(struct az_store *s)
 			AZ_CHK(!(az_owner_at(s, own)->flags & AZ_OWN_TEMPLATE),
 			       "direct slot %llu of template owner %u",
 			       (unsigned long long)slot, own);
+			if (az_obj_split(az_slot_size(sl->flags))) {
+				unsigned long h = (unsigned long)sl->val;
+				const u8 *src;
+				u64 h2;
+
+				src = az_pool_read_begin(s->pool, h,
+							 AZ_SPLIT_LINK, NULL);
+				h2 = az_get_le64(src);
+				az_pool_read_end(s->pool, h, AZ_SPLIT_LINK, src);
+				AZ_CHK(az_slot_link(az_link_check(h2)) ==
+				       (sl->flags & AZ_SLOT_LINK_MASK),
+				       "direct slot %llu: link check",
+				       (unsigned long long)slot);
+			}
 			direct++;
 			continue;
 		}
