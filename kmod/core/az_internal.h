@@ -488,8 +488,8 @@ struct az_sim_yield {
 	u32 lookups;
 	u32 hits;
 	u32 dups;
-	u16 first;	/* the owner of its first lookup since a switch */
-	u32 others;	/* lookups of other owners since, halved with @lookups */
+	u16 first;	/* the owner of its first lookup */
+	u32 others;	/* lookups of other owners, halved with @lookups */
 };
 
 static inline u32 az_sim_gno(u32 group)
@@ -544,7 +544,7 @@ struct az_index {
 	 * @regrouping: that is under way.  No group is judged meanwhile.
 	 * A sparse group whose bit is set in @direct stores a private plain
 	 * page that is not sampled without an object (az_group_direct();
-	 * read without the lock).
+	 * read without the lock); a dense one keeps the bit, unused.
 	 */
 	struct az_sim_yield yield[AZ_SIM_GROUPS];
 	u64 sparse;

@@ -79,15 +79,18 @@
  * page that no later page finds as a duplicate needs no object either
  * (64 bytes; a forked fleet's own plain pages are 30-80% of its pages).
  * Each group also counts the pages found as duplicates of its sandboxes'
- * plain pages (not a template's, not a delta's).  A sparse group that
- * found fewer than 1 per AZ_SIM_SPARSE_BELOW lookups turns direct: its
- * plain pages that are not sampled go to DIRECT slots (pool handle, size
- * and check bits in the slot, charged to their owner), found by no later
- * page; the sampled ones stay objects, and the duplicates found of them,
- * scaled by the sample, turn the group back (1 per AZ_SIM_DENSE_FROM,
- * at least AZ_SIM_DENSE_MIN_HITS) as do similarity hits (the group turns
- * dense).  Nothing is walked: a page stored direct stays so until freed
- * (az_store_pack() gives one an object to join a pack).
+ * plain pages (not a template's, not a delta's), judged in the same window
+ * but apart from its similarity hits: a group that found fewer than 1 per
+ * AZ_SIM_SPARSE_BELOW lookups turns direct, once sandboxes other than its
+ * first made AZ_SIM_OTHERS of them (the first alone had nobody's pages to
+ * find).  While it is sparse and direct, its plain pages that are not
+ * sampled go to DIRECT slots (pool handle, size and check bits in the
+ * slot, charged to their owner), found by no later page; the sampled ones
+ * stay objects, and the duplicates found of them, scaled by the sample,
+ * turn the group back (1 per AZ_SIM_DENSE_FROM, at least
+ * AZ_SIM_DENSE_MIN_HITS).  A dense spell (every page an object) keeps the
+ * judgement.  Nothing is walked: a page stored direct stays so until
+ * freed (az_store_pack() gives one an object to join a pack).
  */
 #define AZ_DEDUP_LOAD	4
 /*
@@ -229,9 +232,9 @@ int az_store_set_sim_sample(struct az_store *s, u32 sample)
 	/* A sparse group's sampled objects change: its entries follow. */
 	kick = sample != s->sim_sample && x->sparse;
 	AZ_WRITE_ONCE(s->sim_sample, sample);
-	if (sample == 1 && x->sparse) {
-		/* never sparse: every group dense again */
-		x->switches += az_hweight64(x->sparse);
+	if (sample == 1 && (x->sparse || x->direct)) {
+		/* never sparse: every group dense again, none direct */
+		x->switches += az_hweight64(x->sparse) + az_hweight64(x->direct);
 		AZ_WRITE_ONCE(x->sparse, 0);
 		AZ_WRITE_ONCE(x->direct, 0);
 	}
@@ -257,7 +260,7 @@ void az_sim_stats(struct az_store *s, struct az_stats *st)
 	st->sim_sparse = az_hweight64(x->sparse);
 	st->sim_waiting = x->later;
 	st->sim_switches = x->switches;
-	st->sim_direct = az_hweight64(x->direct);
+	st->sim_direct = az_hweight64(x->direct & x->sparse);
 	az_spin_unlock(&s->idx_lock);
 }
 
@@ -309,7 +312,7 @@ static inline struct az_obj **az_dhead(struct az_index *x, u32 tag)
 /*
  * A put of @group found a duplicate of a sandbox's plain page (hash tag
  * @tag): counted in its group's yield when every page like it would have
- * been an object to find (the group not direct, or @tag sampled).
+ * been an object to find (not stored direct: az_group_direct()).
  */
 static void az_sim_count_dup(struct az_store *s, u32 group, u32 tag)
 {
@@ -319,8 +322,7 @@ static void az_sim_count_dup(struct az_store *s, u32 group, u32 tag)
 
 	az_spin_lock(&s->idx_lock);
 	if (!x->regroup && !x->regrouping && y->dups < AZ_SIM_WINDOW &&
-	    (!(x->direct & (1ULL << az_sim_gno(group))) ||
-	     az_sim_sampled(x, group, tag, sample)))
+	    !az_group_direct(x, group, tag, sample))
 		y->dups++;
 	az_spin_unlock(&s->idx_lock);
 }
@@ -480,10 +482,6 @@ static inline bool az_sim_has_key(const struct az_obj *o, u32 key32)
 }
 
 /*
- * Count a lookup of @group and judge its yield once a window is full
- * (idx_lock held).  Returns whether the group switched.
- */
-/*
  * Whether a yield of @hits (@scale times that for what every object
  * would have given) keeps a state that few hits earn (@few: below 1 per
  * AZ_SIM_SPARSE_BELOW lookups to turn to it; from 1 per AZ_SIM_DENSE_FROM,
@@ -499,13 +497,18 @@ static bool az_yield_few(u32 hits, u32 scale, bool few)
 	return found * AZ_SIM_SPARSE_BELOW < AZ_SIM_WINDOW;
 }
 
+/*
+ * Count a lookup of @group by @owner and judge its yield once a window is
+ * full (idx_lock held).  Returns whether the group turned sparse or dense.
+ */
 static bool az_sim_judge(struct az_store *s, u32 group, u16 owner)
 {
 	struct az_index *x = &s->idx;
 	struct az_sim_yield *y = &x->yield[az_sim_gno(group)];
 	u64 bit = 1ULL << az_sim_gno(group);
 	u32 sample = AZ_READ_ONCE(s->sim_sample), hits, dups;
-	bool sparse = x->sparse & bit, direct = x->direct & bit, to;
+	bool sparse = x->sparse & bit, direct = x->direct & bit, to, dto;
+	bool scaled = sparse && direct;
 
 	if (x->regroup || x->regrouping)
 		return false;	/* entries not yet as the groups want */
@@ -518,39 +521,36 @@ static bool az_sim_judge(struct az_store *s, u32 group, u16 owner)
 	/* What entries (objects) of every page would have found. */
 	hits = y->hits;
 	dups = y->dups;
-	/*
-	 * Until other sandboxes than the first since the last switch looked
-	 * up as many pages, the first one's had nobody's to be duplicates
-	 * of: no turning direct on them.
-	 */
-	if (!direct && y->others < AZ_SIM_OTHERS)
-		dups = AZ_SIM_WINDOW;
 	y->lookups /= 2;
 	y->hits /= 2;
 	y->dups /= 2;
-	y->others /= 2;
 	to = sample > 1 && az_yield_few(hits, sparse ? sample : 1, sparse);
+	/*
+	 * Judged apart: only sampled duplicates are counted while it is
+	 * sparse and direct.  Until other sandboxes than the first looked up
+	 * half a window of pages, the first one's had nobody's to be
+	 * duplicates of: no turning direct on them.
+	 */
+	dto = sample > 1 && az_yield_few(dups, scaled ? sample : 1, direct) &&
+	      (direct || y->others >= AZ_SIM_OTHERS);
+	y->others /= 2;
+	if (to == sparse && dto == direct)
+		return false;
 	if (to != sparse) {
 		AZ_WRITE_ONCE(x->sparse, x->sparse ^ bit);
-		y->first = 0;
-		y->others = 0;
-		/* direct at once if it found no sandbox's page either */
-		if (to && az_yield_few(dups, 1, false))
-			AZ_WRITE_ONCE(x->direct, x->direct | bit);
-		else
-			AZ_WRITE_ONCE(x->direct, x->direct & ~bit);
 		AZ_WRITE_ONCE(x->regroup, true);
-	} else if (sparse &&
-		   az_yield_few(dups, direct ? sample : 1, direct) != direct) {
-		AZ_WRITE_ONCE(x->direct, x->direct ^ bit);
-	} else {
-		return false;
+		x->switches++;
+		/* The new state's yield from its own lookups only. */
+		y->lookups = 0;
+		y->hits = 0;
 	}
-	x->switches++;
-	/* The new state's yield from its own lookups only. */
-	y->lookups = 0;
-	y->hits = 0;
-	y->dups = 0;
+	if (dto != direct) {
+		AZ_WRITE_ONCE(x->direct, x->direct ^ bit);
+		x->switches++;
+	}
+	/* duplicates counted another way from now on: start afresh */
+	if ((to && dto) != scaled)
+		y->dups = 0;
 	return to != sparse;
 }
 
