@@ -253,3 +253,32 @@ def test_split_size_direct_pages_in_packs(make_store):
     assert all(s.get(8000 + k) == p for k, p in enumerate(twice))
     assert all(s.get(k) == p for k, p in stored.items())
     assert owner_sums(s) == after["stored_bytes"]
+
+
+def test_a_dense_spell_keeps_the_direct_judgement(make_store):
+    """Direct is judged apart from sparse and dense: a group that turns dense (its sandboxes'
+    pages found as near-copies) and then sparse again stores direct from the switch on, without
+    being judged again."""
+    s, stored = forked_fleet(make_store)
+    assert s.stats()["sim_direct"] == 1
+    s.add_sandbox(14, 1)
+    rng = random.Random(5)
+    for k in range(1200):
+        s.put(6000 + k, pages.mutate(stored[4000 + k], rng), owner=14, index=k)
+    dense = s.stats()
+    assert dense["sim_sparse"] == 0 and dense["sim_direct"] == 0
+    assert dense["kind_pages"]["xdelta"] > 100
+    # pages that share nothing again: sparse after a window, and direct at once
+    turned = first_direct = None
+    for k, p in enumerate(pages.distinct(2048, 80000)):
+        s.put(8000 + k, p, owner=14, index=2000 + k)
+        st = s.stats()
+        if turned is None and st["sim_sparse"]:
+            turned = k
+        if first_direct is None and st["direct_pages"] > dense["direct_pages"]:
+            first_direct = k
+    assert turned is not None and first_direct is not None
+    assert turned <= first_direct <= turned + 32, (turned, first_direct)
+    assert s.stats()["sim_direct"] == 1
+    assert all(s.get(8000 + k) == p for k, p in enumerate(pages.distinct(2048, 80000)))
+    s.check()
