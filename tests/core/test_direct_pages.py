@@ -34,6 +34,18 @@ def owner_sums(s: Store) -> int:
     return sum(o["exclusive_bytes"] + o["shared_bytes"] for o in s.list_owners())
 
 
+def free_all(s: Store, slots: dict[int, bytes]) -> None:
+    """Free @slots, the store's only pages: nothing may be left charged, counted or allocated."""
+    for k in slots:
+        s.free(k)
+    s.drain()
+    st = s.stats()
+    assert st["direct_pages"] == 0 and st["objects"] == 0 and st["stored_bytes"] == 0
+    assert st["pool_bytes"] == 0, st["pool_bytes"]
+    assert owner_sums(s) == 0
+    s.check()
+
+
 def float_pages(n: int, seed: int) -> list[bytes]:
     """float32 weights that share nothing: bit-shuffled, each encodes to a split size."""
     return [pages.make("floats", seed + k) for k in range(n)]
@@ -78,13 +90,7 @@ def test_a_group_whose_pages_no_sandbox_finds_stores_them_direct(make_store):
     assert owner_sums(s) == st["stored_bytes"]
     assert s.owner_stats(13)["exclusive_bytes"] == sum(s.slot_bytes(4000 + k) for k in range(1200))
     # freed, they are gone: nothing left charged, counted or allocated
-    for k in stored:
-        s.free(k)
-    s.drain()
-    st = s.stats()
-    assert st["direct_pages"] == 0 and st["objects"] == 0 and st["stored_bytes"] == 0
-    assert owner_sums(s) == 0
-    s.check()
+    free_all(s, stored)
 
 
 def test_duplicates_of_sandbox_pages_keep_them_objects(make_store):
@@ -219,13 +225,7 @@ def test_split_size_pages_stored_direct(make_store, pol):
         assert s.get(slot) == stored[slot]
     s.check()
     # freed, both allocations go: nothing left charged, counted or allocated
-    for k in stored:
-        s.free(k)
-    s.drain()
-    st = s.stats()
-    assert st["direct_pages"] == 0 and st["objects"] == 0 and st["stored_bytes"] == 0
-    assert owner_sums(s) == 0
-    s.check()
+    free_all(s, stored)
 
 
 def test_split_size_direct_pages_in_packs(make_store):
