@@ -10,6 +10,7 @@ import sys
 import time
 
 import azswap_guest as ag
+import pytest
 from aznl import KINDS, Client
 
 NPAGES = int(os.environ.get("AZSWAP_FANOUT_PAGES", "2048"))  # 8 MiB per process
@@ -143,14 +144,23 @@ def test_fanout_integrity(dev0, azpages, workers) -> None:
 _RANDOM_PAGES = """
 import mmap, random, sys
 cg, n, seed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+kind = sys.argv[4] if len(sys.argv) > 4 else "random"
+# "floats": float32-like words, sign and low 24 bits random, the rest fixed: bit-shuffled,
+# a page encodes to about 4/5 of a page (a split object: two pool allocations)
+MASK = int.from_bytes(bytes([255, 255, 255, 128]) * 1024, "little")
+EXP = int.from_bytes(bytes([0, 0, 0, 60]) * 1024, "little")
+def page(i):
+    b = random.Random(seed * 100003 + i).randbytes(4096)
+    if kind == "floats":
+        b = ((int.from_bytes(b, "little") & MASK) | EXP).to_bytes(4096, "little")
+    return b
 open(cg + "/cgroup.procs", "w").write("0")
 m = mmap.mmap(-1, n * 4096)
 for i in range(n):
-    m[i * 4096:(i + 1) * 4096] = random.Random(seed * 100003 + i).randbytes(4096)
+    m[i * 4096:(i + 1) * 4096] = page(i)
 print("ready", flush=True)
 sys.stdin.readline()
-bad = sum(m[i * 4096:(i + 1) * 4096] != random.Random(seed * 100003 + i).randbytes(4096)
-          for i in range(n))
+bad = sum(m[i * 4096:(i + 1) * 4096] != page(i) for i in range(n))
 print("bad", bad, flush=True)
 sys.exit(1 if bad else 0)
 """
@@ -166,11 +176,14 @@ def _wait_obj(d: ag.Dev, ok, what: str, timeout: float = 20) -> dict[str, int]:
         time.sleep(0.05)
 
 
-def test_private_pages_without_objects(dev0) -> None:
+@pytest.mark.parametrize("kind", ["random", "floats"])
+def test_private_pages_without_objects(dev0, kind: str) -> None:
     """Two sandboxes of one trust group whose pages share nothing: the first turns the group
     sparse, and once the second has made 512 lookups without finding any of the first's pages
     the group turns direct: most of its later pages are stored in DIRECT slots, with no object
-    header (obj_stat direct_pages); every page reads back and nothing is left after swapoff."""
+    header (obj_stat direct_pages); every page reads back and nothing is left after swapoff.
+    Float pages are split-size (two pool allocations, the second's handle read from the first
+    at the free, under the swap lock)."""
     d = dev0
     d.swapon("64M", prio=100)
     n = 1600
@@ -182,7 +195,7 @@ def test_private_pages_without_objects(dev0) -> None:
             cg = ag.Cgroup(f"direct-sb{i}")
             nl.request("SANDBOX_ADD", [("CGROUP_PATH", cg.rel), ("GROUP", 10)])
             proc = subprocess.Popen(
-                [sys.executable, "-c", _RANDOM_PAGES, str(cg.path), str(n), str(7 + i)],
+                [sys.executable, "-c", _RANDOM_PAGES, str(cg.path), str(n), str(7 + i), kind],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 text=True,
@@ -193,6 +206,9 @@ def test_private_pages_without_objects(dev0) -> None:
             assert cg.swap_current() > (n // 2) * 4096, cg.swap_current()
         o = _wait_obj(d, lambda o: o["sim_direct"] >= 1, "group not direct")
         assert o["direct_pages"] - before > n // 8, o
+        if kind == "floats":  # split-size: 3/4 to 15/16 of a page each
+            mm = d.mm()
+            assert 0.7 < mm["stored_bytes"] / mm["orig_bytes"] < 0.95, mm
         for proc in procs:
             out, _ = proc.communicate("check\n", timeout=300)
             assert proc.returncode == 0, out
