@@ -134,8 +134,9 @@ static inline bool az_user_ptr_like(u64 w)
 }
 
 /*
- * Objects of registered owners (struct az_obj) are kept encoded up to
- * AZ_OBJ_MAX bytes; DIRECT ones, like zram, up to AZ_RAW_THRESHOLD.  An
+ * Objects of registered owners (struct az_obj, and a direct group's DIRECT
+ * pages) are kept encoded up to AZ_OBJ_MAX bytes; an unregistered owner's
+ * DIRECT ones, like zram, up to AZ_RAW_THRESHOLD.  An
  * object above AZ_RAW_THRESHOLD is near or in zsmalloc's huge class (6.1:
  * from ~3.2 KiB, a whole page each, or a class holding one object per
  * page and a bit), so it is stored split in two pool allocations: what
@@ -305,16 +306,19 @@ static inline bool az_obj_flag_test_and_set(struct az_obj *o, unsigned int nr)
  * index.c): PLAIN/RAW objects without an az_obj, the object size and the
  * top 26 bits of the page's xxh64 kept in @flags.  A split one (a direct
  * group's, see AZ_SPLIT_HEAD) keeps its first allocation's handle; the
- * second's is read from it, checked against the top 6 bits of its
- * az_link_check() (LINK), so a corrupted link is -EIO on a load and a
- * leaked allocation at the free in all but 1 in 64 cases.
+ * second's is read from it and checked against the az_link_check() the
+ * slot keeps (LINK, 16 bits as in an object: bits 0-5 and 6-15 of it),
+ * so a corrupted link is -EIO on a load and a leaked allocation at the
+ * free, not a wild handle; its page check is the top 16 bits of the hash.
  *
  *   bits  0-11  owner index       bit 17     DIRECT
  *   bits 12-15  kind              bits 18-21 page in its pack (MEMBER)
- *   bit  16     used              bits 18-23 link check (DIRECT, split)
+ *   bit  16     used              bits 18-23 link check 0-5 (DIRECT, split)
  *                                 bit 24     lock
  *                                 bits 25-37 object size (DIRECT)
  *                                 bits 38-63 xxh64 >> 38 (DIRECT)
+ *                                 bits 38-47 link check 6-15 (DIRECT, split)
+ *                                 bits 48-63 xxh64 >> 48 (DIRECT, split)
  */
 struct az_slot {
 	unsigned long flags;
@@ -351,13 +355,17 @@ struct az_leaf_dir {
 #define AZ_SLOT_DIRECT		(1UL << 17)
 #define AZ_SLOT_MEMBER_SHIFT	18
 #define AZ_SLOT_MEMBER_MASK	(0xfUL << AZ_SLOT_MEMBER_SHIFT)
-#define AZ_SLOT_LINK_SHIFT	18
-#define AZ_SLOT_LINK_BITS	6
-#define AZ_SLOT_LINK_MASK	(0x3fUL << AZ_SLOT_LINK_SHIFT)
+#define AZ_SLOT_LINK_LO_SHIFT	18
+#define AZ_SLOT_LINK_HI_SHIFT	38
+#define AZ_SLOT_LINK_LO_MASK	(0x3fUL << AZ_SLOT_LINK_LO_SHIFT)
+#define AZ_SLOT_LINK_MASK	(AZ_SLOT_LINK_LO_MASK | \
+				 0x3ffUL << AZ_SLOT_LINK_HI_SHIFT)
 #define AZ_SLOT_LOCK_BIT	24
 #define AZ_SLOT_SIZE_SHIFT	25
 #define AZ_SLOT_SIZE_MASK	0x1fffUL
 #define AZ_SLOT_CHECK_SHIFT	38
+#define AZ_SLOT_CHECK_MASK	(~0UL << AZ_SLOT_CHECK_SHIFT)
+#define AZ_SLOT_SPLIT_CHECK_SHIFT	48
 
 static inline unsigned int az_slot_kind(unsigned long flags)
 {
@@ -374,18 +382,34 @@ static inline u32 az_slot_size(unsigned long flags)
 	return (flags >> AZ_SLOT_SIZE_SHIFT) & AZ_SLOT_SIZE_MASK;
 }
 
-/* The part of a link's az_link_check() a DIRECT slot keeps, in place. */
+/* A split DIRECT slot's link check (az_link_check()), in place. */
 static inline unsigned long az_slot_link(u16 check)
 {
-	return (unsigned long)(check >> (16 - AZ_SLOT_LINK_BITS)) <<
-	       AZ_SLOT_LINK_SHIFT;
+	return (unsigned long)(check & 0x3f) << AZ_SLOT_LINK_LO_SHIFT |
+	       (unsigned long)(check >> 6) << AZ_SLOT_LINK_HI_SHIFT;
 }
 
-/* The part of a page hash a DIRECT slot keeps, in place. */
-static inline unsigned long az_slot_check(u64 hash)
+/* The link check a split DIRECT slot @flags keeps. */
+static inline u16 az_slot_link_check(unsigned long flags)
 {
-	return (unsigned long)(hash >> AZ_SLOT_CHECK_SHIFT) <<
-	       AZ_SLOT_CHECK_SHIFT;
+	return ((flags >> AZ_SLOT_LINK_LO_SHIFT) & 0x3f) |
+	       ((flags >> AZ_SLOT_LINK_HI_SHIFT) & 0x3ff) << 6;
+}
+
+/*
+ * The bits of DIRECT slot @flags (its size set) that hold its page's
+ * check: 26, or 16 in a split one, whose link check takes the others.
+ */
+static inline unsigned long az_slot_check_mask(unsigned long flags)
+{
+	return az_obj_split(az_slot_size(flags)) ?
+	       ~0UL << AZ_SLOT_SPLIT_CHECK_SHIFT : AZ_SLOT_CHECK_MASK;
+}
+
+/* The check of a page of hash @hash in DIRECT slot @flags, in place. */
+static inline unsigned long az_slot_check(unsigned long flags, u64 hash)
+{
+	return (unsigned long)hash & az_slot_check_mask(flags);
 }
 
 struct az_store;
@@ -488,7 +512,8 @@ struct az_sim_yield {
 	u32 lookups;
 	u32 hits;
 	u32 dups;
-	u16 first;	/* the owner of its first lookup */
+	u32 dlookups;	/* lookups @dups counts over */
+	u16 first;	/* the owner of its first lookup (still registered) */
 	u32 others;	/* lookups of other owners, halved with @lookups */
 };
 
@@ -791,6 +816,7 @@ u64 az_owner_bytes(struct az_store *s);
 /* ---- index.c ---------------------------------------------------------- */
 
 int az_index_ensure(struct az_store *s);
+void az_sim_forget_owner(struct az_store *s, u16 idx);
 void az_index_resize(struct az_store *s);
 void az_index_destroy(struct az_store *s);
 u64 az_index_bytes(struct az_store *s, u64 *table_bytes, u64 *tnode_bytes);

@@ -221,6 +221,38 @@ u32 az_store_get_sim_slots(struct az_store *s)
 	return AZ_READ_ONCE(s->sim_slots);
 }
 
+/* Every group's yield counts start afresh (idx_lock held). */
+static void az_sim_yield_restart(struct az_index *x)
+{
+	u32 g;
+
+	for (g = 0; g < AZ_SIM_GROUPS; g++) {
+		x->yield[g].lookups = 0;
+		x->yield[g].hits = 0;
+		x->yield[g].dups = 0;
+		x->yield[g].dlookups = 0;
+	}
+}
+
+/*
+ * Owner @idx is gone: a group whose first owner it was takes the next
+ * one's lookups as its first again (the second-sandbox gate).
+ */
+void az_sim_forget_owner(struct az_store *s, u16 idx)
+{
+	struct az_index *x = &s->idx;
+	u32 g;
+
+	az_spin_lock(&s->idx_lock);
+	for (g = 0; g < AZ_SIM_GROUPS; g++) {
+		if (x->yield[g].first == idx) {
+			x->yield[g].first = 0;
+			x->yield[g].others = 0;
+		}
+	}
+	az_spin_unlock(&s->idx_lock);
+}
+
 int az_store_set_sim_sample(struct az_store *s, u32 sample)
 {
 	struct az_index *x = &s->idx;
@@ -231,6 +263,8 @@ int az_store_set_sim_sample(struct az_store *s, u32 sample)
 	az_spin_lock(&s->idx_lock);
 	/* A sparse group's sampled objects change: its entries follow. */
 	kick = sample != s->sim_sample && x->sparse;
+	if (sample != s->sim_sample)	/* counted another way: afresh */
+		az_sim_yield_restart(x);
 	AZ_WRITE_ONCE(s->sim_sample, sample);
 	if (sample == 1 && (x->sparse || x->direct)) {
 		/* never sparse: every group dense again, none direct */
@@ -487,14 +521,14 @@ static inline bool az_sim_has_key(const struct az_obj *o, u32 key32)
  * AZ_SIM_SPARSE_BELOW lookups to turn to it; from 1 per AZ_SIM_DENSE_FROM,
  * at least AZ_SIM_DENSE_MIN_HITS, to leave it).
  */
-static bool az_yield_few(u32 hits, u32 scale, bool few)
+static bool az_yield_few(u32 hits, u32 scale, bool few, u32 lookups)
 {
 	u64 found = (u64)hits * scale;
 
 	if (few)
 		return hits < AZ_SIM_DENSE_MIN_HITS ||
-		       found * AZ_SIM_DENSE_FROM < AZ_SIM_WINDOW;
-	return found * AZ_SIM_SPARSE_BELOW < AZ_SIM_WINDOW;
+		       found * AZ_SIM_DENSE_FROM < lookups;
+	return found * AZ_SIM_SPARSE_BELOW < lookups;
 }
 
 /*
@@ -506,7 +540,7 @@ static bool az_sim_judge(struct az_store *s, u32 group, u16 owner)
 	struct az_index *x = &s->idx;
 	struct az_sim_yield *y = &x->yield[az_sim_gno(group)];
 	u64 bit = 1ULL << az_sim_gno(group);
-	u32 sample = AZ_READ_ONCE(s->sim_sample), hits, dups;
+	u32 sample = AZ_READ_ONCE(s->sim_sample), hits;
 	bool sparse = x->sparse & bit, direct = x->direct & bit, to, dto;
 	bool scaled = sparse && direct;
 
@@ -516,23 +550,31 @@ static bool az_sim_judge(struct az_store *s, u32 group, u16 owner)
 		y->first = owner;
 	else if (owner != y->first)
 		y->others++;
+	y->dlookups++;
 	if (++y->lookups < AZ_SIM_WINDOW)
 		return false;
 	/* What entries (objects) of every page would have found. */
 	hits = y->hits;
-	dups = y->dups;
 	y->lookups /= 2;
 	y->hits /= 2;
-	y->dups /= 2;
-	to = sample > 1 && az_yield_few(hits, sparse ? sample : 1, sparse);
+	to = sample > 1 &&
+	     az_yield_few(hits, sparse ? sample : 1, sparse, AZ_SIM_WINDOW);
 	/*
-	 * Judged apart: only sampled duplicates are counted while it is
-	 * sparse and direct.  Until other sandboxes than the first looked up
+	 * Judged apart, on the lookups since its duplicates were last counted
+	 * another way (only sampled ones while it is sparse and direct), once
+	 * they fill a window.  Until other sandboxes than the first looked up
 	 * half a window of pages, the first one's had nobody's to be
 	 * duplicates of: no turning direct on them.
 	 */
-	dto = sample > 1 && az_yield_few(dups, scaled ? sample : 1, direct) &&
-	      (direct || y->others >= AZ_SIM_OTHERS);
+	dto = direct;
+	if (y->dlookups >= AZ_SIM_WINDOW) {
+		dto = sample > 1 &&
+		      az_yield_few(y->dups, scaled ? sample : 1, direct,
+				   y->dlookups) &&
+		      (direct || y->others >= AZ_SIM_OTHERS);
+		y->dups /= 2;
+		y->dlookups /= 2;
+	}
 	y->others /= 2;
 	if (to == sparse && dto == direct)
 		return false;
@@ -548,9 +590,10 @@ static bool az_sim_judge(struct az_store *s, u32 group, u16 owner)
 		AZ_WRITE_ONCE(x->direct, x->direct ^ bit);
 		x->switches++;
 	}
-	/* duplicates counted another way from now on: start afresh */
-	if ((to && dto) != scaled)
+	if ((to && dto) != scaled) {
 		y->dups = 0;
+		y->dlookups = 0;
+	}
 	return to != sparse;
 }
 

@@ -238,6 +238,7 @@ out:
 	az_wait_event(&s->owner_wq, !az_atomic_read(&ow->busy));
 	if (tmpl)
 		az_template_drop_owner(s, i);
+	az_sim_forget_owner(s, i);
 	return 0;
 }
 

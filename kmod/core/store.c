@@ -346,21 +346,13 @@ static void az_obj_write(struct az_store *s, struct az_ctx *ctx,
 }
 
 /*
- * Does link @h2 match @check, the top @bits bits of its az_link_check()
- * (an object keeps all 16, a DIRECT slot AZ_SLOT_LINK_BITS)?
- */
-static bool az_link_ok(u64 h2, u16 check, unsigned int bits)
-{
-	return az_link_check(h2) >> (16 - bits) == check;
-}
-
-/*
  * The second allocation of the split object at @h (read from its first),
- * or 0 when the link does not match @check (az_link_ok(); the allocation
- * is then leaked).  Reads the pool: atomic context, never IRQ context.
+ * or 0 when the link's az_link_check() is not @check (the allocation is
+ * then leaked).  Reads the pool: atomic context (IRQs off too), never IRQ
+ * context.
  */
 static unsigned long az_split_tail(struct az_store *s, unsigned long h,
-				   u16 check, unsigned int bits)
+				   u16 check)
 {
 	u8 local[AZ_SPLIT_LINK];
 	const u8 *src;
@@ -369,7 +361,7 @@ static unsigned long az_split_tail(struct az_store *s, unsigned long h,
 	src = az_pool_read_begin(s->pool, h, AZ_SPLIT_LINK, local);
 	h2 = (unsigned long)az_get_le64(src);
 	az_pool_read_end(s->pool, h, AZ_SPLIT_LINK, src);
-	if (AZ_WARN_ON(!az_link_ok(h2, check, bits)))
+	if (AZ_WARN_ON(az_link_check(h2) != check))
 		return 0;
 	return h2;
 }
@@ -377,11 +369,10 @@ static unsigned long az_split_tail(struct az_store *s, unsigned long h,
 /*
  * Gather the split object of @size bytes at @h into ctx->gbuf (the pool
  * allows one mapping at a time).  Returns its second allocation, or 0,
- * nothing gathered, when the link does not match @check (az_link_ok()).
+ * nothing gathered, when the link's az_link_check() is not @check.
  */
 static unsigned long az_split_gather(struct az_store *s, struct az_ctx *ctx,
-				     unsigned long h, u32 size, u16 check,
-				     unsigned int bits)
+				     unsigned long h, u32 size, u16 check)
 {
 	u32 tail = size - AZ_SPLIT_DATA;
 	unsigned long h2;
@@ -389,7 +380,7 @@ static unsigned long az_split_gather(struct az_store *s, struct az_ctx *ctx,
 
 	src = az_pool_read_begin(s->pool, h, AZ_SPLIT_HEAD, ctx->gbuf);
 	h2 = (unsigned long)az_get_le64(src);
-	if (!az_link_ok(h2, check, bits)) {
+	if (az_link_check(h2) != check) {
 		az_pool_read_end(s->pool, h, AZ_SPLIT_HEAD, src);
 		return 0;
 	}
@@ -420,9 +411,10 @@ _Static_assert(AZ_NR_SF != 3 || sizeof(struct az_obj) == 64,
 	       "struct az_obj outgrew 64 bytes");
 
 /*
- * Last reference gone and unreachable: release everything.  A split object's
- * link is read from the pool here, so never in IRQ context (as a free of a
- * split DIRECT slot's page; the store's frees never run there).
+ * Last reference gone and unreachable: release everything.  A split
+ * object's link is read from the pool here: in the deferred free, or in
+ * az_store_pack() for an object made for a DIRECT page (az_slot_release()
+ * reads a split DIRECT page's link the same way, in atomic context).
  */
 static void az_obj_destroy(struct az_store *s, struct az_obj *o)
 {
@@ -442,8 +434,7 @@ static void az_obj_destroy(struct az_store *s, struct az_obj *o)
 	az_atomic64_sub(az_obj_bytes(o), &s->stored_bytes);
 	az_atomic64_dec(&s->objects);
 	if (az_obj_split(o->size)) {
-		unsigned long h2 = az_split_tail(s, o->handle, o->link_check,
-						 16);
+		unsigned long h2 = az_split_tail(s, o->handle, o->link_check);
 
 		if (h2)
 			az_pool_free(s->pool, h2);
@@ -546,15 +537,9 @@ static int az_obj_decode(struct az_store *s, struct az_ctx *ctx,
 		az_pool_read_end(s->pool, o->handle, o->size, src);
 		return err;
 	}
-	if (!az_split_gather(s, ctx, o->handle, o->size, o->link_check, 16))
+	if (!az_split_gather(s, ctx, o->handle, o->size, o->link_check))
 		return -EIO;
 	return az_decode_any(ctx, ctx->gbuf, o->size, base, page, pack);
-}
-
-/* The link check bits of DIRECT slot @flags, for az_link_ok(). */
-static inline u16 az_slot_link_check(unsigned long flags)
-{
-	return (flags & AZ_SLOT_LINK_MASK) >> AZ_SLOT_LINK_SHIFT;
 }
 
 /*
@@ -573,8 +558,7 @@ static int az_direct_decode(struct az_store *s, struct az_ctx *ctx,
 
 	if (az_obj_split(size)) {
 		link = az_split_gather(s, ctx, h, size,
-				       az_slot_link_check(flags),
-				       AZ_SLOT_LINK_BITS);
+				       az_slot_link_check(flags));
 		if (!link)
 			return -EIO;
 		src = ctx->gbuf;
@@ -781,8 +765,7 @@ static void az_slot_release(struct az_store *s, unsigned long flags, u64 val)
 			unsigned long h2;
 
 			h2 = az_split_tail(s, (unsigned long)val,
-					   az_slot_link_check(flags),
-					   AZ_SLOT_LINK_BITS);
+					   az_slot_link_check(flags));
 			if (h2)
 				az_pool_free(s->pool, h2);
 			size = az_size_bytes(size);
@@ -1257,7 +1240,7 @@ static int az_put_direct(struct az_store *s, struct az_ctx *ctx,
 			 const void *buf, u32 size, u64 hash, bool verify)
 {
 	struct az_slot *sl = NULL;
-	unsigned long h = 0, h2 = 0;
+	unsigned long h = 0, h2 = 0, extra;
 	u32 head, tail;
 	int err;
 
@@ -1283,12 +1266,14 @@ static int az_put_direct(struct az_store *s, struct az_ctx *ctx,
 	az_atomic64_inc(&s->objects);
 	az_atomic64_inc(&s->direct);
 	az_atomic64_add(az_size_bytes(size), &az_owner_at(s, own)->excl_bytes);
+	extra = AZ_SLOT_DIRECT | (unsigned long)size << AZ_SLOT_SIZE_SHIFT;
+	if (h2)
+		extra |= az_slot_link(az_link_check(h2));
+	if (verify)
+		extra |= az_slot_check(extra, hash);
 	az_slot_set(s, sl, slot,
 		    size == AZ_PAGE_SIZE ? AZ_KIND_RAW : AZ_KIND_PLAIN, own, h,
-		    AZ_SLOT_DIRECT |
-		    ((unsigned long)size << AZ_SLOT_SIZE_SHIFT) |
-		    (h2 ? az_slot_link(az_link_check(h2)) : 0) |
-		    (verify ? az_slot_check(hash) : 0));
+		    extra);
 	return 0;
 }
 
@@ -1450,7 +1435,7 @@ int az_store_put(struct az_store *s, struct az_ctx *ctx, u64 slot,
  */
 static bool az_slot_checks(unsigned long flags, const void *page, u64 *hash)
 {
-	unsigned long check = az_slot_check(flags);
+	unsigned long check = flags & az_slot_check_mask(flags);
 	u64 h;
 
 	if (!check && !hash)
@@ -1458,7 +1443,7 @@ static bool az_slot_checks(unsigned long flags, const void *page, u64 *hash)
 	h = az_xxh64(page, AZ_PAGE_SIZE, 0);
 	if (hash)
 		*hash = h;
-	return !check || az_slot_check(h) == check;
+	return !check || az_slot_check(flags, h) == check;
 }
 
 /* Read held slot @sl into @page; an empty slot reads as zeroes. */
@@ -1597,7 +1582,7 @@ static bool az_direct_to_obj(struct az_store *s, struct az_ctx *ctx,
 	az_obj_flag_set(o, AZ_OBJ_FROM_DIRECT);
 	az_ref_set(&o->ref, 1);
 	sl->val = (u64)(unsigned long)o;
-	sl->flags = flags & ~(AZ_SLOT_DIRECT | az_slot_check(flags) |
+	sl->flags = flags & ~(AZ_SLOT_DIRECT | AZ_SLOT_CHECK_MASK |
 			      AZ_SLOT_LINK_MASK |
 			      (AZ_SLOT_SIZE_MASK << AZ_SLOT_SIZE_SHIFT));
 	az_atomic64_dec(&s->direct);
@@ -1613,6 +1598,7 @@ static void az_pack_candidate_put(struct az_store *s, u64 slot,
 				  struct az_obj *o)
 {
 	struct az_slot *sl = NULL;
+	unsigned long extra;
 	bool back = false;
 
 	if (az_obj_flag(o, AZ_OBJ_FROM_DIRECT))
@@ -1621,12 +1607,13 @@ static void az_pack_candidate_put(struct az_store *s, u64 slot,
 		az_slot_lock(sl);
 		if (sl->val == (u64)(unsigned long)o &&
 		    !az_slot_member(sl->flags)) {
-			sl->val = o->handle;
-			sl->flags |= AZ_SLOT_DIRECT |
-				     ((unsigned long)o->size << AZ_SLOT_SIZE_SHIFT) |
-				     az_slot_check((u64)o->hash << 32);
+			extra = AZ_SLOT_DIRECT |
+				(unsigned long)o->size << AZ_SLOT_SIZE_SHIFT;
 			if (az_obj_split(o->size))
-				sl->flags |= az_slot_link(o->link_check);
+				extra |= az_slot_link(o->link_check);
+			sl->val = o->handle;
+			sl->flags |= extra |
+				     az_slot_check(extra, (u64)o->hash << 32);
 			az_atomic64_inc(&s->direct);
 			back = true;
 		}

@@ -46,6 +46,18 @@ def free_all(s: Store, slots: dict[int, bytes]) -> None:
     s.check()
 
 
+def is_direct(s: Store, slot: int, page: bytes, owner: int) -> bool:
+    """Whether @slot holds @page without an object: freeing it takes one off direct_pages.
+    The page is stored again as it was (a direct group decides by its hash bits)."""
+    before = s.stats()["direct_pages"]
+    s.free(slot)
+    s.drain()
+    was = s.stats()["direct_pages"] == before - 1
+    s.put(slot, page, owner=owner, index=slot % 2000)
+    assert s.stats()["direct_pages"] == before
+    return was
+
+
 def float_pages(n: int, seed: int) -> list[bytes]:
     """float32 weights that share nothing: bit-shuffled, each encodes to a split size."""
     return [pages.make("floats", seed + k) for k in range(n)]
@@ -195,9 +207,9 @@ def test_split_size_pages_stored_direct(make_store, pol):
     s, stored = forked_fleet(make_store, make=float_pages, **pol)
     st = s.stats()
     assert st["sim_direct"] == 1
-    direct = [k for k in stored if s.kind(k) == "plain" and s.slot_bytes(k) > pages.PAGE * 3 // 4]
+    split = [k for k in stored if s.kind(k) == "plain" and s.slot_bytes(k) > pages.PAGE * 3 // 4]
     assert st["direct_pages"] > 0.8 * (352 + 1200), st["direct_pages"]
-    assert len(direct) >= st["direct_pages"] - 8, (len(direct), st["direct_pages"])
+    assert len(split) >= st["direct_pages"] - 8, (len(split), st["direct_pages"])
     d, _ = forked_fleet(make_store, sample=1, make=float_pages, **pol)
     assert st["obj_meta_bytes"] == d.stats()["obj_meta_bytes"] - st["direct_pages"] * 64
     # the same pool bytes, the link included, charged to their owners
@@ -205,9 +217,13 @@ def test_split_size_pages_stored_direct(make_store, pol):
     assert owner_sums(s) == st["stored_bytes"]
     s.check()
     assert all(s.get(k) == p for k, p in stored.items())
+    # two of the third sandbox's split pages that are DIRECT: freed, direct_pages drops;
+    # stored again (not sampled: the same hash bits), they are DIRECT again
+    direct = [k for k in split if k >= 4000 and is_direct(s, k, stored[k], 13)][-2:]
+    assert len(direct) == 2
     # a flip in either allocation's data is -EIO; stored again, it reads back
-    slot = direct[-1]
-    for off in (100, pages.PAGE - 100):
+    slot = direct[0]
+    for off in (100, 2032 + 100):
         s.corrupt(slot, off, 4)
         with pytest.raises(CoreError) as e:
             s.get(slot)
@@ -215,7 +231,7 @@ def test_split_size_pages_stored_direct(make_store, pol):
         s.put(slot, stored[slot], owner=13, index=slot - 4000)
         assert s.get(slot) == stored[slot]
     # a flipped link is -EIO, never a wild handle; flipped back, all is well
-    slot = direct[-2]
+    slot = direct[1]
     for bit in range(8):
         s.corrupt_link(slot, 1 << bit)
         with pytest.raises(CoreError) as e:
@@ -245,14 +261,17 @@ def test_split_size_direct_pages_in_packs(make_store):
     packed = s.pack(8000, 256)
     assert packed > 0.6 * len(split), (packed, len(split))
     assert s.pack(4000, 1200) == 0
+    s.drain()
     after = s.stats()
     assert after["packed_pages"] == packed
     assert after["stored_bytes"] < st["stored_bytes"]
+    assert after["pool_bytes"] == after["stored_bytes"]  # no allocation left behind
     assert 0 <= after["direct_pages"] - (st["direct_pages"] - packed) <= 256 // 4
     s.check()
     assert all(s.get(8000 + k) == p for k, p in enumerate(twice))
     assert all(s.get(k) == p for k, p in stored.items())
     assert owner_sums(s) == after["stored_bytes"]
+    free_all(s, stored | {8000 + k: p for k, p in enumerate(twice)})
 
 
 def test_a_dense_spell_keeps_the_direct_judgement(make_store):
@@ -281,4 +300,25 @@ def test_a_dense_spell_keeps_the_direct_judgement(make_store):
     assert turned <= first_direct <= turned + 32, (turned, first_direct)
     assert s.stats()["sim_direct"] == 1
     assert all(s.get(8000 + k) == p for k, p in enumerate(pages.distinct(2048, 80000)))
+    s.check()
+
+
+def test_a_gone_first_sandbox_does_not_open_the_gate(make_store):
+    """The second-sandbox gate counts lookups of other owners than a group's first.  When the
+    first is removed, the next owner is the first: alone, it does not turn the group direct."""
+    s = make_store(1 << 14)
+    s.set_sim_sample(8)
+    s.add_sandbox(11, 1)
+    for k, p in enumerate(pages.distinct(1200, 10000)):
+        s.put(k, p, owner=11, index=k)
+    s.del_sandbox(11)
+    s.add_sandbox(12, 1)
+    for k, p in enumerate(pages.distinct(2400, 20000)):
+        s.put(2000 + k, p, owner=12, index=k)
+    st = s.stats()
+    assert st["sim_sparse"] == 1 and st["sim_direct"] == 0 and st["direct_pages"] == 0
+    s.add_sandbox(13, 1)
+    for k, p in enumerate(pages.distinct(1200, 30000)):
+        s.put(5000 + k, p, owner=13, index=k)
+    assert s.stats()["sim_direct"] == 1
     s.check()
