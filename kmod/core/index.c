@@ -68,10 +68,11 @@
  * their keys (AZ_OBJ_SIM_LATER).  A sparse group whose sampled entries
  * found 1 base per AZ_SIM_DENSE_FROM lookups (scaled by the sample, and
  * at least AZ_SIM_DENSE_MIN_HITS) turns dense again.  A switch starts the
- * group's counts afresh and asks az_index_resize() to walk every indexed
- * object (the dedup chains hold them all) and link or unlink entries to
- * match, the similarity table sized to fit them; until that is done no
- * group is judged or counted, so a judgement never mixes the two states.
+ * group's lookups and hits afresh and asks az_index_resize() to walk every
+ * indexed object (the dedup chains hold them all) and link or unlink
+ * entries to match, the similarity table sized to fit them; until that is
+ * done no group is judged or counted, so a judgement never mixes the two
+ * states.
  * The entries follow, the keys stay: a group that switches loses nothing
  * it could find again.
  *
@@ -79,11 +80,14 @@
  * page that no later page finds as a duplicate needs no object either
  * (64 bytes; a forked fleet's own plain pages are 30-80% of its pages).
  * Each group also counts the pages found as duplicates of its sandboxes'
- * plain pages (not a template's, not a delta's), judged in the same window
- * but apart from its similarity hits: a group that found fewer than 1 per
+ * plain pages (not a template's, not a delta's), judged apart from its
+ * similarity hits, on its own count of lookups (restarted whenever the
+ * duplicates start being counted another way), every half window once
+ * that count fills one: a group that found fewer than 1 per
  * AZ_SIM_SPARSE_BELOW lookups turns direct, once sandboxes other than its
- * first made AZ_SIM_OTHERS of them (the first alone had nobody's pages to
- * find).  While it is sparse and direct, its plain pages that are not
+ * first (while that one is registered) made AZ_SIM_OTHERS of them (the
+ * first alone had nobody's pages to find).  A new sim_sample starts every
+ * count afresh.  While it is sparse and direct, its plain pages that are not
  * sampled go to DIRECT slots (pool handle, size and check bits in the
  * slot, charged to their owner), found by no later page; the sampled ones
  * stay objects, and the duplicates found of them, scaled by the sample,
