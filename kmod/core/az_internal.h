@@ -356,6 +356,7 @@ struct az_leaf_dir {
 #define AZ_SLOT_MEMBER_SHIFT	18
 #define AZ_SLOT_MEMBER_MASK	(0xfUL << AZ_SLOT_MEMBER_SHIFT)
 #define AZ_SLOT_LINK_LO_SHIFT	18
+#define AZ_SLOT_LINK_LO_BITS	6
 #define AZ_SLOT_LINK_HI_SHIFT	38
 #define AZ_SLOT_LINK_LO_MASK	(0x3fUL << AZ_SLOT_LINK_LO_SHIFT)
 #define AZ_SLOT_LINK_MASK	(AZ_SLOT_LINK_LO_MASK | \
@@ -366,6 +367,12 @@ struct az_leaf_dir {
 #define AZ_SLOT_CHECK_SHIFT	38
 #define AZ_SLOT_CHECK_MASK	(~0UL << AZ_SLOT_CHECK_SHIFT)
 #define AZ_SLOT_SPLIT_CHECK_SHIFT	48
+/*
+ * A direct group's page is not sampled: one of hash bits 54.. (the tag's
+ * 22.., az_sim_sampled()) is set, so its check is never 0 ("no check").
+ */
+_Static_assert(AZ_SLOT_SPLIT_CHECK_SHIFT <= 32 + 22,
+	       "a split DIRECT page's check could be 0");
 
 static inline unsigned int az_slot_kind(unsigned long flags)
 {
@@ -385,15 +392,18 @@ static inline u32 az_slot_size(unsigned long flags)
 /* A split DIRECT slot's link check (az_link_check()), in place. */
 static inline unsigned long az_slot_link(u16 check)
 {
-	return (unsigned long)(check & 0x3f) << AZ_SLOT_LINK_LO_SHIFT |
-	       (unsigned long)(check >> 6) << AZ_SLOT_LINK_HI_SHIFT;
+	return (((unsigned long)check << AZ_SLOT_LINK_LO_SHIFT) &
+		AZ_SLOT_LINK_LO_MASK) |
+	       ((unsigned long)(check >> AZ_SLOT_LINK_LO_BITS) <<
+		AZ_SLOT_LINK_HI_SHIFT);
 }
 
 /* The link check a split DIRECT slot @flags keeps. */
 static inline u16 az_slot_link_check(unsigned long flags)
 {
-	return ((flags >> AZ_SLOT_LINK_LO_SHIFT) & 0x3f) |
-	       ((flags >> AZ_SLOT_LINK_HI_SHIFT) & 0x3ff) << 6;
+	return ((flags & AZ_SLOT_LINK_LO_MASK) >> AZ_SLOT_LINK_LO_SHIFT) |
+	       ((flags & AZ_SLOT_LINK_MASK & ~AZ_SLOT_LINK_LO_MASK) >>
+		(AZ_SLOT_LINK_HI_SHIFT - AZ_SLOT_LINK_LO_BITS));
 }
 
 /*

@@ -86,8 +86,8 @@
  * that count fills one: a group that found fewer than 1 per
  * AZ_SIM_SPARSE_BELOW lookups turns direct, once sandboxes other than its
  * first (while that one is registered) made AZ_SIM_OTHERS of them (the
- * first alone had nobody's pages to find).  A new sim_sample starts every
- * count afresh.  While it is sparse and direct, its plain pages that are not
+ * first alone had nobody's pages to find).  A new sim_sample starts the
+ * lookup, hit and duplicate counts afresh.  While it is sparse and direct, its plain pages that are not
  * sampled go to DIRECT slots (pool handle, size and check bits in the
  * slot, charged to their owner), found by no later page; the sampled ones
  * stay objects, and the duplicates found of them, scaled by the sample,
@@ -109,7 +109,12 @@
 #define AZ_SIM_SPARSE_BELOW	100
 #define AZ_SIM_DENSE_FROM	50
 #define AZ_SIM_DENSE_MIN_HITS	8
-#define AZ_SIM_OTHERS		(AZ_SIM_WINDOW / 2)
+/*
+ * Lookups of other owners than a group's first (halved with its counts)
+ * that let it turn direct: they make a quarter of its recent lookups.  At
+ * half, two sandboxes looking up alike settle one below it (511).
+ */
+#define AZ_SIM_OTHERS		(AZ_SIM_WINDOW / 4)
 #ifndef AZ_MOVE_STEP		/* the debug builds move a few at a time */
 #define AZ_MOVE_STEP	1024
 #endif

@@ -34,6 +34,9 @@ def owner_sums(s: Store) -> int:
     return sum(o["exclusive_bytes"] + o["shared_bytes"] for o in s.list_owners())
 
 
+SPLIT_DATA = pages.PAGE // 2 - 16  # the data a split object's first allocation holds
+
+
 def free_all(s: Store, slots: dict[int, bytes]) -> None:
     """Free @slots, the store's only pages: nothing may be left charged, counted or allocated."""
     for k in slots:
@@ -219,11 +222,12 @@ def test_split_size_pages_stored_direct(make_store, pol):
     assert all(s.get(k) == p for k, p in stored.items())
     # two of the third sandbox's split pages that are DIRECT: freed, direct_pages drops;
     # stored again (not sampled: the same hash bits), they are DIRECT again
-    direct = [k for k in split if k >= 4000 and is_direct(s, k, stored[k], 13)][-2:]
-    assert len(direct) == 2
-    # a flip in either allocation's data is -EIO; stored again, it reads back
+    proven = (k for k in reversed(split) if k >= 4000 and is_direct(s, k, stored[k], 13))
+    direct = [next(proven), next(proven)]
+    # a flip in either allocation's data (the first holds SPLIT_DATA bytes) is -EIO; stored
+    # again, it reads back
     slot = direct[0]
-    for off in (100, 2032 + 100):
+    for off in (100, SPLIT_DATA + 100):
         s.corrupt(slot, off, 4)
         with pytest.raises(CoreError) as e:
             s.get(slot)
@@ -322,3 +326,33 @@ def test_a_gone_first_sandbox_does_not_open_the_gate(make_store):
         s.put(5000 + k, p, owner=13, index=k)
     assert s.stats()["sim_direct"] == 1
     s.check()
+
+
+def first_direct_put(s: Store, owner: int, ps: list[bytes], base: int, restart_at: int = -1) -> int:
+    """Store @ps for @owner from slot @base; the index of the put after which its group is
+    direct (-1: never).  At @restart_at, sim_sample goes from 8 to 4."""
+    for k, p in enumerate(ps):
+        if k == restart_at:
+            s.set_sim_sample(4)
+            s.drain()  # the sparse group's entries follow the new sample
+        s.put(base + k, p, owner=owner, index=k)
+        if s.stats()["sim_direct"]:
+            return k
+    return -1
+
+
+def test_a_new_sample_restarts_the_judgement(make_store):
+    """Duplicates and lookups counted under one sample say nothing of another: a new
+    sim_sample starts a group's counts afresh, so its judgement waits for a window of lookups
+    counted the new way."""
+    turns = []
+    for restart_at in (-1, 400):
+        s = make_store(1 << 14)
+        s.set_sim_sample(8)
+        s.add_sandbox(11, 1)
+        s.add_sandbox(12, 1)
+        assert first_direct_put(s, 11, pages.distinct(1200, 10000), 0) == -1
+        turns.append(first_direct_put(s, 12, pages.distinct(2400, 20000), 2000, restart_at))
+        s.check()
+    assert 0 < turns[0] < 1024, turns
+    assert turns[1] >= 400 + 1023, turns  # a window of lookups from the 401st put

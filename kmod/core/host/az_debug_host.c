@@ -343,6 +343,11 @@ int az_store_debug_check(struct az_store *s)
 			AZ_CHK(!(az_owner_at(s, own)->flags & AZ_OWN_TEMPLATE),
 			       "direct slot %llu of template owner %u",
 			       (unsigned long long)slot, own);
+			/* a direct group's page always has its check */
+			AZ_CHK(!own ||
+			       (sl->flags & az_slot_check_mask(sl->flags)),
+			       "direct slot %llu of owner %u: no check",
+			       (unsigned long long)slot, own);
 			if (az_obj_split(az_slot_size(sl->flags))) {
 				unsigned long h = (unsigned long)sl->val;
 				u8 local[AZ_SPLIT_LINK];
