@@ -571,9 +571,9 @@ static bool az_sim_judge(struct az_store *s, u32 group, u16 owner)
 	/*
 	 * Judged apart, on the lookups since its duplicates were last counted
 	 * another way (only sampled ones while it is sparse and direct), once
-	 * they fill a window.  Until other sandboxes than the first looked up
-	 * half a window of pages, the first one's had nobody's to be
-	 * duplicates of: no turning direct on them.
+	 * they fill a window.  Until other sandboxes than the first made
+	 * AZ_SIM_OTHERS of its recent lookups, the first one's had nobody's
+	 * to be duplicates of: no turning direct on them.
 	 */
 	dto = direct;
 	if (y->dlookups >= AZ_SIM_WINDOW) {
