@@ -208,7 +208,7 @@ def test_private_pages_without_objects(dev0, kind: str) -> None:
         assert o["direct_pages"] - before > n // 8, o
         if kind == "floats":  # split-size: 3/4 to 15/16 of a page each
             mm = d.mm()
-            assert 0.7 < mm["stored_bytes"] / mm["orig_bytes"] < 0.95, mm
+            assert 0.7 < mm["compr_data_size"] / mm["orig_data_size"] < 0.95, mm
         for proc in procs:
             out, _ = proc.communicate("check\n", timeout=300)
             assert proc.returncode == 0, out
