@@ -675,7 +675,12 @@ static int ss_control(void *arg)
 			az_atomic64_add(n, &ss->packed);
 			break;
 		case 6:
-			/* sparse groups' entries follow in the background */
+			/*
+			 * Sparse groups' entries follow in the background.
+			 * Rarely: a new sample restarts every group's counts.
+			 */
+			if (ss_rnd(&r) % 32)
+				break;
 			if (az_store_set_sim_sample(ss->s,
 						    1U << (ss_rnd(&r) % 4)))
 				ss_fail(ss, "set_sim_sample", 0);
