@@ -424,6 +424,7 @@ static inline unsigned long az_slot_check(unsigned long flags, u64 hash)
 
 struct az_store;
 struct az_reserve;
+unsigned long az_split_link(struct az_store *s, unsigned long h);
 struct az_slot *az_slot_hold(struct az_store *s, u64 slot);
 struct az_slot *az_slot_hold_new(struct az_store *s, struct az_reserve *res,
 				 u64 slot, int *err);

@@ -87,14 +87,15 @@
  * AZ_SIM_SPARSE_BELOW lookups turns direct, once sandboxes other than its
  * first (while that one is registered) made AZ_SIM_OTHERS of them (the
  * first alone had nobody's pages to find).  A new sim_sample starts the
- * lookup, hit and duplicate counts afresh.  While it is sparse and direct, its plain pages that are not
- * sampled go to DIRECT slots (pool handle, size and check bits in the
- * slot, charged to their owner), found by no later page; the sampled ones
- * stay objects, and the duplicates found of them, scaled by the sample,
- * turn the group back (1 per AZ_SIM_DENSE_FROM, at least
- * AZ_SIM_DENSE_MIN_HITS).  A dense spell (every page an object) keeps the
- * judgement.  Nothing is walked: a page stored direct stays so until
- * freed (az_store_pack() gives one an object to join a pack).
+ * lookup, hit and duplicate counts afresh.  While it is sparse and direct,
+ * its plain pages that are not sampled go to DIRECT slots (pool handle,
+ * size and check bits in the slot, charged to their owner), found by no
+ * later page; the sampled ones stay objects, and the duplicates found of
+ * them, scaled by the sample, turn the group back (1 per
+ * AZ_SIM_DENSE_FROM, at least AZ_SIM_DENSE_MIN_HITS).  A dense spell
+ * (every page an object) keeps the judgement.  Nothing is walked: a page
+ * stored direct stays so until freed (az_store_pack() gives one an object
+ * to join a pack).
  */
 #define AZ_DEDUP_LOAD	4
 /*

@@ -346,13 +346,10 @@ static void az_obj_write(struct az_store *s, struct az_ctx *ctx,
 }
 
 /*
- * The second allocation of the split object at @h (read from its first),
- * or 0 when the link's az_link_check() is not @check (the allocation is
- * then leaked).  Reads the pool: atomic context (IRQs off too), never IRQ
- * context.
+ * The link the split object at @h holds, unchecked.  Reads the pool:
+ * atomic context (IRQs off too), never IRQ context.
  */
-static unsigned long az_split_tail(struct az_store *s, unsigned long h,
-				   u16 check)
+unsigned long az_split_link(struct az_store *s, unsigned long h)
 {
 	u8 local[AZ_SPLIT_LINK];
 	const u8 *src;
@@ -361,6 +358,18 @@ static unsigned long az_split_tail(struct az_store *s, unsigned long h,
 	src = az_pool_read_begin(s->pool, h, AZ_SPLIT_LINK, local);
 	h2 = (unsigned long)az_get_le64(src);
 	az_pool_read_end(s->pool, h, AZ_SPLIT_LINK, src);
+	return h2;
+}
+
+/*
+ * The second allocation of the split object at @h, or 0 when the link's
+ * az_link_check() is not @check (the allocation is then leaked).
+ */
+static unsigned long az_split_tail(struct az_store *s, unsigned long h,
+				   u16 check)
+{
+	unsigned long h2 = az_split_link(s, h);
+
 	if (AZ_WARN_ON(az_link_check(h2) != check))
 		return 0;
 	return h2;
@@ -1230,6 +1239,20 @@ out:
 }
 
 /*
+ * The flags of a DIRECT slot holding @size bytes: a split one's link check
+ * @link, and the check of a page of hash @hash (0: none, verify off).
+ */
+static unsigned long az_direct_flags(u32 size, u16 link, u64 hash)
+{
+	unsigned long f = AZ_SLOT_DIRECT |
+			  (unsigned long)size << AZ_SLOT_SIZE_SHIFT;
+
+	if (az_obj_split(size))
+		f |= az_slot_link(link);
+	return f | az_slot_check(f, hash);
+}
+
+/*
  * A page without an object: PLAIN/RAW (@size bytes of @buf, the page itself
  * when raw; split in two allocations as an object would be) in a DIRECT
  * slot, charged to owner @own: an unregistered cgroup's page, or a private
@@ -1240,7 +1263,7 @@ static int az_put_direct(struct az_store *s, struct az_ctx *ctx,
 			 const void *buf, u32 size, u64 hash, bool verify)
 {
 	struct az_slot *sl = NULL;
-	unsigned long h = 0, h2 = 0, extra;
+	unsigned long h = 0, h2 = 0;
 	u32 head, tail;
 	int err;
 
@@ -1266,14 +1289,10 @@ static int az_put_direct(struct az_store *s, struct az_ctx *ctx,
 	az_atomic64_inc(&s->objects);
 	az_atomic64_inc(&s->direct);
 	az_atomic64_add(az_size_bytes(size), &az_owner_at(s, own)->excl_bytes);
-	extra = AZ_SLOT_DIRECT | (unsigned long)size << AZ_SLOT_SIZE_SHIFT;
-	if (h2)
-		extra |= az_slot_link(az_link_check(h2));
-	if (verify)
-		extra |= az_slot_check(extra, hash);
 	az_slot_set(s, sl, slot,
 		    size == AZ_PAGE_SIZE ? AZ_KIND_RAW : AZ_KIND_PLAIN, own, h,
-		    extra);
+		    az_direct_flags(size, h2 ? az_link_check(h2) : 0,
+				    verify ? hash : 0));
 	return 0;
 }
 
@@ -1598,7 +1617,6 @@ static void az_pack_candidate_put(struct az_store *s, u64 slot,
 				  struct az_obj *o)
 {
 	struct az_slot *sl = NULL;
-	unsigned long extra;
 	bool back = false;
 
 	if (az_obj_flag(o, AZ_OBJ_FROM_DIRECT))
@@ -1607,13 +1625,9 @@ static void az_pack_candidate_put(struct az_store *s, u64 slot,
 		az_slot_lock(sl);
 		if (sl->val == (u64)(unsigned long)o &&
 		    !az_slot_member(sl->flags)) {
-			extra = AZ_SLOT_DIRECT |
-				(unsigned long)o->size << AZ_SLOT_SIZE_SHIFT;
-			if (az_obj_split(o->size))
-				extra |= az_slot_link(o->link_check);
 			sl->val = o->handle;
-			sl->flags |= extra |
-				     az_slot_check(extra, (u64)o->hash << 32);
+			sl->flags |= az_direct_flags(o->size, o->link_check,
+						     (u64)o->hash << 32);
 			az_atomic64_inc(&s->direct);
 			back = true;
 		}

@@ -29,23 +29,16 @@ static void az_debug_xor(struct az_pool *pool, unsigned long h, u32 len,
  * XOR @xor into byte @off (modulo @size) of the split object at @h (@size
  * bytes): of its first allocation's data or of its second allocation.
  */
-static void az_debug_xor_split(struct az_pool *pool, unsigned long h,
+static void az_debug_xor_split(struct az_store *s, unsigned long h,
 			       u32 size, u32 off, u8 xor)
 {
-	u8 local[AZ_SPLIT_LINK];
-	const u8 *p;
-	unsigned long h2;
-
 	off %= size;
-	if (off < AZ_SPLIT_DATA) {
-		az_debug_xor(pool, h, AZ_SPLIT_HEAD, AZ_SPLIT_LINK, off, xor);
-		return;
-	}
-	p = az_pool_read_begin(pool, h, AZ_SPLIT_LINK, local);
-	h2 = (unsigned long)az_get_le64(p);
-	az_pool_read_end(pool, h, AZ_SPLIT_LINK, p);
-	az_debug_xor(pool, h2, size - AZ_SPLIT_DATA, 0, off - AZ_SPLIT_DATA,
-		     xor);
+	if (off < AZ_SPLIT_DATA)
+		az_debug_xor(s->pool, h, AZ_SPLIT_HEAD, AZ_SPLIT_LINK, off,
+			     xor);
+	else
+		az_debug_xor(s->pool, az_split_link(s, h),
+			     size - AZ_SPLIT_DATA, 0, off - AZ_SPLIT_DATA, xor);
 }
 
 /* XOR @xor into byte @off (modulo the size) of @slot's object. */
@@ -72,7 +65,7 @@ int az_store_debug_corrupt(struct az_store *s, u64 slot, u32 off, u8 xor)
 		u32 size = az_slot_size(sl->flags);
 
 		if (az_obj_split(size))
-			az_debug_xor_split(s->pool, h, size, off, xor);
+			az_debug_xor_split(s, h, size, off, xor);
 		else
 			az_debug_xor(s->pool, h, size, 0, off, xor);
 		goto out;
@@ -80,7 +73,7 @@ int az_store_debug_corrupt(struct az_store *s, u64 slot, u32 off, u8 xor)
 	o = (struct az_obj *)(unsigned long)sl->val;
 	/* Data, never the link to a split object's second part. */
 	if (az_obj_split(o->size))
-		az_debug_xor_split(s->pool, o->handle, o->size, off, xor);
+		az_debug_xor_split(s, o->handle, o->size, off, xor);
 	else
 		az_debug_xor(s->pool, o->handle, o->size, 0, off, xor);
 out:
@@ -348,21 +341,11 @@ int az_store_debug_check(struct az_store *s)
 			       (sl->flags & az_slot_check_mask(sl->flags)),
 			       "direct slot %llu of owner %u: no check",
 			       (unsigned long long)slot, own);
-			if (az_obj_split(az_slot_size(sl->flags))) {
-				unsigned long h = (unsigned long)sl->val;
-				u8 local[AZ_SPLIT_LINK];
-				const u8 *src;
-				u64 h2;
-
-				src = az_pool_read_begin(s->pool, h,
-							 AZ_SPLIT_LINK, local);
-				h2 = az_get_le64(src);
-				az_pool_read_end(s->pool, h, AZ_SPLIT_LINK, src);
-				AZ_CHK(az_link_check(h2) ==
-				       az_slot_link_check(sl->flags),
-				       "direct slot %llu: link check",
-				       (unsigned long long)slot);
-			}
+			AZ_CHK(!az_obj_split(az_slot_size(sl->flags)) ||
+			       az_link_check(az_split_link(s, sl->val)) ==
+			       az_slot_link_check(sl->flags),
+			       "direct slot %llu: link check",
+			       (unsigned long long)slot);
 			direct++;
 			continue;
 		}
