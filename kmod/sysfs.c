@@ -469,7 +469,7 @@ static ssize_t compact_store(struct device *d, struct device_attribute *attr,
 static DEVICE_ATTR_WO(compact);
 
 /*
- * "1": pack the device now (az_store_pack: adjacent PLAIN pages of one
+ * "1": pack the device now (az_store_pack: nearby PLAIN pages of one
  * sandbox into multi-page objects).  Takes a while on a large device
  * (init_lock is held for reading throughout, as for compact: a reset
  * waits); a fatal signal stops it (EINTR).

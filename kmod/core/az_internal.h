@@ -51,7 +51,7 @@ enum az_enc {
 #define AZ_OBUF_SIZE	(2 * AZ_PAGE_SIZE)
 
 /*
- * A pack (PACK encodings) holds the pages of up to AZ_PACK_MAX adjacent
+ * A pack (PACK encodings) holds the pages of up to AZ_PACK_MAX nearby
  * slots of one owner, compressed together (az_store_pack()): its payload
  * decodes to a whole number of pages, 2..AZ_PACK_MAX, and each slot keeps
  * its page's position in it (AZ_SLOT_MEMBER).  A load decodes the pack and

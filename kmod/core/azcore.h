@@ -54,6 +54,12 @@
 /* Pages one object holds at most (az_store_pack()); the codecs take that. */
 #define AZ_PACK_MAX 4u
 /*
+ * Slots a pack's pages are gathered from at most (az_store_pack()): a
+ * reclaim batch puts one cgroup's pages in consecutive slots, its
+ * duplicates and deltas between its plain pages.
+ */
+#define AZ_PACK_SPAN 64u
+/*
  * zstd level of a pack at least (a higher policy level stays): packs are
  * made off the swap path, where a level costs encode time only (decode is
  * the same).  Coding-agent heap and text pages: 0.79 of level 3's bytes.
@@ -280,11 +286,14 @@ void az_store_free(struct az_store *s, u64 slot);
  */
 int az_store_free_notify(struct az_store *s, u64 slot);
 /*
- * Pack slots [@first, @first + @nr): runs of up to AZ_PACK_MAX adjacent
- * slots whose pages are PLAIN, of one sandbox (an owner that is no
- * template, registered or since removed) and referred to by that slot
- * alone become one object (each slot keeps random access: a load decodes
- * the pack, or copies from the context's last decoded one).  A run is
+ * Pack slots [@first, @first + @nr): runs of up to AZ_PACK_MAX slots whose
+ * pages are PLAIN, of one sandbox (an owner that is no template, registered
+ * or since removed) and referred to by that slot alone, gathered from at
+ * most AZ_PACK_SPAN slots (the slots between them hold something else; a
+ * run ends at another sandbox's such page), become one object (each slot
+ * keeps random access: a load decodes the pack, or copies from the
+ * context's last decoded one).  A run that does not fit one object is
+ * tried one page shorter, down to two.  A run is
  * packed only when the pack takes fewer pool bytes and object headers
  * than the pages it replaces (checked again once installed: slots freed
  * meanwhile undo it); a DIRECT page gets an object to join one, and its

@@ -1752,14 +1752,15 @@ static u32 az_pack_cost(const struct az_obj *o)
 }
 
 /*
- * Pack the candidates @m[0..*@n) of slots @first...: decoded (each checked
+ * Pack the candidates @m[0..*@n) of slots @at[0..*@n): decoded (each checked
  * against its hash), encoded together, and, if that takes fewer bytes (pool and
- * headers) than they do, installed.  When *@n pages do not fit one object, the
- * first two are tried; *@n is then 2.  Returns the slots now referring to
- * the pack.  The candidates' own references stay with the caller.
+ * headers) than they do, installed.  When *@n pages do not fit one object, one
+ * fewer is tried, down to two; *@n is then the number tried last.  Returns the
+ * slots now referring to the pack.  The candidates' own references stay with
+ * the caller.
  */
 static u32 az_pack_one(struct az_store *s, struct az_ctx *ctx,
-		       const struct az_policy *pol, u64 first,
+		       const struct az_policy *pol, const u64 *at,
 		       struct az_obj **m, u32 *n)
 {
 	struct az_reserve res = { 0 };
@@ -1783,7 +1784,7 @@ static u32 az_pack_one(struct az_store *s, struct az_ctx *ctx,
 				      az_min(az_obj_max(pol), have), &enc);
 		if (size || *n == 2)
 			break;
-		*n = 2;
+		(*n)--;
 	}
 	if (!size || size + (az_obj_split(size) ? AZ_SPLIT_LINK : 0) +
 		     sizeof(*p) >= have)
@@ -1806,7 +1807,7 @@ static u32 az_pack_one(struct az_store *s, struct az_ctx *ctx,
 	az_atomic64_inc(&s->packs);
 	az_pack_race_point(s);
 	for (i = 0; i < *n; i++) {
-		if (az_pack_move(s, first + i, m[i], 0, p, i)) {
+		if (az_pack_move(s, at[i], m[i], 0, p, i)) {
 			got++;
 			took += az_pack_cost(m[i]);
 			in |= 1U << i;
@@ -1816,7 +1817,7 @@ static u32 az_pack_one(struct az_store *s, struct az_ctx *ctx,
 	if (got < 2 || az_obj_bytes(p) + sizeof(*p) >= took) {
 		for (i = 0; i < *n; i++)
 			if (in & (1U << i))
-				az_pack_move(s, first + i, p, i, m[i], 0);
+				az_pack_move(s, at[i], p, i, m[i], 0);
 		got = 0;
 	}
 	az_obj_put(s, p);	/* ours: the pack goes if no slot took it */
@@ -1827,9 +1828,10 @@ int az_store_pack(struct az_store *s, struct az_ctx *ctx, u64 first, u64 nr,
 		  u64 *packed)
 {
 	struct az_obj *m[AZ_PACK_MAX];
+	u64 at[AZ_PACK_MAX];
 	struct az_policy pol;
-	u64 slot, end;
-	u32 i, n, used;
+	u64 slot, end, from;
+	u32 i, n;
 	bool other = false;
 	u16 own;
 
@@ -1838,28 +1840,32 @@ int az_store_pack(struct az_store *s, struct az_ctx *ctx, u64 first, u64 nr,
 		return -EINVAL;
 	az_policy_snapshot(s, &pol);
 	end = first + nr;
-	for (slot = first; slot < end; slot += used) {
+	for (slot = first; slot < end;) {
+		/*
+		 * A run: the candidates of one sandbox among AZ_PACK_SPAN
+		 * slots, skipping what is no candidate (its duplicates and
+		 * deltas, other sandboxes' too); it ends at a candidate of
+		 * another sandbox, where the next run starts.
+		 */
 		own = 0;
-		for (n = 0; n < AZ_PACK_MAX && slot + n < end; n++) {
-			m[n] = az_pack_candidate(s, ctx, slot + n, &own,
-						 &other);
-			if (!m[n])
+		n = 0;
+		for (from = slot; slot < end && n < AZ_PACK_MAX &&
+		     slot - from < AZ_PACK_SPAN; slot++) {
+			m[n] = az_pack_candidate(s, ctx, slot, &own, &other);
+			if (m[n])
+				at[n++] = slot;
+			else if (other)
 				break;
 		}
-		/*
-		 * A run cut short by a slot that is no candidate: skip that
-		 * too; by another owner's: start the next run there.
-		 */
-		used = n < AZ_PACK_MAX && !other ? n + 1 : n;
 		if (n >= 2) {
 			i = n;
-			*packed += az_pack_one(s, ctx, &pol, slot, m, &i);
-			/* two of more: the rest may pack with what follows */
+			*packed += az_pack_one(s, ctx, &pol, at, m, &i);
+			/* fewer tried: the rest may pack with what follows */
 			if (i < n)
-				used = i;
+				slot = at[i];
 		}
 		for (i = 0; i < n; i++)
-			az_pack_candidate_put(s, slot + i, m[i]);
+			az_pack_candidate_put(s, at[i], m[i]);
 	}
 	return 0;
 }

@@ -1,4 +1,4 @@
-"""Multi-page objects (az_store_pack): adjacent PLAIN pages of one sandbox stored as one object,
+"""Multi-page objects (az_store_pack): nearby PLAIN pages of one sandbox stored as one object,
 each page still read on its own."""
 
 from __future__ import annotations
@@ -159,6 +159,56 @@ def test_runs_start_again_at_another_sandbox(make_store):
         s.put(i, data[i], owner=OTHER, index=i)
     assert s.pack() == 6
     assert s.stats()["packs"] == 2
+    read_all(s, 0, data)
+    s.check()
+
+
+def test_a_run_gathers_plain_pages_around_duplicates_and_deltas(make_store):
+    """A sandbox's plain pages with its duplicates and deltas between them (as a reclaim batch
+    leaves them in consecutive slots) make one pack; the pages between stay what they are.
+    Pages further apart than AZ_PACK_SPAN (64) slots are not gathered."""
+    s = make_store(256, codec=1, level=3)
+    s.add_sandbox(SANDBOX, 1)
+    s.add_template(TEMPLATE, 1)
+    tmpl = text_pages(2, seed=20)
+    fill(s, 100, tmpl, owner=TEMPLATE)
+    data = text_pages(4, seed=21)
+    rng = random.Random(4)
+    edited = pages.mutate(tmpl[1], rng, 3)
+    s.put(0, data[0], owner=SANDBOX, index=0)
+    s.put(1, tmpl[0], owner=SANDBOX, index=100)  # the template's page: a duplicate
+    s.put(2, data[1], owner=SANDBOX, index=2)
+    s.put(3, edited, owner=SANDBOX, index=101)  # an edit of the template's page: a delta
+    s.put(4, data[2], owner=SANDBOX, index=4)
+    s.put(5, data[3], owner=SANDBOX, index=5)
+    between = [s.kind(1), s.kind(3)]
+    assert between == ["dup", "tdelta"], between
+    far = text_pages(2, seed=22)
+    s.put(10, far[0], owner=SANDBOX, index=10)
+    s.put(10 + 64, far[1], owner=SANDBOX, index=74)
+    assert s.pack() == 4
+    st = s.stats()
+    assert st["packs"] == 1 and st["packed_pages"] == 4
+    assert [s.kind(1), s.kind(3)] == between
+    read_all(s, 0, [data[0], tmpl[0], data[1], edited, data[2], data[3]])
+    assert s.get(10) == far[0] and s.get(74) == far[1]
+    s.check()
+
+
+def test_a_run_too_large_for_one_object_is_tried_one_page_shorter(make_store):
+    """Four pages that compress to ~1.2 KiB each do not fit one object (15/16 page); three do."""
+    s = make_store(16, codec=1, level=3)
+    s.add_sandbox(SANDBOX, 1)
+    rng = random.Random(5)
+    data = [rng.randbytes(1150) + bytes(PAGE_SIZE - 1150) for _ in range(4)]
+    fill(s, 0, data)
+    st = s.stats()
+    before = st["stored_bytes"] + st["obj_meta_bytes"]
+    assert s.pack() == 3
+    s.drain()
+    st = s.stats()
+    assert st["packs"] == 1 and st["packed_pages"] == 3
+    assert st["stored_bytes"] + st["obj_meta_bytes"] < before
     read_all(s, 0, data)
     s.check()
 
