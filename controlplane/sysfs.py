@@ -239,7 +239,7 @@ class Device:
         self.write("reset", 1)
 
     def pack(self) -> None:
-        """Pack the device now: runs of adjacent PLAIN pages of one sandbox become multi-page
+        """Pack the device now: runs of nearby PLAIN pages of one sandbox become multi-page
         objects (docs/sysfs-abi.md, `pack`)."""
         self.write("pack", 1)
 

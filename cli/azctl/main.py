@@ -572,7 +572,7 @@ def policy_set(ctx: click.Context, assignments: tuple[str, ...], as_json: bool) 
     type=click.FloatRange(0),
     default=_SCHED.pack_every,
     show_default=True,
-    help="After a compression run, pack the device (adjacent compressible pages of one sandbox "
+    help="After a compression run, pack the device (nearby compressible pages of one sandbox "
     "stored as one object: fewer bytes, a load decodes up to 4 pages) at most once per this "
     "many seconds; 0 never.",
 )

@@ -20,7 +20,7 @@ Strategies (cumulative mechanisms):
                      lz4 (not a ceiling: it can store more than the default)
     max-effort-zstd  the same with zstd level 3
     xdelta-packed    xdelta, then the store's pack pass over every slot (runs of up to 4
-                     adjacent PLAIN pages of one sandbox become one object: az_store_pack)
+                     nearby PLAIN pages of one sandbox become one object: az_store_pack)
     all-packed       all, then the pack pass
     (limit-lz4 and limit-zstd are deprecated names of the two above)
 
