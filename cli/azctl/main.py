@@ -643,7 +643,7 @@ def daemon(
                      set at once, or with --prefetch-from resident once it
                      was recorded, and the announcement brings it back);
       with --pack-every S, after a run (at most every S seconds)
-                     pack the device: adjacent compressible pages of one
+                     pack the device: nearby compressible pages of one
                      sandbox become one object (a load decodes up to 4);
       tool hint      compression stops; pages not resident fault back on use;
       idle hint      compress the whole sandbox after --grace (it is parked);

@@ -392,7 +392,7 @@ class Store:
         self.lib.az_store_drain(self._s)
 
     def pack(self, first: int = 0, nr: int | None = None) -> int:
-        """Pack slots [first, first + nr) (all from ``first`` by default): runs of adjacent
+        """Pack slots [first, first + nr) (all from ``first`` by default): runs of nearby
         PLAIN pages of one sandbox become multi-page objects. Returns the slots packed."""
         if nr is None:
             nr = self.nr_slots - first

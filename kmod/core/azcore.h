@@ -54,9 +54,9 @@
 /* Pages one object holds at most (az_store_pack()); the codecs take that. */
 #define AZ_PACK_MAX 4u
 /*
- * Slots a pack's pages are gathered from at most (az_store_pack()): a
- * reclaim batch puts one cgroup's pages in consecutive slots, its
- * duplicates and deltas between its plain pages.
+ * Slots a pack's pages are gathered from at most, its first included
+ * (az_store_pack()): a reclaim batch puts one cgroup's pages in
+ * consecutive slots, its duplicates and deltas between its plain pages.
  */
 #define AZ_PACK_SPAN 64u
 /*
@@ -292,8 +292,9 @@ int az_store_free_notify(struct az_store *s, u64 slot);
  * most AZ_PACK_SPAN slots (the slots between them hold something else; a
  * run ends at another sandbox's such page), become one object (each slot
  * keeps random access: a load decodes the pack, or copies from the
- * context's last decoded one).  A run that does not fit one object is
- * tried one page shorter, down to two.  A run is
+ * context's last decoded one).  A run whose pages do not encode into one
+ * object smaller than they are is tried one page shorter, down to two.
+ * A run is
  * packed only when the pack takes fewer pool bytes and object headers
  * than the pages it replaces (checked again once installed: slots freed
  * meanwhile undo it); a DIRECT page gets an object to join one, and its

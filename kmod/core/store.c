@@ -1754,8 +1754,9 @@ static u32 az_pack_cost(const struct az_obj *o)
 /*
  * Pack the candidates @m[0..*@n) of slots @at[0..*@n): decoded (each checked
  * against its hash), encoded together, and, if that takes fewer bytes (pool and
- * headers) than they do, installed.  When *@n pages do not fit one object, one
- * fewer is tried, down to two; *@n is then the number tried last.  Returns the
+ * headers) than they do, installed.  When *@n pages do not encode into one
+ * object (at most the bytes they take now), one fewer is tried, down to two;
+ * *@n is then the number tried last.  Returns the
  * slots now referring to the pack.  The candidates' own references stay with
  * the caller.
  */
@@ -1830,7 +1831,7 @@ int az_store_pack(struct az_store *s, struct az_ctx *ctx, u64 first, u64 nr,
 	struct az_obj *m[AZ_PACK_MAX];
 	u64 at[AZ_PACK_MAX];
 	struct az_policy pol;
-	u64 slot, end, from;
+	u64 slot, end;
 	u32 i, n;
 	bool other = false;
 	u16 own;
@@ -1842,15 +1843,15 @@ int az_store_pack(struct az_store *s, struct az_ctx *ctx, u64 first, u64 nr,
 	end = first + nr;
 	for (slot = first; slot < end;) {
 		/*
-		 * A run: the candidates of one sandbox among AZ_PACK_SPAN
-		 * slots, skipping what is no candidate (its duplicates and
-		 * deltas, other sandboxes' too); it ends at a candidate of
-		 * another sandbox, where the next run starts.
+		 * A run: the candidates of one sandbox within AZ_PACK_SPAN
+		 * slots of its first, skipping what is no candidate (its
+		 * duplicates and deltas, other sandboxes' too); it ends at a
+		 * candidate of another sandbox, where the next run starts.
 		 */
 		own = 0;
 		n = 0;
-		for (from = slot; slot < end && n < AZ_PACK_MAX &&
-		     slot - from < AZ_PACK_SPAN; slot++) {
+		for (; slot < end && n < AZ_PACK_MAX &&
+		     (!n || slot - at[0] < AZ_PACK_SPAN); slot++) {
 			m[n] = az_pack_candidate(s, ctx, slot, &own, &other);
 			if (m[n])
 				at[n++] = slot;

@@ -183,15 +183,26 @@ def test_a_run_gathers_plain_pages_around_duplicates_and_deltas(make_store):
     s.put(5, data[3], owner=SANDBOX, index=5)
     between = [s.kind(1), s.kind(3)]
     assert between == ["dup", "tdelta"], between
-    far = text_pages(2, seed=22)
-    s.put(10, far[0], owner=SANDBOX, index=10)
-    s.put(10 + 64, far[1], owner=SANDBOX, index=74)
     assert s.pack() == 4
     st = s.stats()
     assert st["packs"] == 1 and st["packed_pages"] == 4
     assert [s.kind(1), s.kind(3)] == between
     read_all(s, 0, [data[0], tmpl[0], data[1], edited, data[2], data[3]])
-    assert s.get(10) == far[0] and s.get(74) == far[1]
+    s.check()
+
+
+def test_a_run_spans_64_slots_from_its_first_page(make_store):
+    """AZ_PACK_SPAN counts from a run's first page, not from where the walk looked first: two
+    neighbours after 63 empty slots pack; pages 64 slots apart never do."""
+    s = make_store(256, codec=1, level=3)
+    s.add_sandbox(SANDBOX, 1)
+    data = text_pages(4, seed=23)
+    for k, slot in enumerate((63, 64, 128, 192)):
+        s.put(slot, data[k], owner=SANDBOX, index=slot)
+    assert s.pack() == 2
+    st = s.stats()
+    assert st["packs"] == 1 and st["packed_pages"] == 2
+    assert [s.get(k) for k in (63, 64, 128, 192)] == data
     s.check()
 
 

@@ -1,5 +1,5 @@
 """Multi-page objects in the kernel: after a sandbox's pages went to swap, writing `pack` makes
-runs of its adjacent PLAIN pages single objects; every page still reads back exactly (swap-in of
+runs of its nearby PLAIN pages single objects; every page still reads back exactly (swap-in of
 the whole region, compared in full), the store shrinks, and nothing is left after swapoff."""
 
 from __future__ import annotations
