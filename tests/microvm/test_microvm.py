@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import random
+import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 from types import ModuleType
 
@@ -110,6 +114,94 @@ def test_trace_holds_template_and_owned_pages(record: ModuleType, tmp_path: Path
         assert info["nonzero_pages"] == sum(
             g[k * PAGE : (k + 1) * PAGE] != bytes(PAGE) for k in range(64))
         assert o.info["task"] == results[n].task
+
+
+def _punch(path: Path, page: int, pages: int = 1) -> None:
+    """Discard pages of @path the way QEMU does for a reported free block (a punched hole)."""
+    subprocess.run(["fallocate", "--punch-hole", "--keep-size", "--offset", str(page * PAGE),
+                    "--length", str(pages * PAGE), str(path)], check=True)
+
+
+def test_hole_pages_finds_punched_and_unwritten_pages(record: ModuleType,
+                                                      tmp_path: Path) -> None:
+    f = tmp_path / "ram"
+    f.write_bytes(b"\xa5" * (8 * PAGE))
+    _punch(f, 2, 2)
+    with open(f, "r+b") as fh:
+        fh.truncate(12 * PAGE)  # pages 8-11: never written
+    holes = record.hole_pages(f, 12)
+    assert list(holes) == [0, 0, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1]
+    assert f.read_bytes()[2 * PAGE : 4 * PAGE] == bytes(2 * PAGE)
+    # a page the guest zeroed itself holds data: not a hole
+    with open(f, "r+b") as fh:
+        fh.seek(5 * PAGE)
+        fh.write(bytes(PAGE))
+    assert record.hole_pages(f, 12)[5] == 0
+
+
+def test_trace_counts_discarded_pages(record: ModuleType, tmp_path: Path) -> None:
+    results = _fake_recording(tmp_path, record)
+    record.write_trace(tmp_path, results, {"style": "microvm-snapshot"})
+    before = dict(results[0].info)
+    # pages the guest zeroed itself hold data: owned zero pages, none of them discarded
+    assert before["owned_zero_pages"] > 0 and before["discarded_pages"] == 0
+    tmpl = (tmp_path / "template.ram").read_bytes()
+    g = tmp_path / "vm0.ram"
+    # page 4 (text in the template, untouched by vm0) discarded by the balloon
+    assert tmpl[4 * PAGE : 5 * PAGE] != bytes(PAGE) and 4 not in range(1, 64, 7)
+    _punch(g, 4)
+    record.write_trace(tmp_path, results, {"style": "microvm-snapshot"})
+    info = results[0].info
+    assert info["discarded_pages"] == 1
+    assert info["owned_pages"] == before["owned_pages"] + 1
+    assert info["owned_zero_pages"] == before["owned_zero_pages"] + 1
+    assert info["nonzero_pages"] == before["nonzero_pages"] - 1
+    o = list(read_trace(tmp_path / "microvm.aztrace").owners.values())[1]
+    assert 4 in o.indexes()
+    assert results[1].info["discarded_pages"] == 0
+
+
+def test_settle_discards_waits_for_the_file_to_stop_shrinking(record: ModuleType,
+                                                              tmp_path: Path) -> None:
+    f = tmp_path / "ram"
+    f.write_bytes(b"\x5a" * (64 * PAGE))
+    os.fsync(os.open(f, os.O_RDONLY))
+
+    def shrink() -> None:
+        for k in range(4):
+            time.sleep(0.15)
+            _punch(f, 8 * k, 8)
+
+    t = threading.Thread(target=shrink)
+    t.start()
+    waited, freed = record.settle_discards(f, quiet_s=0.5, poll_s=0.05, limit_s=30)
+    t.join()
+    assert freed == 32 * PAGE
+    assert waited >= 0.5 + 0.6 - 0.1  # the last punch, then a quiet spell
+    # nothing shrinks: returns after the quiet spell
+    waited, freed = record.settle_discards(f, quiet_s=0.2, poll_s=0.05, limit_s=30)
+    assert freed == 0 and waited >= 0.2
+
+
+def test_qemu_command_line_has_the_balloon_only_when_asked(record: ModuleType,
+                                                           tmp_path: Path) -> None:
+    img = record.image.Image("vmlinuz", "initrd", "disk", "root", "k")
+    spec = record.VmSpec("vm0", tmp_path / "vm0.ram", tmp_path, 384, img, "console=ttyS0")
+    cmd = record.qemu_cmd(spec, tmp_path / "q", tmp_path / "c")
+    assert not any("virtio-balloon" in w for w in cmd) and "-incoming" not in cmd
+    spec.balloon, spec.incoming = True, True
+    cmd = record.qemu_cmd(spec, tmp_path / "q", tmp_path / "c")
+    dev = cmd[cmd.index("-device") + 1]
+    assert dev.startswith("virtio-balloon-pci") and "free-page-reporting=on" in dev
+    assert cmd[-2:] == ["-incoming", "defer"]
+
+
+def test_initrd_sets_the_reporting_order_after_the_balloon_loads(image: ModuleType) -> None:
+    mods = list(image.INITRD_MODULES)
+    assert mods.index("virtio_balloon") > mods.index("virtio_pci")
+    init = image.INITRD_INIT
+    assert init.index("insmod") < init.index("page_reporting_order")
+    assert "azagent.report_order=" in init
 
 
 def test_load_recording_rebuilds_image(record: ModuleType, tmp_path: Path) -> None:

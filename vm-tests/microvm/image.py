@@ -51,10 +51,12 @@ exec /usr/bin/python3 /opt/azagent/agent.py
 """
 
 
-# Modules the initramfs loads, in dependency order (virtio_blk and ext4 are modules in Debian 6.1).
+# Modules the initramfs loads, in dependency order (virtio_blk and ext4 are modules in Debian 6.1;
+# virtio_balloon binds only when the recorder gives the guest a balloon device).
 INITRD_MODULES = (
     "virtio_ring", "virtio", "virtio_pci_legacy_dev", "virtio_pci_modern_dev", "virtio_pci",
-    "virtio_blk", "crc16", "crc32c_generic", "libcrc32c", "mbcache", "jbd2", "ext4",
+    "virtio_blk", "virtio_balloon", "crc16", "crc32c_generic", "libcrc32c", "mbcache", "jbd2",
+    "ext4",
 )
 INITRD_INIT = """#!/bin/busybox sh
 /bin/busybox --install -s /bin
@@ -63,6 +65,15 @@ mount -t proc proc /proc
 mount -t sysfs sys /sys
 mount -t devtmpfs dev /dev
 for m in $(cat /modules.list); do insmod /lib/modules/$m.ko || echo "initrd: insmod $m failed"; done
+# azagent.report_order=N: the smallest free block the balloon reports (the kernel's default is a
+# pageblock, 2 MiB; 6.1 sets it when the balloon registers, so it is written after the insmod).
+for w in $(cat /proc/cmdline); do
+    case "$w" in
+    azagent.report_order=*)
+        echo "${w#*=}" > /sys/module/page_reporting/parameters/page_reporting_order ||
+            echo "initrd: cannot set page_reporting_order ${w#*=}";;
+    esac
+done
 n=0
 while [ ! -b /dev/vda ] && [ $n -lt 100 ]; do sleep 0.1; n=$((n + 1)); done
 mount -t ext4 -o ro /dev/vda /newroot || { echo "initrd: cannot mount /dev/vda"; exec sh; }

@@ -2,6 +2,7 @@
 """Record real microVM guest memory: one template snapshot, N guests restored from it.
 
     vm-tests/microvm/record.py [--n 8] [--parallel 2] [--mem 384] [--size default] [--out DIR]
+                               [--free-page-reporting [--page-reporting-order N]]
 
 1. Builds (or reuses) the guest image: vm-tests/microvm/image.py (debootstrap bookworm, python3 +
    numpy, the template agent; cached under vm-tests/out/microvm-cache/).
@@ -19,6 +20,14 @@
    template, its non-zero pages, index = page offset in the memory file) and one sandbox owner
    per guest holding the pages that differ from the template at the same offset (index = offset,
    vaddr = guest-physical address), plus DIR/manifest.json (tasks, timings, per-guest page counts).
+
+With --free-page-reporting every guest (the template too) has a virtio-balloon device with free
+page reporting on, as a platform would give its microVMs: the guest reports free blocks of at
+least 2^ORDER pages (the kernel's default: a pageblock, 2 MiB) and QEMU punches them out of the
+memory file. The recorder waits at each quiescent point until the file stops shrinking. A
+discarded page reads as zero: where the template's page was not zero it is an owned zero page
+in the trace, as the VMM's memory holds it (a private mapping would fall back to the image's
+page, which costs the host even less), counted per guest as `discarded_pages`.
 
 Nothing here needs KVM (TCG, one vCPU per guest). Docs: docs/lab/microvm.md.
 """
@@ -174,6 +183,30 @@ class VmSpec:
     img: image.Image
     append: str
     incoming: bool = False
+    balloon: bool = False  # virtio-balloon with free page reporting
+
+
+def qemu_cmd(spec: VmSpec, qmp_path: Path, ctl_path: Path) -> list[str]:
+    """The QEMU command line of one recorder guest (TCG, one vCPU, RAM in spec.ram)."""
+    cmd = [
+        "qemu-system-x86_64", "-accel", "tcg,thread=multi", "-machine", "pc,memory-backend=mem",
+        "-cpu", "qemu64", "-smp", "1", "-m", f"{spec.mem_mib}M",
+        "-object", (f"memory-backend-file,id=mem,size={spec.mem_mib}M,"
+                    f"mem-path={spec.ram},share=on"),
+        "-kernel", spec.img.kernel, "-initrd", spec.img.initrd, "-append", spec.append,
+        "-drive", f"file={spec.img.disk},if=virtio,format=raw,readonly=on",
+        "-nodefaults", "-vga", "none", "-display", "none", "-no-reboot", "-nic", "none",
+        "-serial", f"file:{spec.workdir / (spec.name + '.console.log')}",
+        "-chardev", f"socket,id=ctl,path={ctl_path},server=on,wait=off",
+        "-serial", "chardev:ctl",
+        "-qmp", f"unix:{qmp_path},server=on,wait=off",
+    ]
+    if spec.balloon:
+        # Same device in the template and every restore: the snapshot's device state has it.
+        cmd += ["-device", "virtio-balloon-pci,id=balloon0,free-page-reporting=on"]
+    if spec.incoming:
+        cmd += ["-incoming", "defer"]
+    return cmd
 
 
 @contextlib.contextmanager
@@ -183,21 +216,7 @@ def qemu(spec: VmSpec) -> Iterator[tuple[subprocess.Popen[bytes], QMP, Path]]:
     qmp_path, ctl_path = wd / f"{spec.name}.qmp", wd / f"{spec.name}.ctl"
     for p in (qmp_path, ctl_path):
         p.unlink(missing_ok=True)
-    cmd = [
-        "qemu-system-x86_64", "-accel", "tcg,thread=multi", "-machine", "pc,memory-backend=mem",
-        "-cpu", "qemu64", "-smp", "1", "-m", f"{spec.mem_mib}M",
-        "-object", (f"memory-backend-file,id=mem,size={spec.mem_mib}M,"
-                    f"mem-path={spec.ram},share=on"),
-        "-kernel", spec.img.kernel, "-initrd", spec.img.initrd, "-append", spec.append,
-        "-drive", f"file={spec.img.disk},if=virtio,format=raw,readonly=on",
-        "-nodefaults", "-vga", "none", "-display", "none", "-no-reboot", "-nic", "none",
-        "-serial", f"file:{wd / (spec.name + '.console.log')}",
-        "-chardev", f"socket,id=ctl,path={ctl_path},server=on,wait=off",
-        "-serial", "chardev:ctl",
-        "-qmp", f"unix:{qmp_path},server=on,wait=off",
-    ]
-    if spec.incoming:
-        cmd += ["-incoming", "defer"]
+    cmd = qemu_cmd(spec, qmp_path, ctl_path)
     errf = open(wd / f"{spec.name}.qemu.err", "wb")  # noqa: SIM115 (closed in finally)
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=errf, stderr=errf)
     q: QMP | None = None
@@ -221,6 +240,50 @@ def sparse_copy(src: Path, dst: Path) -> None:
     subprocess.run(["cp", "--sparse=always", str(src), str(dst)], check=True)
 
 
+def allocated_bytes(path: Path) -> int:
+    return os.stat(path).st_blocks * 512
+
+
+def settle_discards(path: Path, quiet_s: float = 6.0, poll_s: float = 0.5,
+                    limit_s: float = 180.0) -> tuple[float, int]:
+    """Wait until the memory file at @path has not shrunk for @quiet_s (at most @limit_s).
+
+    The guest reports free blocks at most every 2 s, a budget of each free list at a time, so
+    the file shrinks in steps; @quiet_s spans a few of them.  Returns (seconds waited, bytes
+    the file gave up meanwhile)."""
+    t0 = time.monotonic()
+    first = last = allocated_bytes(path)
+    t_last = t0
+    while True:
+        time.sleep(poll_s)
+        now = time.monotonic()
+        cur = allocated_bytes(path)
+        if cur < last:
+            last, t_last = cur, now
+        if now - t_last >= quiet_s or now - t0 >= limit_s:
+            return now - t0, first - last
+
+
+def hole_pages(path: Path, npages: int) -> bytearray:
+    """One byte per page of @path: 1 where the whole page is a hole (never written, or
+    discarded: punched out by the balloon), 0 where it holds data."""
+    holes = bytearray(b"\1") * npages
+    size = npages * PAGE
+    with open(path, "rb") as f:
+        fd = f.fileno()
+        off = 0
+        while off < size:
+            try:
+                start = os.lseek(fd, off, os.SEEK_DATA)
+            except OSError:  # ENXIO: no data after off
+                break
+            end = min(os.lseek(fd, start, os.SEEK_HOLE), size)
+            holes[start // PAGE:(end + PAGE - 1) // PAGE] = bytes((end + PAGE - 1) // PAGE
+                                                                  - start // PAGE)
+            off = end
+    return holes
+
+
 @dataclass
 class GuestResult:
     name: str
@@ -230,16 +293,22 @@ class GuestResult:
     task_s: float = 0.0
     wall_s: float = 0.0
     agent_task_s: float = 0.0
+    settle_s: float = 0.0
+    reported_bytes: int = 0  # memory file bytes the balloon discarded at the LLM wait
     info: dict[str, Any] = field(default_factory=dict)
 
 
 def record_template(out: Path, img: image.Image, mem: int, size: str, seed: int,
-                    timeout: float) -> dict[str, Any]:
+                    timeout: float, balloon: bool = False,
+                    report_order: int | None = None) -> dict[str, Any]:
     ram = out / "template.ram"
     ram.unlink(missing_ok=True)
     append = (f"console=ttyS0 root=/dev/vda ro rootfstype=ext4 init=/opt/azagent/init.sh "
               f"panic=-1 quiet azagent.size={size} azagent.seed={seed}")
-    spec = VmSpec("template", ram, out / "run", mem, img, append)
+    if report_order is not None:
+        append += f" azagent.report_order={report_order}"
+    spec = VmSpec("template", ram, out / "run", mem, img, append, balloon=balloon)
+    settle = (0.0, 0)
     t0 = time.monotonic()
     with qemu(spec) as (_proc, q, ctl):
         port = Port(ctl)
@@ -250,6 +319,9 @@ def record_template(out: Path, img: image.Image, mem: int, size: str, seed: int,
         t_ready = time.monotonic() - t0
         log(f"template ready ({t_ready:.0f}s wall; {ready})")
         time.sleep(3)  # let the guest settle into its idle loop before the snapshot
+        if balloon:
+            settle = settle_discards(ram)
+            log(f"template: the balloon discarded {settle[1] >> 20} MiB in {settle[0]:.0f}s")
         q.cmd("stop")
         q.cmd("migrate-set-capabilities",
               capabilities=[{"capability": "x-ignore-shared", "state": True}])
@@ -259,17 +331,21 @@ def record_template(out: Path, img: image.Image, mem: int, size: str, seed: int,
         port.close()
     return {"boot_s": t_boot, "ready_s": t_ready, "agent_build_s": float(ready.split()[1]),
             "vmstate_bytes": (out / "template.vmstate").stat().st_size,
-            "migration_total_ms": mig.get("total-time"), "append": append}
+            "migration_total_ms": mig.get("total-time"), "append": append,
+            "free_page_reporting": balloon, "page_reporting_order": report_order,
+            "settle_s": settle[0], "reported_bytes": settle[1]}
 
 
 def restore_guest(out: Path, img: image.Image, mem: int, append: str, i: int,
-                  timeout: float, task_mode: str = "inproc") -> GuestResult:
+                  timeout: float, task_mode: str = "inproc",
+                  balloon: bool = False) -> GuestResult:
     task, seed = TASKS[i % len(TASKS)], 1000 + i
     res = GuestResult(f"vm{i}", task, seed)
     ram = out / f"{res.name}.ram"
     t0 = time.monotonic()
     sparse_copy(out / "template.ram", ram)
-    spec = VmSpec(res.name, ram, out / "run", mem, img, append, incoming=True)
+    spec = VmSpec(res.name, ram, out / "run", mem, img, append, incoming=True,
+                  balloon=balloon)
     with qemu(spec) as (_proc, q, ctl):
         q.cmd("migrate-set-capabilities",
               capabilities=[{"capability": "x-ignore-shared", "state": True}])
@@ -293,11 +369,15 @@ def restore_guest(out: Path, img: image.Image, mem: int, append: str, i: int,
         res.task_s = time.monotonic() - t1
         res.agent_task_s = float(done.split()[2])
         time.sleep(2)  # the guest idles at its LLM wait
+        if balloon:
+            res.settle_s, res.reported_bytes = settle_discards(ram)
         q.cmd("stop")
         port.close()
     res.wall_s = time.monotonic() - t0
     log(f"{res.name}: {task} seed {seed}: restored in {res.restore_s:.1f}s, task "
-        f"{res.task_s:.0f}s wall ({res.agent_task_s:.0f}s guest)")
+        f"{res.task_s:.0f}s wall ({res.agent_task_s:.0f}s guest)"
+        + (f", the balloon discarded {res.reported_bytes >> 20} MiB in {res.settle_s:.0f}s"
+           if balloon else ""))
     return res
 
 
@@ -342,9 +422,10 @@ def write_trace(out: Path, results: list[GuestResult], meta: dict[str, Any]) -> 
             oid = SANDBOX_ID0 + n
             w.owner(oid, GROUP, ROLE_SANDBOX, r.name, task=r.task, seed=r.seed,
                     file=f"{r.name}.ram")
+            holes = hole_pages(out / f"{r.name}.ram", npages)
             with open(out / f"{r.name}.ram", "rb") as gf:
                 gm = mmap.mmap(gf.fileno(), 0, prot=mmap.PROT_READ)
-                owned = owned_zero = g_nz = 0
+                owned = owned_zero = g_nz = discarded = 0
                 for k in range(npages):
                     a = gm[k * PAGE:(k + 1) * PAGE]
                     z = a == ZERO
@@ -352,6 +433,7 @@ def write_trace(out: Path, results: list[GuestResult], meta: dict[str, Any]) -> 
                     if a != tm[k * PAGE:(k + 1) * PAGE]:
                         owned += 1
                         owned_zero += z
+                        discarded += z and holes[k]
                         batch_i.append(k)
                         batch_d.append(a)
                         if len(batch_i) == 1024:
@@ -359,10 +441,10 @@ def write_trace(out: Path, results: list[GuestResult], meta: dict[str, Any]) -> 
                 flush(oid)
                 gm.close()
             r.info = {"owned_pages": owned, "owned_zero_pages": owned_zero,
-                      "nonzero_pages": g_nz}
+                      "nonzero_pages": g_nz, "discarded_pages": discarded}
             guests.append({"name": r.name, "id": oid, **asdict(r)})
-            log(f"{r.name}: {owned} owned pages ({owned * PAGE >> 20} MiB, {owned_zero} zero), "
-                f"{g_nz} non-zero pages")
+            log(f"{r.name}: {owned} owned pages ({owned * PAGE >> 20} MiB, {owned_zero} zero, "
+                f"{discarded} of them discarded), {g_nz} non-zero pages")
         tm.close()
     os.replace(tmp, path)
     stats["guests"] = guests
@@ -385,7 +467,22 @@ def main() -> int:
                          "alive (a persistent tool process)")
     ap.add_argument("--reuse-template", action="store_true",
                     help="reuse DIR/template.ram + template.vmstate from an earlier run")
+    ap.add_argument("--free-page-reporting", action="store_true",
+                    help="give every guest (the template too) a virtio-balloon device with free "
+                         "page reporting on: free blocks it reports are punched out of its "
+                         "memory file; the recorder waits at each quiescent point until the "
+                         "file stops shrinking")
+    ap.add_argument("--page-reporting-order", type=int, metavar="ORDER",
+                    help="with --free-page-reporting: report free blocks of at least 2^ORDER "
+                         "pages (0-10; default: the guest kernel's, a pageblock = 9)")
     a = ap.parse_args()
+    if a.page_reporting_order is not None:
+        if not a.free_page_reporting:
+            ap.error("--page-reporting-order needs --free-page-reporting")
+        if not 0 <= a.page_reporting_order <= 10:
+            ap.error("--page-reporting-order: 0..10")
+    if a.n < 1 or a.parallel < 1:
+        ap.error("--n and --parallel must be at least 1")
     if shutil.which("qemu-system-x86_64") is None:
         print("record: qemu-system-x86_64 not found (apt-get install qemu-system-x86)",
               file=sys.stderr)
@@ -403,8 +500,14 @@ def main() -> int:
             print("record: template was recorded with another disk image; drop --reuse-template",
                   file=sys.stderr)
             return 2
+        if (bool(tinfo.get("free_page_reporting")) != a.free_page_reporting
+                or tinfo.get("page_reporting_order") != a.page_reporting_order):
+            print("record: template was recorded with other free page reporting settings; "
+                  "drop --reuse-template", file=sys.stderr)
+            return 2
     else:
-        tinfo = record_template(out, img, a.mem, a.size, a.seed, a.timeout)
+        tinfo = record_template(out, img, a.mem, a.size, a.seed, a.timeout,
+                                a.free_page_reporting, a.page_reporting_order)
         tinfo.update(disk_key=img.key, mem_mib=a.mem, size=a.size, seed=a.seed)
         tinfo_path.write_text(json.dumps(tinfo, indent=1))
     t_tmpl = time.monotonic() - t0 - t_img
@@ -412,7 +515,7 @@ def main() -> int:
     results: list[GuestResult] = []
     with ThreadPoolExecutor(max_workers=a.parallel) as ex:
         futs = [ex.submit(restore_guest, out, img, a.mem, tinfo["append"], i, a.timeout,
-                          a.task_mode) for i in range(a.n)]
+                          a.task_mode, a.free_page_reporting) for i in range(a.n)]
         for f in futs:
             r = f.result()
             with lock:
@@ -420,7 +523,8 @@ def main() -> int:
     t_guests = time.monotonic() - t0 - t_img - t_tmpl
     meta = {"style": "microvm-snapshot", "recorder": "vm-tests/microvm/record.py",
             "n": a.n, "mem_mib": a.mem, "size": a.size, "seed": a.seed,
-            "task_mode": a.task_mode,
+            "task_mode": a.task_mode, "free_page_reporting": a.free_page_reporting,
+            "page_reporting_order": a.page_reporting_order,
             "tasks": [r.task for r in results], "kernel": img.kernel,
             "template_id": TEMPLATE_ID, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ",
                                                                 time.gmtime())}
