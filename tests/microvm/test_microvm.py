@@ -16,7 +16,7 @@ from types import ModuleType
 import numpy as np
 import pytest
 
-from bench import microvm, microvm_report
+from bench import microvm, microvm_report, microvm_reporting
 from controlplane.trace import ROLE_SANDBOX, ROLE_TEMPLATE, read_trace
 from controlplane.trace.corelib import default_lib_path
 
@@ -461,3 +461,57 @@ def test_stream_bound_on_a_small_recording(record: ModuleType, tmp_path: Path) -
     assert a["zstd_vs_lz4"] > 5 and a["zstd_ratio"] > 5 * a["lz4_ratio"]
     assert "| all |" in microvm_bound.table(res)
     assert not list(tmp_path.glob("azbound-*"))  # the work directory is gone
+
+
+def _manifest(tmp: Path, record: ModuleType, reporting: bool, order: int | None = None) -> None:
+    results = _fake_recording(tmp, record)
+    stats = record.write_trace(tmp, results, {"style": "microvm-snapshot"})
+    (tmp / "manifest.json").write_text(json.dumps(
+        {"n": 2, "task_mode": "inproc", "free_page_reporting": reporting,
+         "page_reporting_order": order, **stats}))
+
+
+def test_reporting_bench_reuses_only_matching_recordings(record: ModuleType,
+                                                         tmp_path: Path) -> None:
+    _manifest(tmp_path, record, True)
+    assert microvm_reporting.matches(tmp_path, 2, "inproc", True, None)
+    assert not microvm_reporting.matches(tmp_path, 2, "inproc", False, None)
+    assert not microvm_reporting.matches(tmp_path, 2, "inproc", True, 0)
+    assert not microvm_reporting.matches(tmp_path, 3, "inproc", True, None)
+    assert not microvm_reporting.matches(tmp_path, 2, "fork", True, None)
+    assert not microvm_reporting.matches(tmp_path / "none", 2, "inproc", True, None)
+    args = microvm_reporting.recorder_args(tmp_path, 2, "fork", True, 0)
+    assert args[-3:] == ["--free-page-reporting", "--page-reporting-order", "0"]
+    assert "--free-page-reporting" not in microvm_reporting.recorder_args(
+        tmp_path, 2, "fork", False, None)
+
+
+@pytest.mark.skipif(not default_lib_path().exists(), reason="make hostlib first")
+def test_reporting_bench_measures_and_compares(record: ModuleType, tmp_path: Path) -> None:
+    off, on = tmp_path / "off", tmp_path / "on"
+    off.mkdir()
+    on.mkdir()
+    _manifest(off, record, False)
+    _manifest(on, record, True)
+    _punch(on / "vm0.ram", 4)  # one page discarded, template unchanged
+    stats = record.write_trace(on, record_results(on, record), {"style": "microvm-snapshot"})
+    m = json.loads((on / "manifest.json").read_text())
+    (on / "manifest.json").write_text(json.dumps({**m, **stats}))
+    a, b = microvm_reporting.measure(off), microvm_reporting.measure(on)
+    assert b["owned_bytes"] == a["owned_bytes"] + PAGE  # an owned zero page more ...
+    assert b["owned_data_bytes"] == a["owned_data_bytes"]  # ... holding no data
+    assert b["discarded_owned_bytes"] == PAGE and a["discarded_owned_bytes"] == 0
+    assert b["guest_nonzero_bytes"] == a["guest_nonzero_bytes"] - PAGE
+    for s in microvm_reporting.STRATEGIES:
+        r = a["strategies"][s]
+        assert r["spent_bytes"] == r["owned_held_bytes"] + r["template_held_bytes"]
+        assert r["fleet"] == pytest.approx(a["guest_nonzero_bytes"] / r["spent_bytes"])
+    cmp = microvm_reporting.compare(a, b)
+    assert cmp["reporting_alone"] == pytest.approx(1.0) and cmp["image_alone"] == 1.0
+    lines = microvm_reporting.table(a, b, cmp)
+    assert lines[2].startswith("| off |") and lines[3].startswith("| on |")
+
+
+def record_results(tmp: Path, record: ModuleType) -> list:
+    return [record.GuestResult(f"vm{i}", task, 1000 + i)
+            for i, task in enumerate(("train", "generate"))]
