@@ -5,16 +5,16 @@ host store core.
     python -m bench.microvm_reporting [--n 8] [--task-mode inproc] [--page-reporting-order N]
         [--out DIR] [--reuse] [--json OUT]
 
-Records DIR/off and DIR/on with vm-tests/microvm/record.py (one template snapshot and N guests
-each; `on` adds --free-page-reporting, so the template's free blocks are reported before its
-snapshot and each guest's at its LLM wait), unless --reuse finds both recordings with the
-settings asked for. Then, per recording: the template's non-zero pages (the snapshot image), the
-guests' non-zero RAM, their owned pages (differing from the template) and how many of those hold
-data, and per strategy (per-page lz4 and zstd: what zram stores per page; `all` and
-`all-packed`: azswap's store) what the host spends on the fleet with the image reclaimed into
-swap: the image's pages and the guests' owned pages stored, metadata included. "reporting
-alone" compares the owned pages that hold data, "with compression" what the host spends. Host
-only apart from the recordings (QEMU TCG guests, not the test kernel's guest).
+Records DIR/off and DIR/on with vm-tests/microvm/record.py (one template snapshot and N guests each;
+`off` with --no-free-page-reporting, `on` with the balloon reporting free pages, so the template's
+free blocks are reported before its snapshot and each guest's at its LLM wait), unless --reuse finds
+both recordings with the settings asked for. Then, per recording: the template's non-zero pages (the
+snapshot image), the guests' non-zero RAM, their owned pages (differing from the template) and how
+many of those hold data, and per strategy (per-page lz4 and zstd: what zram stores per page; `all`
+and `all-packed`: azswap's store) what the host spends on the fleet with the image reclaimed into
+swap: the image's pages and the guests' owned pages stored, metadata included. "reporting alone"
+compares the owned pages that hold data, "with compression" what the host spends. Host only apart
+from the recordings (QEMU TCG guests, not the test kernel's guest).
 """
 
 from __future__ import annotations
@@ -40,10 +40,11 @@ def recorder_args(out: Path, n: int, task_mode: str, reporting: bool,
                   order: int | None) -> list[str]:
     args = [sys.executable, str(RECORDER), "--n", str(n), "--task-mode", task_mode,
             "--out", str(out)]
-    if reporting:
-        args.append("--free-page-reporting")
-        if order is not None:
-            args += ["--page-reporting-order", str(order)]
+    if not reporting:
+        return [*args, "--no-free-page-reporting"]
+    args.append("--free-page-reporting")
+    if order is not None:
+        args += ["--page-reporting-order", str(order)]
     return args
 
 

@@ -482,8 +482,8 @@ def test_reporting_bench_reuses_only_matching_recordings(record: ModuleType,
     assert not microvm_reporting.matches(tmp_path / "none", 2, "inproc", True, None)
     args = microvm_reporting.recorder_args(tmp_path, 2, "fork", True, 0)
     assert args[-3:] == ["--free-page-reporting", "--page-reporting-order", "0"]
-    assert "--free-page-reporting" not in microvm_reporting.recorder_args(
-        tmp_path, 2, "fork", False, None)
+    args = microvm_reporting.recorder_args(tmp_path, 2, "fork", False, None)
+    assert args[-1] == "--no-free-page-reporting" and "--free-page-reporting" not in args
 
 
 @pytest.mark.skipif(not default_lib_path().exists(), reason="make hostlib first")
@@ -515,3 +515,19 @@ def test_reporting_bench_measures_and_compares(record: ModuleType, tmp_path: Pat
 def record_results(tmp: Path, record: ModuleType) -> list:
     return [record.GuestResult(f"vm{i}", task, 1000 + i)
             for i, task in enumerate(("train", "generate"))]
+
+
+@pytest.mark.parametrize("argv", [
+    ["--no-free-page-reporting", "--page-reporting-order", "3"],
+    ["--page-reporting-order", "11"],
+    ["--page-reporting-order", "-1"],
+    ["--n", "0"],
+])
+def test_recorder_refuses_bad_options(record: ModuleType, argv: list[str],
+                                      monkeypatch: pytest.MonkeyPatch,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(sys, "argv", ["record.py", *argv])
+    with pytest.raises(SystemExit) as e:
+        record.main()
+    assert e.value.code == 2
+    assert "error:" in capsys.readouterr().err

@@ -2,7 +2,7 @@
 """Record real microVM guest memory: one template snapshot, N guests restored from it.
 
     vm-tests/microvm/record.py [--n 8] [--parallel 2] [--mem 384] [--size default] [--out DIR]
-                               [--free-page-reporting [--page-reporting-order N]]
+                               [--no-free-page-reporting | --page-reporting-order N]
 
 1. Builds (or reuses) the guest image: vm-tests/microvm/image.py (debootstrap bookworm, python3 +
    numpy, the template agent; cached under vm-tests/out/microvm-cache/).
@@ -21,13 +21,13 @@
    per guest holding the pages that differ from the template at the same offset (index = offset,
    vaddr = guest-physical address), plus DIR/manifest.json (tasks, timings, per-guest page counts).
 
-With --free-page-reporting every guest (the template too) has a virtio-balloon device with free
-page reporting on, as a platform would give its microVMs: the guest reports free blocks of at
-least 2^ORDER pages (the kernel's default: a pageblock, 2 MiB) and QEMU punches them out of the
-memory file. The recorder waits at each quiescent point until the file stops shrinking. A
-discarded page reads as zero: where the template's page was not zero it is an owned zero page
-in the trace, as the VMM's memory holds it (a private mapping would fall back to the image's
-page, which costs the host even less), counted per guest as `discarded_pages`.
+Every guest (the template too) has a virtio-balloon device with free page reporting on, as a
+platform would give its microVMs (--no-free-page-reporting: none): the guest reports free blocks of
+at least 2^ORDER pages (the kernel's default: a pageblock, 2 MiB) and QEMU punches them out of the
+memory file. The recorder waits at each quiescent point until the file stops shrinking. A discarded
+page reads as zero: where the template's page was not zero it is an owned zero page in the trace, as
+the VMM's memory holds it (a private mapping would fall back to the image's page, which costs the
+host even less), counted per guest as `discarded_pages`.
 
 Nothing here needs KVM (TCG, one vCPU per guest). Docs: docs/lab/microvm.md.
 """
@@ -467,18 +467,20 @@ def main() -> int:
                          "alive (a persistent tool process)")
     ap.add_argument("--reuse-template", action="store_true",
                     help="reuse DIR/template.ram + template.vmstate from an earlier run")
-    ap.add_argument("--free-page-reporting", action="store_true",
+    ap.add_argument("--free-page-reporting", action=argparse.BooleanOptionalAction,
+                    default=True,
                     help="give every guest (the template too) a virtio-balloon device with free "
-                         "page reporting on: free blocks it reports are punched out of its "
-                         "memory file; the recorder waits at each quiescent point until the "
-                         "file stops shrinking")
+                         "page reporting on, as a platform runs its microVMs (default): free "
+                         "blocks it reports are punched out of its memory file; the recorder "
+                         "waits at each quiescent point until the file stops shrinking. "
+                         "--no-free-page-reporting: no balloon, free memory keeps its bytes")
     ap.add_argument("--page-reporting-order", type=int, metavar="ORDER",
-                    help="with --free-page-reporting: report free blocks of at least 2^ORDER "
-                         "pages (0-10; default: the guest kernel's, a pageblock = 9)")
+                    help="report free blocks of at least 2^ORDER pages (0-10; default: the "
+                         "guest kernel's, a pageblock = 9)")
     a = ap.parse_args()
     if a.page_reporting_order is not None:
         if not a.free_page_reporting:
-            ap.error("--page-reporting-order needs --free-page-reporting")
+            ap.error("--page-reporting-order cannot go with --no-free-page-reporting")
         if not 0 <= a.page_reporting_order <= 10:
             ap.error("--page-reporting-order: 0..10")
     if a.n < 1 or a.parallel < 1:
