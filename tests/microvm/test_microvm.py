@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
+import errno
 import importlib.util
 import json
 import os
 import random
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 from types import ModuleType
 
@@ -18,6 +17,7 @@ import pytest
 
 from bench import microvm, microvm_report, microvm_reporting
 from controlplane.trace import ROLE_SANDBOX, ROLE_TEMPLATE, read_trace
+from controlplane.trace import replay as rp
 from controlplane.trace.corelib import default_lib_path
 
 TOP = Path(__file__).resolve().parents[2]
@@ -139,6 +139,34 @@ def test_hole_pages_finds_punched_and_unwritten_pages(record: ModuleType,
     assert record.hole_pages(f, 12)[5] == 0
 
 
+def test_hole_pages_counts_a_partly_written_page_as_data(record: ModuleType,
+                                                        tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    f = tmp_path / "ram"
+    f.write_bytes(bytes(6 * PAGE))
+    extents = [(100, PAGE + 5), (3 * PAGE + 4000, 3 * PAGE + 4001)]  # data, not page-aligned
+
+    def lseek(fd: int, off: int, whence: int) -> int:
+        for a, b in extents:
+            if whence == os.SEEK_DATA and off < b:
+                return max(a, off)
+            if whence == os.SEEK_HOLE and a <= off < b:
+                return b
+        if whence == os.SEEK_HOLE:
+            return 6 * PAGE
+        raise OSError(errno.ENXIO, "no data")
+
+    monkeypatch.setattr(record.os, "lseek", lseek)
+    assert list(record.hole_pages(f, 6)) == [0, 0, 1, 0, 1, 1]
+
+    def broken(fd: int, off: int, whence: int) -> int:
+        raise OSError(errno.EIO, "I/O error")
+
+    monkeypatch.setattr(record.os, "lseek", broken)
+    with pytest.raises(OSError):
+        record.hole_pages(f, 6)
+
+
 def test_trace_counts_discarded_pages(record: ModuleType, tmp_path: Path) -> None:
     results = _fake_recording(tmp_path, record)
     record.write_trace(tmp_path, results, {"style": "microvm-snapshot"})
@@ -147,7 +175,7 @@ def test_trace_counts_discarded_pages(record: ModuleType, tmp_path: Path) -> Non
     assert before["owned_zero_pages"] > 0 and before["discarded_pages"] == 0
     tmpl = (tmp_path / "template.ram").read_bytes()
     g = tmp_path / "vm0.ram"
-    # page 4 (text in the template, untouched by vm0) discarded by the balloon
+    # page 4 (not zero in the template, untouched by vm0) discarded by the balloon
     assert tmpl[4 * PAGE : 5 * PAGE] != bytes(PAGE) and 4 not in range(1, 64, 7)
     _punch(g, 4)
     record.write_trace(tmp_path, results, {"style": "microvm-snapshot"})
@@ -161,26 +189,42 @@ def test_trace_counts_discarded_pages(record: ModuleType, tmp_path: Path) -> Non
     assert results[1].info["discarded_pages"] == 0
 
 
-def test_settle_discards_waits_for_the_file_to_stop_shrinking(record: ModuleType,
-                                                              tmp_path: Path) -> None:
-    f = tmp_path / "ram"
-    f.write_bytes(b"\x5a" * (64 * PAGE))
-    os.fsync(os.open(f, os.O_RDONLY))
+def _settle(record: ModuleType, sizes: list[int], **kw: float) -> tuple[float, int, bool]:
+    """settle_discards() over a fixed sequence of file sizes, one per poll, on a fake clock."""
+    now = [0.0]
+    left = iter(sizes)
+    last = [sizes[-1]]
 
-    def shrink() -> None:
-        for k in range(4):
-            time.sleep(0.15)
-            _punch(f, 8 * k, 8)
+    def size() -> int:
+        last[0] = next(left, last[0])
+        return last[0]
 
-    t = threading.Thread(target=shrink)
-    t.start()
-    waited, freed = record.settle_discards(f, quiet_s=0.5, poll_s=0.05, limit_s=30)
-    t.join()
-    assert freed == 32 * PAGE
-    assert waited >= 0.5 + 0.6 - 0.1  # the last punch, then a quiet spell
-    # nothing shrinks: returns after the quiet spell
-    waited, freed = record.settle_discards(f, quiet_s=0.2, poll_s=0.05, limit_s=30)
-    assert freed == 0 and waited >= 0.2
+    def sleep(dt: float) -> None:
+        now[0] += dt
+
+    return record.settle_discards(size, clock=lambda: now[0], sleep=sleep, **kw)
+
+
+def test_settle_discards_waits_for_the_file_to_stop_shrinking(record: ModuleType) -> None:
+    mb = 1 << 20
+    # shrinks at polls 2 and 5 (a write in between does not count), then stays
+    waited, shrank, settled = _settle(
+        record, [10 * mb, 10 * mb, 8 * mb, 8 * mb, 9 * mb, 5 * mb] + [5 * mb] * 20,
+        quiet_s=3.0, poll_s=1.0, limit_s=100.0)
+    assert settled and shrank == 5 * mb
+    assert waited == 5.0 + 3.0  # the last shrink, then a quiet spell
+    # growth, then a shrink that stays above the smallest size seen: still a shrink
+    waited, shrank, settled = _settle(
+        record, [4 * mb, 2 * mb, 6 * mb, 3 * mb] + [3 * mb] * 20,
+        quiet_s=2.0, poll_s=1.0, limit_s=100.0)
+    assert settled and waited == 3.0 + 2.0 and shrank == 1 * mb
+    # never settles: stops at the limit and says so
+    waited, shrank, settled = _settle(
+        record, [100 * mb - k * mb for k in range(50)], quiet_s=3.0, poll_s=1.0, limit_s=10.0)
+    assert not settled and waited == 10.0 and shrank == 10 * mb
+    # nothing shrinks: one quiet spell
+    waited, shrank, settled = _settle(record, [mb] * 10, quiet_s=2.0, poll_s=0.5)
+    assert settled and waited == 2.0 and shrank == 0
 
 
 def test_qemu_command_line_has_the_balloon_only_when_asked(record: ModuleType,
@@ -189,11 +233,14 @@ def test_qemu_command_line_has_the_balloon_only_when_asked(record: ModuleType,
     spec = record.VmSpec("vm0", tmp_path / "vm0.ram", tmp_path, 384, img, "console=ttyS0")
     cmd = record.qemu_cmd(spec, tmp_path / "q", tmp_path / "c")
     assert not any("virtio-balloon" in w for w in cmd) and "-incoming" not in cmd
-    spec.balloon, spec.incoming = True, True
-    cmd = record.qemu_cmd(spec, tmp_path / "q", tmp_path / "c")
-    dev = cmd[cmd.index("-device") + 1]
+    spec.balloon = True
+    template = record.qemu_cmd(spec, tmp_path / "q", tmp_path / "c")
+    dev = template[template.index("-device") + 1]
     assert dev.startswith("virtio-balloon-pci") and "free-page-reporting=on" in dev
-    assert cmd[-2:] == ["-incoming", "defer"]
+    spec.incoming = True
+    restore = record.qemu_cmd(spec, tmp_path / "q", tmp_path / "c")
+    # a restore has the snapshot's devices: the same line, waiting for the incoming state
+    assert restore == [*template, "-incoming", "defer"]
 
 
 def test_initrd_sets_the_reporting_order_after_the_balloon_loads(image: ModuleType) -> None:
@@ -463,8 +510,16 @@ def test_stream_bound_on_a_small_recording(record: ModuleType, tmp_path: Path) -
     assert not list(tmp_path.glob("azbound-*"))  # the work directory is gone
 
 
-def _manifest(tmp: Path, record: ModuleType, reporting: bool, order: int | None = None) -> None:
+def _manifest(tmp: Path, record: ModuleType, reporting: bool,
+              order: int | None = None) -> list:
+    """A fake recording in @tmp with the manifest record.py writes; its guests' results."""
     results = _fake_recording(tmp, record)
+    _write_manifest(tmp, record, results, reporting, order)
+    return results
+
+
+def _write_manifest(tmp: Path, record: ModuleType, results: list, reporting: bool,
+                    order: int | None = None) -> None:
     stats = record.write_trace(tmp, results, {"style": "microvm-snapshot"})
     (tmp / "manifest.json").write_text(json.dumps(
         {"n": 2, "task_mode": "inproc", "free_page_reporting": reporting,
@@ -492,29 +547,27 @@ def test_reporting_bench_measures_and_compares(record: ModuleType, tmp_path: Pat
     off.mkdir()
     on.mkdir()
     _manifest(off, record, False)
-    _manifest(on, record, True)
+    results = _manifest(on, record, True)
     _punch(on / "vm0.ram", 4)  # one page discarded, template unchanged
-    stats = record.write_trace(on, record_results(on, record), {"style": "microvm-snapshot"})
-    m = json.loads((on / "manifest.json").read_text())
-    (on / "manifest.json").write_text(json.dumps({**m, **stats}))
+    _write_manifest(on, record, results, True)
     a, b = microvm_reporting.measure(off), microvm_reporting.measure(on)
     assert b["owned_bytes"] == a["owned_bytes"] + PAGE  # an owned zero page more ...
     assert b["owned_data_bytes"] == a["owned_data_bytes"]  # ... holding no data
     assert b["discarded_owned_bytes"] == PAGE and a["discarded_owned_bytes"] == 0
     assert b["guest_nonzero_bytes"] == a["guest_nonzero_bytes"] - PAGE
+    tr = read_trace(off / "microvm.aztrace")
     for s in microvm_reporting.STRATEGIES:
+        # what the host spends = everything the replay stored, by its own total ratio
+        rep = rp.replay(tr, rp.STRATEGIES[s])
+        everything = rep["sandbox_bytes"] + rep["template_bytes"]
         r = a["strategies"][s]
-        assert r["spent_bytes"] == r["owned_held_bytes"] + r["template_held_bytes"]
+        assert r["spent_bytes"] == pytest.approx(everything / rep["total_ratio"])
         assert r["fleet"] == pytest.approx(a["guest_nonzero_bytes"] / r["spent_bytes"])
+    assert a["strategies"]["all"]["spent_bytes"] < a["strategies"]["lz4"]["spent_bytes"]
     cmp = microvm_reporting.compare(a, b)
     assert cmp["reporting_alone"] == pytest.approx(1.0) and cmp["image_alone"] == 1.0
     lines = microvm_reporting.table(a, b, cmp)
     assert lines[2].startswith("| off |") and lines[3].startswith("| on |")
-
-
-def record_results(tmp: Path, record: ModuleType) -> list:
-    return [record.GuestResult(f"vm{i}", task, 1000 + i)
-            for i, task in enumerate(("train", "generate"))]
 
 
 @pytest.mark.parametrize("argv", [
@@ -524,10 +577,15 @@ def record_results(tmp: Path, record: ModuleType) -> list:
     ["--n", "0"],
 ])
 def test_recorder_refuses_bad_options(record: ModuleType, argv: list[str],
-                                      monkeypatch: pytest.MonkeyPatch,
                                       capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setattr(sys, "argv", ["record.py", *argv])
     with pytest.raises(SystemExit) as e:
-        record.main()
+        record.parse_args(argv)
     assert e.value.code == 2
     assert "error:" in capsys.readouterr().err
+
+
+def test_recorder_reports_free_pages_by_default(record: ModuleType) -> None:
+    a = record.parse_args([])
+    assert a.free_page_reporting and a.page_reporting_order is None
+    assert not record.parse_args(["--no-free-page-reporting"]).free_page_reporting
+    assert record.parse_args(["--page-reporting-order", "0"]).page_reporting_order == 0

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import json
 import mmap
 import os
@@ -45,7 +46,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -244,24 +245,38 @@ def allocated_bytes(path: Path) -> int:
     return os.stat(path).st_blocks * 512
 
 
-def settle_discards(path: Path, quiet_s: float = 6.0, poll_s: float = 0.5,
-                    limit_s: float = 180.0) -> tuple[float, int]:
-    """Wait until the memory file at @path has not shrunk for @quiet_s (at most @limit_s).
+def settle_discards(size: Callable[[], int], quiet_s: float = 6.0, poll_s: float = 0.5,
+                    limit_s: float = 180.0, clock: Callable[[], float] = time.monotonic,
+                    sleep: Callable[[float], None] = time.sleep) -> tuple[float, int, bool]:
+    """Wait until a memory file (@size: its allocated bytes now) has not shrunk for @quiet_s,
+    at most @limit_s.
 
     The guest reports free blocks at most every 2 s, a budget of each free list at a time, so
-    the file shrinks in steps; @quiet_s spans a few of them.  Returns (seconds waited, bytes
-    the file gave up meanwhile)."""
-    t0 = time.monotonic()
-    first = last = allocated_bytes(path)
+    the file shrinks in steps; @quiet_s spans a few of them.  Each sample is compared with the
+    one before it (the guest may write pages back meanwhile).  Returns (seconds waited, bytes
+    the file went down by overall, whether it settled before @limit_s)."""
+    t0 = clock()
+    first = prev = size()
     t_last = t0
     while True:
-        time.sleep(poll_s)
-        now = time.monotonic()
-        cur = allocated_bytes(path)
-        if cur < last:
-            last, t_last = cur, now
-        if now - t_last >= quiet_s or now - t0 >= limit_s:
-            return now - t0, first - last
+        sleep(poll_s)
+        now = clock()
+        cur = size()
+        if cur < prev:
+            t_last = now
+        prev = cur
+        if now - t_last >= quiet_s:
+            return now - t0, first - cur, True
+        if now - t0 >= limit_s:
+            return now - t0, first - cur, False
+
+
+def settle(ram: Path, who: str) -> tuple[float, int]:
+    """settle_discards() on the memory file @ram, logged."""
+    waited, shrank, settled = settle_discards(lambda: allocated_bytes(ram))
+    if not settled:
+        log(f"{who}: the memory file still shrank after {waited:.0f}s; recorded as it is")
+    return waited, shrank
 
 
 def hole_pages(path: Path, npages: int) -> bytearray:
@@ -275,7 +290,11 @@ def hole_pages(path: Path, npages: int) -> bytearray:
         while off < size:
             try:
                 start = os.lseek(fd, off, os.SEEK_DATA)
-            except OSError:  # ENXIO: no data after off
+            except OSError as e:
+                if e.errno == errno.ENXIO:  # no data after off
+                    break
+                raise
+            if start >= size:
                 break
             end = min(os.lseek(fd, start, os.SEEK_HOLE), size)
             holes[start // PAGE:(end + PAGE - 1) // PAGE] = bytes((end + PAGE - 1) // PAGE
@@ -293,8 +312,8 @@ class GuestResult:
     task_s: float = 0.0
     wall_s: float = 0.0
     agent_task_s: float = 0.0
-    settle_s: float = 0.0
-    reported_bytes: int = 0  # memory file bytes the balloon discarded at the LLM wait
+    settle_s: float = 0.0  # waited at the LLM wait for the balloon's reports to end
+    settle_shrank_bytes: int = 0  # what the memory file went down by in that wait
     info: dict[str, Any] = field(default_factory=dict)
 
 
@@ -308,7 +327,7 @@ def record_template(out: Path, img: image.Image, mem: int, size: str, seed: int,
     if report_order is not None:
         append += f" azagent.report_order={report_order}"
     spec = VmSpec("template", ram, out / "run", mem, img, append, balloon=balloon)
-    settle = (0.0, 0)
+    settled = (0.0, 0)
     t0 = time.monotonic()
     with qemu(spec) as (_proc, q, ctl):
         port = Port(ctl)
@@ -320,8 +339,9 @@ def record_template(out: Path, img: image.Image, mem: int, size: str, seed: int,
         log(f"template ready ({t_ready:.0f}s wall; {ready})")
         time.sleep(3)  # let the guest settle into its idle loop before the snapshot
         if balloon:
-            settle = settle_discards(ram)
-            log(f"template: the balloon discarded {settle[1] >> 20} MiB in {settle[0]:.0f}s")
+            settled = settle(ram, "template")
+            log(f"template: settled in {settled[0]:.0f}s (the memory file went down by "
+                f"{settled[1] >> 20} MiB meanwhile)")
         q.cmd("stop")
         q.cmd("migrate-set-capabilities",
               capabilities=[{"capability": "x-ignore-shared", "state": True}])
@@ -333,7 +353,7 @@ def record_template(out: Path, img: image.Image, mem: int, size: str, seed: int,
             "vmstate_bytes": (out / "template.vmstate").stat().st_size,
             "migration_total_ms": mig.get("total-time"), "append": append,
             "free_page_reporting": balloon, "page_reporting_order": report_order,
-            "settle_s": settle[0], "reported_bytes": settle[1]}
+            "settle_s": settled[0], "settle_shrank_bytes": settled[1]}
 
 
 def restore_guest(out: Path, img: image.Image, mem: int, append: str, i: int,
@@ -370,13 +390,13 @@ def restore_guest(out: Path, img: image.Image, mem: int, append: str, i: int,
         res.agent_task_s = float(done.split()[2])
         time.sleep(2)  # the guest idles at its LLM wait
         if balloon:
-            res.settle_s, res.reported_bytes = settle_discards(ram)
+            res.settle_s, res.settle_shrank_bytes = settle(ram, res.name)
         q.cmd("stop")
         port.close()
     res.wall_s = time.monotonic() - t0
     log(f"{res.name}: {task} seed {seed}: restored in {res.restore_s:.1f}s, task "
         f"{res.task_s:.0f}s wall ({res.agent_task_s:.0f}s guest)"
-        + (f", the balloon discarded {res.reported_bytes >> 20} MiB in {res.settle_s:.0f}s"
+        + (f", settled in {res.settle_s:.0f}s (-{res.settle_shrank_bytes >> 20} MiB)"
            if balloon else ""))
     return res
 
@@ -433,7 +453,7 @@ def write_trace(out: Path, results: list[GuestResult], meta: dict[str, Any]) -> 
                     if a != tm[k * PAGE:(k + 1) * PAGE]:
                         owned += 1
                         owned_zero += z
-                        discarded += z and holes[k]
+                        discarded += holes[k]  # a hole reads as zero
                         batch_i.append(k)
                         batch_d.append(a)
                         if len(batch_i) == 1024:
@@ -451,7 +471,7 @@ def write_trace(out: Path, results: list[GuestResult], meta: dict[str, Any]) -> 
     return stats
 
 
-def main() -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=int, default=8, help="guests restored from the snapshot")
     ap.add_argument("--parallel", type=int, default=2, help="guests running at once")
@@ -470,14 +490,14 @@ def main() -> int:
     ap.add_argument("--free-page-reporting", action=argparse.BooleanOptionalAction,
                     default=True,
                     help="give every guest (the template too) a virtio-balloon device with free "
-                         "page reporting on, as a platform runs its microVMs (default): free "
+                         "page reporting on, as a platform runs its microVMs: free "
                          "blocks it reports are punched out of its memory file; the recorder "
                          "waits at each quiescent point until the file stops shrinking. "
                          "--no-free-page-reporting: no balloon, free memory keeps its bytes")
     ap.add_argument("--page-reporting-order", type=int, metavar="ORDER",
                     help="report free blocks of at least 2^ORDER pages (0-10; default: the "
                          "guest kernel's, a pageblock = 9)")
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     if a.page_reporting_order is not None:
         if not a.free_page_reporting:
             ap.error("--page-reporting-order cannot go with --no-free-page-reporting")
@@ -485,6 +505,11 @@ def main() -> int:
             ap.error("--page-reporting-order: 0..10")
     if a.n < 1 or a.parallel < 1:
         ap.error("--n and --parallel must be at least 1")
+    return a
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
     if shutil.which("qemu-system-x86_64") is None:
         print("record: qemu-system-x86_64 not found (apt-get install qemu-system-x86)",
               file=sys.stderr)
