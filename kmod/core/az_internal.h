@@ -512,6 +512,24 @@ _Static_assert(sizeof(struct az_sim_set) ==
 	       "a similarity-table way is a tag and a pointer, unpadded");
 
 /*
+ * A way's tag: 16 bits mixed from the kept half of the key (all of its
+ * bits, not only those above the set index), so that the entries of an
+ * object whose keys were kept for later can be made from the object alone.
+ * An entry made for key k sits in set az_sim_setno(k) with az_sim_tag(k);
+ * moves keep it so (index.c), the host checker checks it.
+ */
+static inline u16 az_sim_tag(u32 key32)
+{
+	return (u16)((key32 * 0x9e3779b1U) >> 16);
+}
+
+/* The set of @key32 in a table of 2^@bits sets. */
+static inline u32 az_sim_setno(u32 key32, u32 bits)
+{
+	return key32 >> (32 - bits);
+}
+
+/*
  * Similarity yield of a trust group (index.c, "Sparse similarity
  * entries"): its lookups, the similarity deltas they gave and the pages
  * found as duplicates of its sandboxes' own plain pages, halved each time

@@ -304,7 +304,7 @@ int az_store_free_notify(struct az_store *s, u64 slot);
  * slots that now refer to a pack.  0, or -EINVAL for a bad range.  May
  * run beside puts, loads and frees of the same slots (a slot changed
  * meanwhile stays as it is); never sleeps for memory, takes one slot lock
- * at a time.
+ * at a time, and reschedules between runs: call it where it may sleep.
  */
 int az_store_pack(struct az_store *s, struct az_ctx *ctx, u64 first, u64 nr,
 		  u64 *packed);

@@ -487,21 +487,6 @@ static inline u32 az_sim_key32(u64 key)
 	return (u32)(key >> 32);
 }
 
-/*
- * A way's tag: 16 bits mixed from the kept half of the key (all of its
- * bits, not only those above the set index), so that the entries of an
- * object whose keys were kept for later can be made from the object alone.
- */
-static inline u16 az_sim_tag(u32 key32)
-{
-	return (u16)((key32 * 0x9e3779b1U) >> 16);
-}
-
-static inline u32 az_sim_setno(u32 key32, u32 bits)
-{
-	return key32 >> (32 - bits);
-}
-
 /* The set of @key32, in the old table while that is being moved. */
 static inline struct az_sim_set *az_sim_head(struct az_index *x, u32 key32)
 {
@@ -810,14 +795,22 @@ void az_index_remove(struct az_store *s, struct az_obj *o)
 {
 	struct az_index *x = &s->idx;
 	struct az_obj **pp;
+	bool found = false;
 
 	az_spin_lock(&s->idx_lock);
 	for (pp = az_dhead(x, o->hash); *pp; pp = &(*pp)->dnext) {
 		if (*pp == o) {
 			*pp = o->dnext;
+			found = true;
 			break;
 		}
 	}
+	/*
+	 * Every indexed object is in its chain: not finding it means a move
+	 * or a hash went wrong, and whatever still links it would point at
+	 * freed memory once it goes.
+	 */
+	AZ_WARN_ON(!found);
 	az_sim_unlink(x, o, false);
 	AZ_WRITE_ONCE(x->indexed, x->indexed - 1);
 	az_index_want_resize(s);
@@ -864,9 +857,10 @@ static void az_dedup_move(struct az_index *x, u32 b)
  * sets it splits into when the table doubled (the order stays newest
  * first), the set it shares with its sibling when it halved (moved after
  * the sibling, its entries push the sibling's oldest out of a full set).
- * The key is found in the object: one of its keys falls in @so (an entry
- * was made for it, the moves keep it so); if two do, either is a place
- * its remove looks at.
+ * The key is found in the object: the one that falls in @so and gives the
+ * way's tag (the entry was made for it, the moves keep it so).  Two keys
+ * of an object may fall in one set: each way then follows its own key, so
+ * that a lookup by either key still finds it after the move.
  */
 static void az_sim_move(struct az_index *x, u32 so)
 {
@@ -879,7 +873,8 @@ static void az_sim_move(struct az_index *x, u32 so)
 		if (!o)
 			continue;
 		for (j = 0; j < o->nr_sf; j++)
-			if (az_sim_setno(o->sim_key[j], x->sold_bits) == so)
+			if (az_sim_setno(o->sim_key[j], x->sold_bits) == so &&
+			    az_sim_tag(o->sim_key[j]) == e->tag[w])
 				break;
 		if (AZ_WARN_ON(j == o->nr_sf))
 			continue;

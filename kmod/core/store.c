@@ -1867,6 +1867,7 @@ int az_store_pack(struct az_store *s, struct az_ctx *ctx, u64 first, u64 nr,
 		}
 		for (i = 0; i < n; i++)
 			az_pack_candidate_put(s, at[i], m[i]);
+		az_cond_resched();	/* a run may have encoded a pack */
 	}
 	return 0;
 }

@@ -461,12 +461,16 @@ int az_store_debug_check(struct az_store *s)
 
 			if (!o)
 				continue;
+			/* the way of one of its keys: its set and its tag */
 			for (k = 0; k < o->nr_sf; k++)
-				if (o->sim_key[k] >> (32 - s->idx.sbits) == i)
+				if (az_sim_setno(o->sim_key[k],
+						 s->idx.sbits) == i &&
+				    az_sim_tag(o->sim_key[k]) ==
+				    s->idx.sim[i].tag[w])
 					break;
 			AZ_CHK(k < o->nr_sf && az_obj_flag(o, AZ_OBJ_INDEXED),
-			       "obj %p in similarity set %zu, none of its keys",
-			       (void *)o, i);
+			       "obj %p in similarity set %zu way %u, not with the tag of a key of that set",
+			       (void *)o, i, w);
 		}
 	}
 	/* Objects waiting for the deferred free still hold their base. */
