@@ -92,18 +92,14 @@ def measure(out: Path) -> dict[str, Any]:
     return row
 
 
-def _ratio(a: int, b: int) -> float:
-    return a / b if b else float("inf")
-
-
 def compare(off: dict[str, Any], on: dict[str, Any]) -> dict[str, Any]:
     """How many times fewer bytes with reporting: owned pages with data, the image's non-zero
     pages, and what the host spends per strategy (inf where reporting left none)."""
     return {
-        "reporting_alone": _ratio(off["owned_data_bytes"], on["owned_data_bytes"]),
-        "image_alone": _ratio(off["template_nonzero_bytes"], on["template_nonzero_bytes"]),
+        "reporting_alone": rp.ratio(off["owned_data_bytes"], on["owned_data_bytes"]),
+        "image_alone": rp.ratio(off["template_nonzero_bytes"], on["template_nonzero_bytes"]),
         "with_compression": {
-            s: _ratio(off["strategies"][s]["spent_bytes"], on["strategies"][s]["spent_bytes"])
+            s: rp.ratio(off["strategies"][s]["spent_bytes"], on["strategies"][s]["spent_bytes"])
             for s in STRATEGIES
         },
     }
@@ -147,8 +143,9 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     ap.add_argument("--n", type=int, default=8, help="guests per recording")
-    ap.add_argument("--task-mode", choices=("inproc", "fork", "worker"), default="inproc",
-                    help="how each guest runs its task (record.py --task-mode)")
+    ap.add_argument("--task-mode", default="inproc",
+                    help="how each guest runs its task: inproc, fork or worker (record.py "
+                         "--task-mode, which checks it)")
     ap.add_argument("--page-reporting-order", type=int, default=None, metavar="ORDER",
                     help="smallest reported free block, 2^ORDER pages, 0..10 (default: the "
                          "guest kernel's, a pageblock)")

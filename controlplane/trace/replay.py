@@ -242,7 +242,8 @@ def replay(
     return res
 
 
-def _ratio(num: int, den: int) -> float:
+def ratio(num: int, den: int) -> float:
+    """@num / @den, inf when @den is 0 (nothing stored)."""
     return num / den if den else float("inf")
 
 
@@ -272,9 +273,9 @@ def figures(
         "stored_bytes": stored,
         "meta_bytes": meta,
         "template_stored_bytes": tm_stored,
-        "ratio": _ratio(sandbox, stored),
-        "net_ratio": _ratio(sandbox, stored + meta),
-        "total_ratio": _ratio(sandbox + tmpl, stored + tm_stored + meta + tmeta),
+        "ratio": ratio(sandbox, stored),
+        "net_ratio": ratio(sandbox, stored + meta),
+        "total_ratio": ratio(sandbox + tmpl, stored + tm_stored + meta + tmeta),
         "meta_pct": 100.0 * meta / sandbox if sandbox else 0.0,
         "meta": sb_meta,
         "template_bytes": tmpl,
@@ -354,9 +355,9 @@ def stream_reference(tr: Trace) -> dict[str, Any]:
         "stored_bytes": stored,
         "meta_bytes": 0,
         "template_stored_bytes": tm_stored,
-        "ratio": _ratio(sandbox, stored),
-        "net_ratio": _ratio(sandbox, stored),
-        "total_ratio": _ratio(sandbox + len(tmpl), stored + tm_stored),
+        "ratio": ratio(sandbox, stored),
+        "net_ratio": ratio(sandbox, stored),
+        "total_ratio": ratio(sandbox + len(tmpl), stored + tm_stored),
         "meta_pct": 0.0,
         "meta": {},
         "template_bytes": len(tmpl),
