@@ -10,6 +10,7 @@ import azswap_guest as ag
 from aznl import Client
 
 NPAGES = 4096
+SEED = 91
 
 
 def test_pack_after_swap_out_keeps_every_page(dev0, azpages, workers) -> None:
@@ -19,7 +20,7 @@ def test_pack_after_swap_out_keeps_every_page(dev0, azpages, workers) -> None:
     try:
         cg = ag.Cgroup("pack-a")
         nl.request("SANDBOX_ADD", [("CGROUP_ID", cg.id), ("GROUP", 3)])
-        w = ag.Worker(azpages, cg, NPAGES, seed=91)
+        w = ag.Worker(azpages, cg, NPAGES, seed=SEED)
         workers.append(w)
         ag.all_call(workers, "fill")
         for _ in range(5):
@@ -37,8 +38,11 @@ def test_pack_after_swap_out_keeps_every_page(dev0, azpages, workers) -> None:
         assert after["objects"] <= before["objects"] - after["packed_pages"] + after["packs"]
         assert mm1["compr_data_size"] < mm0["compr_data_size"], (mm0, mm1)
         assert after["pages_stored"] == before["pages_stored"]
+        # the region's pages are the sandbox's (and the worker's own memory too), save the
+        # zero pages the swap core keeps out of the device from 6.12 on (its zero map)
+        zero = sum(azpages.az_kind(SEED, i) == 0 for i in range(NPAGES)) if ag.SWAP_ZEROMAP else 0
         (own,) = nl.request("STATS_GET", [("CGROUP_ID", cg.id)])
-        assert own["ST_PAGES"] >= NPAGES, own
+        assert own["ST_PAGES"] >= NPAGES - zero, (zero, own)
         # a second pass finds nothing new
         assert dev0.write("pack", "1") == 0
         assert dev0.obj()["packs"] == after["packs"]
