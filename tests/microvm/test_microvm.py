@@ -589,3 +589,31 @@ def test_recorder_reports_free_pages_by_default(record: ModuleType) -> None:
     assert a.free_page_reporting and a.page_reporting_order is None
     assert not record.parse_args(["--no-free-page-reporting"]).free_page_reporting
     assert record.parse_args(["--page-reporting-order", "0"]).page_reporting_order == 0
+
+
+def test_connect_unix_waits_for_the_socket(record: ModuleType, tmp_path: Path) -> None:
+    import socket
+    import threading
+
+    path = tmp_path / "qmp.sock"
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+
+    def listen_late() -> None:  # QEMU creates its socket some time after it starts
+        threading.Event().wait(0.5)
+        srv.bind(str(path))
+        srv.listen(1)
+
+    t = threading.Thread(target=listen_late)
+    t.start()
+    try:
+        sock = record.connect_unix(path, timeout=30.0)
+        conn, _ = srv.accept()
+        sock.sendall(b"x")
+        assert conn.recv(1) == b"x"
+        conn.close()
+        sock.close()
+    finally:
+        t.join()
+        srv.close()
+    with pytest.raises(OSError):  # no socket, no time left: the error, not a hang
+        record.connect_unix(tmp_path / "never.sock", timeout=0.0)

@@ -72,21 +72,27 @@ def log(msg: str) -> None:
     print(f"[microvm {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
+def connect_unix(path: Path, timeout: float) -> socket.socket:
+    """A stream socket connected to the unix socket at ``path``, retried every 0.2 s until QEMU
+    has created it (OSError after ``timeout`` seconds)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(str(path))
+            return sock
+        except OSError:
+            sock.close()
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
 class QMP:
     """Minimal QMP client over a unix socket."""
 
     def __init__(self, path: Path, timeout: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                self.sock.connect(str(path))
-                break
-            except OSError:
-                self.sock.close()
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.2)
+        self.sock = connect_unix(path, timeout)
         self.f = self.sock.makefile("rwb")
         self._read()  # greeting
         self.cmd("qmp_capabilities")
@@ -132,17 +138,7 @@ class Port:
     """The host end of the agent's control port (a QEMU chardev socket, server side in QEMU)."""
 
     def __init__(self, path: Path, timeout: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                self.sock.connect(str(path))
-                break
-            except OSError:
-                self.sock.close()
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.2)
+        self.sock = connect_unix(path, timeout)
         self.buf = b""
 
     def send(self, line: str) -> None:
