@@ -12,11 +12,12 @@ out=$top/vm-tests/out/loop
 mkdir -p "$out"
 export AZSWAP_VM_TIMEOUT=${AZSWAP_VM_TIMEOUT:-1800}
 export AZSWAP_VM_ARGS="${AZSWAP_VM_ARGS:-} $*"
-# what `make test` and `make test-debug` build first (both module variants, the host library,
-# the debug kernel when it is asked for)
+# what `make test` and `make test-debug` build first for the series the guest runs
+# (AZSWAP_KERNEL, default 6.1): both module variants, the host library, the debug kernel when
+# it is asked for
 targets="kmod kmod-debug hostlib"
 case " $AZSWAP_VM_ARGS " in *" --debug-kernel "*) targets="$targets debug-kernel" ;; esac
-make -s -C "$top" $targets >"$out/build.log" 2>&1 || {
+make -s -C "$top" KERNEL="${AZSWAP_KERNEL:-6.1}" $targets >"$out/build.log" 2>&1 || {
 	echo "guest-suite-loop: make $targets failed (log: $out/build.log)"
 	exit 1
 }

@@ -7,8 +7,10 @@ import importlib.util
 import json
 import os
 import random
+import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from types import ModuleType
 
@@ -592,9 +594,6 @@ def test_recorder_reports_free_pages_by_default(record: ModuleType) -> None:
 
 
 def test_connect_unix_waits_for_the_socket(record: ModuleType, tmp_path: Path) -> None:
-    import socket
-    import threading
-
     path = tmp_path / "qmp.sock"
     srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
 
@@ -615,5 +614,7 @@ def test_connect_unix_waits_for_the_socket(record: ModuleType, tmp_path: Path) -
     finally:
         t.join()
         srv.close()
+    fds = len(os.listdir("/proc/self/fd"))
     with pytest.raises(OSError):  # no socket, no time left: the error, not a hang
-        record.connect_unix(tmp_path / "never.sock", timeout=0.0)
+        record.connect_unix(tmp_path / "never.sock", timeout=0.3)
+    assert len(os.listdir("/proc/self/fd")) == fds  # every try's socket closed

@@ -334,6 +334,23 @@ def verify_all(workers: list[Worker]) -> None:
         assert bad == 0, f"{w.name}: {bad} of {w.npages} pages corrupt, first at page {first}"
 
 
+def swap_all(w: Worker, cg: Cgroup) -> None:
+    """Reclaim ``cg`` until swap holds at least the worker's region (a few tries), else fail."""
+    for _ in range(5):
+        cg.reclaim("1G")
+        if cg.swap_current() >= w.npages * PAGE:
+            return
+    raise AssertionError(f"{cg.path}: {cg.swap_current()} bytes swapped of {w.npages} pages")
+
+
+def zero_pages(lib: ctypes.CDLL, seed: int, npages: int) -> int:
+    """How many of a worker's pages (azpages.c, ``seed``) the swap core keeps out of the
+    device: its all-zero pages from 6.12 on (the zero map), none on 6.1."""
+    if not SWAP_ZEROMAP:
+        return 0
+    return sum(lib.az_kind(seed, i) == 0 for i in range(npages))
+
+
 def vmstat() -> dict[str, int]:
     out = {}
     for ln in Path("/proc/vmstat").read_text().splitlines():

@@ -23,10 +23,7 @@ def test_pack_after_swap_out_keeps_every_page(dev0, azpages, workers) -> None:
         w = ag.Worker(azpages, cg, NPAGES, seed=SEED)
         workers.append(w)
         ag.all_call(workers, "fill")
-        for _ in range(5):
-            cg.reclaim("1G")
-            if cg.swap_current() >= NPAGES * ag.PAGE:
-                break
+        ag.swap_all(w, cg)
         before, mm0 = dev0.wait_drained(), dev0.mm()
         assert before["packs"] == before["packed_pages"] == 0, before
         assert dev0.write("pack", "2") == EINVAL
@@ -40,7 +37,7 @@ def test_pack_after_swap_out_keeps_every_page(dev0, azpages, workers) -> None:
         assert after["pages_stored"] == before["pages_stored"]
         # the region's pages are the sandbox's (and the worker's own memory too), save the
         # zero pages the swap core keeps out of the device from 6.12 on (its zero map)
-        zero = sum(azpages.az_kind(SEED, i) == 0 for i in range(NPAGES)) if ag.SWAP_ZEROMAP else 0
+        zero = ag.zero_pages(azpages, SEED, NPAGES)
         (own,) = nl.request("STATS_GET", [("CGROUP_ID", cg.id)])
         assert own["ST_PAGES"] >= NPAGES - zero, (zero, own)
         # a second pass finds nothing new
