@@ -204,6 +204,7 @@ def replay(
         del cbuf
         if rc != nr:
             raise CoreError(5, f"get failed at slot {max(rc, 0)}")
+        read = st.stats()
         pos = 0
         for o, run in runs:
             seg = len(run) * PAGE_SIZE
@@ -235,6 +236,15 @@ def replay(
                 "direct_pages": end["direct_pages"],
             },
             "get_mbps": nr * PAGE_SIZE / t_get / 1e6 if t_get else 0.0,
+            # the decoded-base cache's use: base reads it served and base reads that decoded,
+            # while the pages were stored and in the two read-back passes (slot order)
+            "base_cache": {
+                "pages": end["base_cache_pages"],
+                "put_hits": end["base_cache_hits"],
+                "put_misses": end["base_cache_misses"],
+                "get_hits": read["base_cache_hits"] - end["base_cache_hits"],
+                "get_misses": read["base_cache_misses"] - end["base_cache_misses"],
+            },
             "verified_pages": nr,
             "owners": owners,
         }

@@ -214,3 +214,18 @@ def test_packed_strategies_pack_and_never_store_more(report: list[dict[str, Any]
         assert b["template_stored_bytes"] == a["template_stored_bytes"], packed
         assert b["sandbox_kinds"] == a["sandbox_kinds"], packed
         assert a["packed_pages"] == 0 and b["packed_pages"] > 0
+
+
+def test_base_cache_use_is_reported(report: list[dict[str, Any]]) -> None:
+    by = results(report)
+    # no owners, no deltas: nothing reads a base
+    reads = ("put_hits", "put_misses", "get_hits", "get_misses")
+    assert [by["lz4"]["base_cache"][k] for k in reads] == [0, 0, 0, 0]
+    for name in ("tdelta", "all"):
+        bc = by[name]["base_cache"]
+        kinds = by[name]["sandbox_kinds"]
+        assert kinds["tdelta"] + kinds["xdelta"] > 0, kinds
+        # each delta read back (twice) reads its base: from the cache or decoded
+        assert bc["get_hits"] + bc["get_misses"] >= 2 * (kinds["tdelta"] + kinds["xdelta"]), bc
+        assert bc["put_hits"] + bc["put_misses"] > 0, bc  # encoding against a base reads it
+        assert bc["pages"] > 0
