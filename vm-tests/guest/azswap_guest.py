@@ -344,8 +344,9 @@ def swap_all(w: Worker, cg: Cgroup) -> None:
 
 
 def zero_pages(lib: ctypes.CDLL, seed: int, npages: int) -> int:
-    """How many of a worker's pages (azpages.c, ``seed``) the swap core keeps out of the
-    device: its all-zero pages from 6.12 on (the zero map), none on 6.1."""
+    """At most how many of a worker's pages (azpages.c, ``seed``) the swap core keeps out of
+    the device: its all-zero pages from 6.12 on (the zero map; a huge page swapped out whole
+    keeps its zero subpages unless all are zero), none on 6.1."""
     if not SWAP_ZEROMAP:
         return 0
     return sum(lib.az_kind(seed, i) == 0 for i in range(npages))
