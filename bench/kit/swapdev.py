@@ -420,6 +420,9 @@ class Azswap(System):
             "template_bytes": m["template_bytes"],
             "compacted": m.get("compacted_bytes", 0),
             "base_cache_pages": o["base_cache_pages"],
+            # base reads the decoded-base cache served / that decoded the base (monotonic)
+            "base_cache_hits": o["base_cache_hits"],
+            "base_cache_misses": o["base_cache_misses"],
             # pages stored without an object (direct groups, unregistered cgroups)
             "direct_pages": o.get("direct_pages", 0),
         }

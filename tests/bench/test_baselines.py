@@ -286,3 +286,17 @@ def test_a_pack_write_that_fails_fails_the_system(
 def test_unknown_azswap_suffixes(name: str) -> None:
     with pytest.raises(ValueError, match="suffixes"):
         make_system(name)
+
+
+def test_azswap_stats_read_every_column_they_report(tmp_path: Path) -> None:
+    # a device directory as sysfs shows it: each stat file's columns numbered 1, 2, ...
+    for f in ("mm_stat", "kind_stat", "obj_stat", "meta_stat"):
+        (tmp_path / f).write_text(" ".join(str(i + 1) for i in range(len(STAT_FILES[f]))))
+    dev = Azswap("lz4")
+    dev.B = tmp_path
+    st = dev.stats()
+    obj = STAT_FILES["obj_stat"]
+    for name in ("base_cache_pages", "base_cache_hits", "base_cache_misses", "direct_pages"):
+        assert st[name] == obj.index(name) + 1, name
+    assert st["payload"] == STAT_FILES["mm_stat"].index("compr_data_size") + 1
+    assert st["kind_plain"] == STAT_FILES["kind_stat"].index("plain") + 1
