@@ -167,11 +167,12 @@ def test_short_waits_keep_the_working_set_and_compress_the_rest() -> None:
     assert cycles[0]["majflt"] >= 0.8 * HOT, cycles[0]  # the first wait took everything
     # the working set stayed: the kernel's LRU cannot tell the pages the last tool used from
     # those the one before used (no scan between), so a wait may take some of the former
-    # (seen: 40-142 faults per tool, the drift being 40)
+    # (seen: 40-142 faults per tool on 6.1, the drift being 40; 41-208, 125 on average, on
+    # 7.3), where a wait that took it faults it all back (HOT, as the first cycle did)
     later = [cyc["majflt"] for cyc in cycles[1:]]
-    assert sum(later) / len(later) <= 0.3 * HOT, cycles
+    assert sum(later) / len(later) <= 0.4 * HOT, cycles
     for cyc in cycles[1:]:
-        assert cyc["majflt"] <= 0.5 * HOT, cyc
+        assert cyc["majflt"] <= 0.6 * HOT, cyc
         # the rest stayed in swap: at least half of the pages no tool touched
         assert cyc["swapped_before_tool"] >= (NPAGES - 2 * HOT) * 4096 // 2, cyc
     assert plan["kept"] >= 6, plan
