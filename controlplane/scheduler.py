@@ -118,7 +118,7 @@ class SchedulerConfig:
         default_factory=lambda: {"codec": int(Codec.LZ4), "sim_effort": 4}
     )
     dense_policy: dict[str, int] = field(
-        default_factory=lambda: {"codec": int(Codec.ZSTD), "level": 3, "sim_effort": 12}
+        default_factory=lambda: {"codec": int(Codec.ZSTD), "level": 3, "sim_effort": 8}
     )
 
     def validate(self) -> None:

@@ -235,6 +235,7 @@ def load_lib(path: str | os.PathLike[str] | None = None) -> ctypes.CDLL:
         "az_debug_encode": (ctypes.c_int, [vp, ctypes.POINTER(Policy), cp, cp, cp]),
         "az_store_debug_check": (ctypes.c_int, [vp]),
         "az_debug_obj_size": (u64, []),
+        "az_debug_nr_sf": (u32, []),
         "az_debug_leaf_slots": (u32, []),
         "az_debug_encode_pack": (ctypes.c_int, [vp, ctypes.POINTER(Policy), cp, u32, cp]),
         "az_debug_decode_pack": (ctypes.c_int, [vp, cp, u32, cp]),

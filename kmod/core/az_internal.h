@@ -173,7 +173,7 @@ static inline u32 az_obj_max(const struct az_policy *pol)
 
 /* Similarity features: see az_sim_features() in index.c. */
 #ifndef AZ_NR_SF
-#define AZ_NR_SF		3	/* super-features (index keys) */
+#define AZ_NR_SF		2	/* super-features (index keys) */
 #endif
 #ifndef AZ_SIM_PER_SF
 #define AZ_SIM_PER_SF		2	/* min-hash features per super-feature */
@@ -197,8 +197,9 @@ enum {
 };
 
 /*
- * A stored object.  Metadata lives in slab memory (64 bytes on 64-bit
- * hosts with the default AZ_NR_SF); the encoded bytes live in the pool.
+ * A stored object.  Metadata lives in slab memory (48 bytes on 64-bit
+ * hosts with the default AZ_NR_SF: a cache of its own, az_obj_zalloc());
+ * the encoded bytes live in the pool.
  * @ref counts slots referring to it, deltas using it as base and template
  * index entries.  Everything but @ref and @flags is written once before
  * the object is published and read-only afterwards.
@@ -206,14 +207,18 @@ enum {
  * A delta (az_enc_is_delta(@enc)) has a base and never similarity index
  * entries; any other object may have index entries and never a base, so
  * the two share memory: read the base with az_obj_base().  A pack is
- * neither indexed nor a delta: it keeps its page count and id there.  Its
- * @hash covers all its pages; each slot referring to it holds one
- * reference.
+ * neither indexed nor a delta: it keeps its id there and its page count
+ * in place of @nr_sf.  Its @hash covers all its pages; each slot referring
+ * to it holds one reference.
  *
  * @hash is the top half of the decoded page's xxh64 (az_hash_tag()): the
  * dedup index's key and the check of a decoded copy.  A dedup candidate is
  * always compared byte for byte, so 32 bits only decide how often a
  * candidate is decoded in vain.
+ *
+ * @dnext links an indexed object into its dedup chain.  The last
+ * reference's put takes the object out of the indexes (az_obj_put()), so
+ * the deferred free that follows reuses that word as its list link.
  *
  * The second pool allocation of a split object (see AZ_SPLIT_HEAD) is not
  * kept here: its handle is the first 8 bytes of the first, checked against
@@ -226,22 +231,23 @@ struct az_obj {
 	u16 owner;		/* owner index charged for the bytes */
 	u16 size;		/* bytes in the pool (at most AZ_PAGE_SIZE) */
 	u8 enc;			/* enum az_enc, or 0 for a raw page */
-	u8 nr_sf;		/* similarity index entries: @sim_key */
+	union {
+		u8 nr_sf;	/* similarity index entries: @sim_key */
+		u8 pack_pages;	/* a pack's pages: 2..AZ_PACK_MAX */
+	};
 	u16 link_check;		/* split object: az_link_check() of the link */
 	u32 group;		/* trust group (valid when owner != 0) */
 	u32 hash;		/* az_hash_tag() of the decoded page */
 	union {
 		struct az_obj *base;	/* a delta's base (referenced) */
 		u32 sim_key[AZ_NR_SF];	/* similarity keys (index.c) */
-		struct {
-			u32 pages;	/* 2..AZ_PACK_MAX */
-			u32 unused;
-			u64 id;		/* unique while the module lives */
-		} pack;			/* a pack (never indexed, no base) */
+		u64 pack_id;		/* a pack's: unique while the module lives */
 	};
 	unsigned long handle;	/* pool handle */
-	struct az_obj *dnext;	/* dedup hash chain, under idx_lock */
-	struct az_defer_node dnode;
+	union {
+		struct az_obj *dnext;	/* dedup chain, under idx_lock */
+		struct az_defer_node dnode;	/* deferred free, once unindexed */
+	};
 };
 
 static inline u16 az_link_check(u64 handle)

@@ -29,6 +29,9 @@
 void *az_alloc(size_t size, int gfp);
 void *az_zalloc(size_t size, int gfp);
 void az_free(const void *p);
+/* Object headers (the kernel: a slab cache of their own). */
+void *az_obj_zalloc(int gfp);
+void az_obj_free(void *p);
 /* kvzalloc semantics: above INT_MAX warns and fails (see the kernel shim). */
 void *az_valloc(size_t size);
 void *az_valloc_big(size_t size);

@@ -27,16 +27,34 @@ struct lockdep_map az_slot_lock_map =
  */
 static struct workqueue_struct *az_wq;
 
+/*
+ * Object headers are 48 bytes: no kmalloc class fits them, so they get a
+ * cache (which may share its slabs with another cache of that size).
+ * Destroying it at module exit reports any header a store leaked.
+ */
+struct kmem_cache *az_obj_cache;
+
 int az_core_init(void)
 {
+	az_obj_cache = kmem_cache_create("azswap_obj", az_obj_header_bytes(),
+					 0, 0, NULL);
+	if (!az_obj_cache)
+		return -ENOMEM;
 	az_wq = alloc_workqueue("azswap_free", WQ_MEM_RECLAIM | WQ_UNBOUND, 0);
-	return az_wq ? 0 : -ENOMEM;
+	if (!az_wq) {
+		kmem_cache_destroy(az_obj_cache);
+		az_obj_cache = NULL;
+		return -ENOMEM;
+	}
+	return 0;
 }
 
 void az_core_exit(void)
 {
 	destroy_workqueue(az_wq);
 	az_wq = NULL;
+	kmem_cache_destroy(az_obj_cache);
+	az_obj_cache = NULL;
 }
 
 static void az_defer_work(struct work_struct *work)

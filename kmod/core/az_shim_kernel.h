@@ -69,6 +69,20 @@ static inline void az_free(const void *p)
 	kfree(p);
 }
 
+/* Object headers (struct az_obj): a slab cache of their own size. */
+extern struct kmem_cache *az_obj_cache;
+
+static inline void *az_obj_zalloc(int gfp)
+{
+	return kmem_cache_zalloc(az_obj_cache, az_gfp(gfp));
+}
+
+static inline void az_obj_free(void *p)
+{
+	if (p)
+		kmem_cache_free(az_obj_cache, p);
+}
+
 /* Compressions are counted on the host only (az_host_codec_calls()). */
 static inline void az_codec_count(unsigned int which)
 {

@@ -94,9 +94,9 @@ struct az_page_info {
  * Store-wide policy; az_policy_check validates every field (the ranges are
  * defined once, in store.c: az_policy_range).
  * Defaults: lz4, level 3, dedup/tdelta/xdelta on, sim_effort 4,
- * delta_max_pct 80, verify on, shuffle on.  At most 12 similarity
- * candidates exist per page (3 super-features x 4 ways), so sim_effort
- * > 12 acts as 12.
+ * delta_max_pct 80, verify on, shuffle on.  At most 8 similarity
+ * candidates exist per page (2 super-features x 4 ways), so sim_effort
+ * > 8 acts as 8.
  * With verify on, a load whose page does not hash to the
  * value recorded at store time fails with -EIO; costs ~10% of load
  * throughput on the host).  With shuffle on, pages of registered owners
@@ -217,6 +217,8 @@ struct az_reserve {
 
 int az_core_init(void);
 void az_core_exit(void);
+/* Bytes of one object header (struct az_obj): its slab object size. */
+size_t az_obj_header_bytes(void);
 
 /*
  * Policy fields in struct az_policy order.  az_policy_range() gives the

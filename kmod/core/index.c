@@ -4,8 +4,8 @@
  * stored page in its trust group.
  *
  *  dedup     xxh64 of the page -> chain of objects (az_obj.dnext).  Weak:
- *            holds no reference; an object is unlinked by the deferred
- *            free before its memory goes away.
+ *            holds no reference; the put of an object's last reference
+ *            unlinks it (az_index_remove()) before the deferred free.
  *  template  (trust group, page index) -> base object.  Strong: each node
  *            holds a reference, so a template page outlives the template's
  *            slot (and the template) while a node or a delta refers to it.
@@ -19,7 +19,7 @@
  * All three are protected by s->idx_lock (a spinlock, never held across
  * a decode or an allocation).  Lookups take a reference with
  * az_ref_inc_not_zero under the lock, so an object whose last
- * reference is gone (waiting for the deferred free) is never returned.
+ * reference is gone (being unlinked by that put) is never returned.
  * Every match is confirmed by group (and for dedup by a full memcmp)
  * before use: trust groups never share.
  */
@@ -788,8 +788,10 @@ void az_index_insert(struct az_store *s, struct az_obj *o, const u64 *sf,
 }
 
 /*
- * Called by the deferred worker only, which resizes after its removes:
- * a table left below its load needs no wake-up.
+ * Called by az_obj_put() for the last reference, in any context the put
+ * may run in (no allocation, no decode).  The object then goes to the
+ * deferred free, whose worker resizes after it: a table left below its
+ * load needs no wake-up here.
  */
 void az_index_remove(struct az_store *s, struct az_obj *o)
 {
@@ -812,6 +814,7 @@ void az_index_remove(struct az_store *s, struct az_obj *o)
 	 */
 	AZ_WARN_ON(!found);
 	az_sim_unlink(x, o, false);
+	az_obj_flag_clear(o, AZ_OBJ_INDEXED);
 	AZ_WRITE_ONCE(x->indexed, x->indexed - 1);
 	az_index_want_resize(s);
 	az_spin_unlock(&s->idx_lock);

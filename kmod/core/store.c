@@ -184,7 +184,7 @@ static struct az_obj *az_obj_get(struct az_store *s, struct az_reserve *res,
 	*h2 = 0;
 	res->o = NULL;
 	if (!o)
-		o = az_zalloc(sizeof(*o), AZ_GFP_NOWAIT);
+		o = az_obj_zalloc(AZ_GFP_NOWAIT);
 	if (!o) {
 		*err = az_short(res);
 		return NULL;
@@ -205,7 +205,7 @@ fail:
 	if (*h2)
 		az_pool_free(s->pool, *h2);
 	*h2 = 0;
-	az_free(o);
+	az_obj_free(o);
 	return NULL;
 }
 
@@ -216,7 +216,7 @@ static void az_obj_unget(struct az_store *s, struct az_obj *o,
 	az_pool_free(s->pool, o->handle);
 	if (h2)
 		az_pool_free(s->pool, h2);
-	az_free(o);
+	az_obj_free(o);
 }
 
 /*
@@ -264,7 +264,7 @@ int az_reserve_fill(struct az_store *s, struct az_reserve *res)
 			goto fail;
 	}
 	if (res->obj && !res->o) {
-		res->o = az_zalloc(sizeof(*res->o), AZ_GFP_MAYSLEEP);
+		res->o = az_obj_zalloc(AZ_GFP_MAYSLEEP);
 		if (!res->o)
 			goto fail;
 	}
@@ -300,7 +300,7 @@ void az_reserve_release(struct az_store *s, struct az_reserve *res)
 		res->h[i] = 0;
 	}
 	az_free(res->l);
-	az_free(res->o);
+	az_obj_free(res->o);
 	az_free(res->t);
 	res->l = NULL;
 	res->o = NULL;
@@ -415,9 +415,14 @@ static void az_obj_account(struct az_store *s, struct az_obj *o, bool tmpl)
 	}
 }
 
-/* With the default AZ_NR_SF an object header is one kmalloc-64 object. */
-_Static_assert(AZ_NR_SF != 3 || sizeof(struct az_obj) == 64,
-	       "struct az_obj outgrew 64 bytes");
+/* With the default AZ_NR_SF an object header is 48 bytes (az_obj_zalloc). */
+_Static_assert(AZ_NR_SF > 2 || sizeof(struct az_obj) == 48,
+	       "struct az_obj outgrew 48 bytes");
+
+size_t az_obj_header_bytes(void)
+{
+	return sizeof(struct az_obj);
+}
 
 /*
  * Last reference gone and unreachable: release everything.  A split
@@ -451,20 +456,26 @@ static void az_obj_destroy(struct az_store *s, struct az_obj *o)
 	az_pool_free(s->pool, o->handle);
 	if (az_obj_base(o))
 		az_obj_put(s, o->base);
-	az_free(o);
+	az_obj_free(o);
 }
 
 /*
- * Drop a reference.  Atomic context safe: an object that an index can
- * still reach (or that holds a base) goes to the deferred free, which
- * unlinks it under idx_lock; so does a pack; anything else is freed here.
+ * Drop a reference.  Atomic context safe: an indexed object is taken out
+ * of the indexes here (under idx_lock, a few chain and set entries), and
+ * goes to the deferred free like one that holds a base and like a pack;
+ * anything else is freed here.  No caller holds idx_lock: the index code
+ * puts the references it took only after dropping it.
  */
 void az_obj_put(struct az_store *s, struct az_obj *o)
 {
+	bool indexed;
+
 	if (!az_ref_dec_and_test(&o->ref))
 		return;
-	if (az_obj_flag(o, AZ_OBJ_INDEXED) || az_obj_base(o) ||
-	    az_enc_is_pack(o->enc)) {
+	indexed = az_obj_flag(o, AZ_OBJ_INDEXED);
+	if (indexed)
+		az_index_remove(s, o);	/* frees @dnext for @dnode */
+	if (indexed || az_obj_base(o) || az_enc_is_pack(o->enc)) {
 		az_atomic64_inc(&s->deferred);
 		az_defer_add(&s->defer, &o->dnode);
 		return;
@@ -484,8 +495,6 @@ static void az_store_run_deferred(void *arg)
 		for (; n; n = next) {
 			next = az_defer_next(n);
 			o = container_of(n, struct az_obj, dnode);
-			if (az_obj_flag(o, AZ_OBJ_INDEXED))
-				az_index_remove(s, o);
 			az_obj_destroy(s, o);
 			/* after: "deferred" 0 means every figure is final */
 			az_atomic64_dec(&s->deferred);
@@ -621,18 +630,18 @@ static int az_pack_read(struct az_store *s, struct az_ctx *ctx,
 {
 	int n;
 
-	if (member >= o->pack.pages)
+	if (member >= o->pack_pages)
 		return -EIO;
-	if (ctx->kid != o->pack.id) {
+	if (ctx->kid != o->pack_id) {
 		ctx->kid = 0;
 		n = az_obj_decode(s, ctx, o, NULL, ctx->kbuf, true);
-		if (n < 0 || (u32)n != o->pack.pages)
+		if (n < 0 || (u32)n != o->pack_pages)
 			return -EIO;
 		if (verify) {
 			if (az_hash_tag(az_xxh64(ctx->kbuf, n * AZ_PAGE_SIZE,
 						 0)) != o->hash)
 				return -EIO;
-			ctx->kid = o->pack.id;
+			ctx->kid = o->pack_id;
 		}
 	}
 	az_copy_words(page, ctx->kbuf + member * AZ_PAGE_SIZE, AZ_PAGE_SIZE);
@@ -1635,7 +1644,7 @@ static void az_pack_candidate_put(struct az_store *s, u64 slot,
 		az_leaf_put(s, slot);
 	}
 	if (back)
-		az_free(o);	/* the slot's reference and ours */
+		az_obj_free(o);	/* the slot's reference and ours */
 	else
 		az_obj_put(s, o);
 }
@@ -1668,7 +1677,7 @@ static struct az_obj *az_pack_candidate(struct az_store *s,
 		} else {
 			/* allocated without the lock: the slot is looked at again */
 			az_slot_unlock(sl);
-			spare = az_zalloc(sizeof(*spare), AZ_GFP_NOWAIT);
+			spare = az_obj_zalloc(AZ_GFP_NOWAIT);
 			az_slot_lock(sl);
 			so = sl->flags & AZ_SLOT_OWNER_MASK;
 			if (spare && (!*own || so == *own) &&
@@ -1695,7 +1704,7 @@ static struct az_obj *az_pack_candidate(struct az_store *s,
 	}
 	az_slot_unlock(sl);
 	az_leaf_put(s, slot);
-	az_free(spare);
+	az_obj_free(spare);
 	return o;
 }
 
@@ -1800,8 +1809,8 @@ static u32 az_pack_one(struct az_store *s, struct az_ctx *ctx,
 	p->enc = enc;
 	p->owner = m[0]->owner;
 	p->group = m[0]->group;
-	p->pack.pages = *n;
-	p->pack.id = az_atomic64_inc_return(&az_pack_ids);
+	p->pack_pages = *n;
+	p->pack_id = az_atomic64_inc_return(&az_pack_ids);
 	p->hash = az_hash_tag(az_xxh64(ctx->kbuf, *n * AZ_PAGE_SIZE, 0));
 	az_obj_write(s, ctx, p, h2, ctx->obuf);
 	az_obj_account(s, p, false);
@@ -1897,7 +1906,7 @@ int az_store_slot_info(struct az_store *s, u64 slot, u32 *bytes)
 		if (flags & AZ_SLOT_DIRECT)
 			size = az_size_bytes(az_slot_size(flags));
 		else if (az_enc_is_pack(o->enc))	/* its share */
-			size = az_obj_bytes(o) / o->pack.pages;
+			size = az_obj_bytes(o) / o->pack_pages;
 		else
 			size = az_obj_bytes(o);
 	}

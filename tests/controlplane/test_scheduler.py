@@ -233,7 +233,7 @@ def test_dense_mode_for_long_waits(tmp_path: Path, clock: FakeClock) -> None:
     assert r.policies[-1]["codec"] == 0 and r.sched.mode == "fast"
     clock.advance(11.0)
     r.sched.tick()
-    assert r.policies[-1] == {"codec": 1, "level": 3, "sim_effort": 12}
+    assert r.policies[-1] == {"codec": 1, "level": 3, "sim_effort": 8}
     assert r.sched.mode == "dense"
 
 

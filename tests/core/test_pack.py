@@ -285,7 +285,7 @@ def test_a_candidate_deduplicated_against_meanwhile_stays_out_of_the_pack(make_s
     a pack still pays without it."""
     s = make_store(32, **pol)
     s.add_sandbox(SANDBOX, 1)
-    data = text_pages(4, seed=9)
+    data = text_pages(4, seed=3)  # pages whose zstd pack pays with three of the four
     fill(s, 0, data)
     lib = s.lib
     pi = PageInfo(SANDBOX, 20)

@@ -259,7 +259,12 @@ static int az_ptr_cmp(const void *a, const void *b)
 
 u64 az_debug_obj_size(void)
 {
-	return sizeof(struct az_obj);
+	return az_obj_header_bytes();
+}
+
+u32 az_debug_nr_sf(void)
+{
+	return AZ_NR_SF;
 }
 
 u32 az_debug_leaf_slots(void)
@@ -355,12 +360,12 @@ int az_store_debug_check(struct az_store *s)
 		if (az_enc_is_pack(o->enc)) {
 			packed++;
 			AZ_CHK(kind == AZ_KIND_PLAIN && own && own == o->owner &&
-			       az_slot_member(sl->flags) < o->pack.pages &&
-			       o->pack.pages >= 2 &&
-			       o->pack.pages <= AZ_PACK_MAX,
+			       az_slot_member(sl->flags) < o->pack_pages &&
+			       o->pack_pages >= 2 &&
+			       o->pack_pages <= AZ_PACK_MAX,
 			       "slot %llu: page %u of a %u-page pack, kind %u owner %u/%u",
 			       (unsigned long long)slot,
-			       az_slot_member(sl->flags), o->pack.pages, kind,
+			       az_slot_member(sl->flags), o->pack_pages, kind,
 			       own, o->owner);
 		} else {
 			AZ_CHK(!az_slot_member(sl->flags),

@@ -62,6 +62,17 @@ void az_free(const void *p)
 	free((void *)p);
 }
 
+/* The kernel's cache is exact: so is malloc of the header's size here. */
+void *az_obj_zalloc(int gfp)
+{
+	return az_zalloc(az_obj_header_bytes(), gfp);
+}
+
+void az_obj_free(void *p)
+{
+	free(p);
+}
+
 /* The kernel's kvzalloc refuses (and WARNs) above INT_MAX: so does this. */
 void *az_valloc(size_t size)
 {
@@ -432,7 +443,10 @@ u64 az_now_ms(void)
 	return (u64)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-/* The kernel creates the deferred-free workqueue here; the host has none. */
+/*
+ * The kernel creates the object cache and the deferred-free workqueue
+ * here; the host has neither.
+ */
 int az_core_init(void)
 {
 	return 0;
