@@ -451,7 +451,7 @@ def _parse_assignments(items: tuple[str, ...]) -> dict[str, int]:
 @policy.command(
     "set",
     epilog="\b\nExamples:\n  azctl policy set codec=zstd level=3\n"
-    "  azctl policy set sim_effort=12 delta_max_pct=60\n  azctl policy set xdelta=off\n"
+    "  azctl policy set sim_effort=8 delta_max_pct=60\n  azctl policy set xdelta=off\n"
     "  azctl policy set shuffle=off   (raw, not bit-shuffled, for float pages: faster loads)",
 )
 @click.argument("assignments", nargs=-1, required=True)

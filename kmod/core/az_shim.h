@@ -6,6 +6,7 @@
  *
  *   types      u8/u16/u32/u64/s64, bool, size_t
  *   memory     az_alloc(size, gfp), az_zalloc(size, gfp), az_free(p),
+ *              az_obj_zalloc(gfp)/az_obj_free(p) for object headers,
  *              az_valloc/az_vfree for big tables; gfp is AZ_GFP_NOWAIT or
  *              AZ_GFP_MAYSLEEP
  *   locks      az_spinlock_t + az_spin_init/lock/unlock,

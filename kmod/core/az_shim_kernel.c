@@ -29,8 +29,9 @@ static struct workqueue_struct *az_wq;
 
 /*
  * Object headers are 48 bytes: no kmalloc class fits them, so they get a
- * cache (which may share its slabs with another cache of that size).
- * Destroying it at module exit reports any header a store leaked.
+ * cache (which the kernel may merge with another cache of that size; a
+ * cache of its own, e.g. slab_nomerge, reports any header a store leaked
+ * when it is destroyed at module exit).
  */
 struct kmem_cache *az_obj_cache;
 

@@ -45,8 +45,8 @@
  * Resizing: an insert that takes a table past its load sets @resize and
  * wakes the deferred worker, which calls az_index_resize() (so do the
  * sleeping put wrappers and az_store_drain()); a remove below an eighth
- * of the load sets it too (removes run in that worker, which resizes
- * after them).  It allocates the new table outside idx_lock, then moves
+ * of the load sets it too (removes run in the last put, which queues the
+ * object for that worker: it resizes after its frees).  It allocates the new table outside idx_lock, then moves
  * the entries over in steps of AZ_MOVE_STEP old buckets under idx_lock,
  * dropping it between steps.  While a dedup or similarity table is being
  * moved, an old bucket (set) below @dmoved (@smoved) has its entries in
@@ -78,7 +78,7 @@
  *
  * Private pages without an object: in a sparse group, a sandbox's plain
  * page that no later page finds as a duplicate needs no object either
- * (64 bytes; a forked fleet's own plain pages are 30-80% of its pages).
+ * (48 bytes; a forked fleet's own plain pages are 30-80% of its pages).
  * Each group also counts the pages found as duplicates of its sandboxes'
  * plain pages (not a template's, not a delta's), judged apart from its
  * similarity hits, on its own count of lookups (restarted whenever the

@@ -483,6 +483,8 @@ int az_store_debug_check(struct az_store *s)
 		struct az_obj *o = container_of(dn, struct az_obj, dnode);
 
 		AZ_CHK(!az_ref_read(&o->ref), "deferred obj has refs");
+		/* the last put unlinked it: its dedup link is this list's */
+		AZ_CHK(!az_obj_flag(o, AZ_OBJ_INDEXED), "deferred obj indexed");
 		if (az_obj_base(o) && (az_chk_add(&refs, o->base) ||
 				       az_chk_add(&objs, o->base)))
 			goto nomem;
