@@ -578,8 +578,8 @@ static void azswap_submit_bio(struct bio *bio)
  * reader may hold it across a base and a delta decode), allocates nothing
  * and never sleeps (it may take the slot table's leaf lock for a moment
  * to free an emptied leaf, and the index lock to unlink an indexed
- * object whose last reference goes: never held across a decode or an
- * allocation).  A missed free is counted (miss_free, as zram does);
+ * object whose last reference goes: never held across a decode or a
+ * sleeping allocation).  A missed free is counted (miss_free, as zram does);
  * the slot is freed when it is next written or discarded.  Freeing shared
  * objects is deferred by the core to a work item.
  */

@@ -201,8 +201,10 @@ enum {
  * hosts with the default AZ_NR_SF: a cache of its own, az_obj_zalloc());
  * the encoded bytes live in the pool.
  * @ref counts slots referring to it, deltas using it as base and template
- * index entries.  Everything but @ref and @flags is written once before
- * the object is published and read-only afterwards.
+ * index entries.  Everything but @ref, @flags, @nr_sf and @dnext/@dnode
+ * is written once before the object is published and read-only
+ * afterwards (@nr_sf and @dnext change under idx_lock; @dnode is written
+ * once the last put unlinked the object).
  *
  * A delta (az_enc_is_delta(@enc)) has a base and never similarity index
  * entries; any other object may have index entries and never a base, so

@@ -28,8 +28,8 @@ struct lockdep_map az_slot_lock_map =
 static struct workqueue_struct *az_wq;
 
 /*
- * Object headers are 48 bytes: no kmalloc class fits them, so they get a
- * cache (which the kernel may merge with another cache of that size; a
+ * Object headers are 48 bytes: no kmalloc class is that size (kmalloc-64
+ * would waste 16 bytes of each), so they get a cache (which the kernel may merge with another cache of that size; a
  * cache of its own, e.g. slab_nomerge, reports any header a store leaked
  * when it is destroyed at module exit).
  */

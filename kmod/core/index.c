@@ -17,7 +17,8 @@
  *            never a base (depth 1).
  *
  * All three are protected by s->idx_lock (a spinlock, never held across
- * a decode or an allocation).  Lookups take a reference with
+ * a decode or a sleeping allocation: a template chunk may be allocated
+ * under it without waiting).  Lookups take a reference with
  * az_ref_inc_not_zero under the lock, so an object whose last
  * reference is gone (being unlinked by that put) is never returned.
  * Every match is confirmed by group (and for dedup by a full memcmp)

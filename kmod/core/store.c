@@ -7,7 +7,8 @@
  * base and a template index entry each hold one reference.  An object
  * whose last reference goes away in az_store_free (atomic context) is
  * freed on the spot when nothing else can see it, or handed to the
- * deferred free (az_defer) when it is linked in an index or holds a base.
+ * deferred free (az_defer) when it was linked in an index (that put
+ * unlinks it first), holds a base or is a pack.
  *
  * A put builds the new representation completely (objects allocated and
  * written, template node ready) before it touches the slot, and then swaps
