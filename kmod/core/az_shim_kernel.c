@@ -29,9 +29,9 @@ static struct workqueue_struct *az_wq;
 
 /*
  * Object headers are 48 bytes: no kmalloc class is that size (kmalloc-64
- * would waste 16 bytes of each), so they get a cache (which the kernel may merge with another cache of that size; a
- * cache of its own, e.g. slab_nomerge, reports any header a store leaked
- * when it is destroyed at module exit).
+ * would waste 16 bytes of each), so they get a cache.  The kernel may
+ * merge it with another cache of that size; unmerged (slab_nomerge), it
+ * reports any header a store leaked when it is destroyed at module exit.
  */
 struct kmem_cache *az_obj_cache;
 

@@ -47,9 +47,10 @@
  * wakes the deferred worker, which calls az_index_resize() (so do the
  * sleeping put wrappers and az_store_drain()); a remove below an eighth
  * of the load sets it too (removes run in the last put, which queues the
- * object for that worker: it resizes after its frees).  It allocates the new table outside idx_lock, then moves
- * the entries over in steps of AZ_MOVE_STEP old buckets under idx_lock,
- * dropping it between steps.  While a dedup or similarity table is being
+ * object for that worker: it resizes after its frees).  It allocates the
+ * new table outside idx_lock, then moves the entries over in steps of
+ * AZ_MOVE_STEP old buckets under idx_lock, dropping it between steps.
+ * While a dedup or similarity table is being
  * moved, an old bucket (set) below @dmoved (@smoved) has its entries in
  * the new table and the others are still in the old one: lookups,
  * inserts and removes pick the table by that rule (az_dhead(),
