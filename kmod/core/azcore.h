@@ -320,8 +320,9 @@ int az_store_slot_kind(struct az_store *s, u64 slot);
 int az_store_slot_info(struct az_store *s, u64 slot, u32 *bytes);
 
 /*
- * Decoded-base cache size in pages (bcache.c): rounded down to a power of
- * two of 4-page sets, 0 = off, default 256 (1 MiB).  May sleep.  -EINVAL
+ * Decoded-base cache size in entries (bcache.c): rounded down to a power
+ * of two of 4-entry sets, 0 = off, default 256 (pages held while they
+ * serve, at most one per entry).  May sleep.  -EINVAL
  * above AZ_BC_MAX_PAGES, -ENOMEM (old cache kept) when allocation fails.
  */
 #define AZ_BC_MAX_PAGES		65536

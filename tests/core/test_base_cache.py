@@ -1,4 +1,5 @@
-"""Decoded-base cache (kmod/core/bcache.c): hits, eviction, invalidation, resizing, errors."""
+"""Decoded-base cache (kmod/core/bcache.c): admission on a second miss, hits, eviction, release
+of pages that stop serving, invalidation, resizing, errors."""
 
 from __future__ import annotations
 
@@ -15,6 +16,9 @@ from . import pages
 from .test_redundancy import T1, A, B, check_accounting, empty_everything, setup_groups
 
 NB = 16  # template bases
+ENTRY_BYTES = 8 + 1 + 8 + 4 * 4  # tag, bits, page pointer, four 32-bit ghosts
+SWEEP = 1024  # base reads between sweeps, at least (AZ_BC_SWEEP_MIN)
+START = 2  # pages the cache may hold before its first sweep, and at least (AZ_BC_START_PAGES)
 
 
 def fan_out(s: Store, rng: random.Random, sandboxes: int = 2) -> dict[int, bytes]:
@@ -32,17 +36,31 @@ def fan_out(s: Store, rng: random.Random, sandboxes: int = 2) -> dict[int, bytes
     return want
 
 
+def serve(s: Store, want: dict[int, bytes], reads: int) -> None:
+    """``reads`` loads of ``want``'s slots, round robin, every one checked."""
+    slots = sorted(want)
+    for k in range(reads):
+        slot = slots[k % len(slots)]
+        assert s.get(slot) == want[slot], slot
+
+
 def test_default_size_and_hits_on_shared_bases(make_store) -> None:
+    """Bases two sandboxes' deltas share: the cache starts with START pages and doubles at each
+    sweep while its pages all serve, until it holds every base (16: the fill limit of a small
+    store), and then every load is a hit."""
     s = make_store(1024)
     setup_groups(s)
     assert s.base_cache() == 256 and s.stats()["base_cache_pages"] == 256
+    empty = s.stats()["base_cache_bytes"]
     want = fan_out(s, random.Random(1))
     assert {s.kind(i) for i in want} == {"tdelta"}
+    # Sandbox 1's encodings leave ghosts, sandbox 2's (each base's second miss) fill the
+    # START pages the cache may hold before its first sweep.
+    assert s.stats()["base_cache_bytes"] == empty + START * 4096
+    serve(s, want, 5 * SWEEP)  # START -> 4 -> 8 -> 16 pages, all serving
     st0 = s.stats()
-    # Encoding sandbox 2 against the bases sandbox 1 already used: served by the cache.
-    assert st0["base_cache_hits"] >= NB
-    for slot, p in want.items():
-        assert s.get(slot) == p
+    assert st0["base_cache_bytes"] == empty + NB * 4096
+    serve(s, want, len(want))
     st1 = s.stats()
     assert st1["base_cache_hits"] - st0["base_cache_hits"] == len(want)  # every base is cached
     assert st1["base_cache_misses"] == st0["base_cache_misses"]
@@ -142,30 +160,90 @@ def test_random_interleavings_with_a_two_set_cache(make_store, ops) -> None:
 def test_cache_pages_are_bounded_by_what_is_stored(make_store) -> None:
     """Entries get a page only when filled, and at most max(16, pages stored / 1024) of them.
 
-    64 template bases, each read once through a delta: a 256-entry cache fills only 16 pages
-    (the store holds far fewer than 16 Ki pages), and its bytes say so. The pages still all
-    come back right, from the cache or decoded.
+    64 template bases, each behind one delta. Sixteen of them read over and over fill 16
+    pages; then all 64 read over and over never take more than 16 (the store holds far fewer
+    than 16 Ki pages), and the cache's bytes say so. Every page still comes back right, from
+    the cache or decoded.
     """
     s = make_store(1024)
     setup_groups(s)
     assert s.base_cache() == 256
     empty = s.stats()["base_cache_bytes"]
-    assert empty == 256 * 17  # tag + CLOCK bit + page pointer per entry
-    rng = random.Random(7)
+    assert empty == 256 * ENTRY_BYTES
+    want = delta_fleet(s, 64, seed=7)
+
+    def filled() -> int:
+        extra = s.stats()["base_cache_bytes"] - empty
+        assert extra % 4096 == 0
+        return extra // 4096
+
+    serve(s, {k: want[k] for k in sorted(want)[:16]}, 6 * SWEEP)
+    assert filled() == 16
+    for _ in range(24):
+        serve(s, want, 256)
+        assert filled() <= 16
+    assert s.stats()["base_cache_misses"] >= 64 - 16
+    check_accounting(s)
+    empty_everything(s, want)
+
+
+def delta_fleet(s: Store, n: int, seed: int) -> dict[int, bytes]:
+    """``n`` template bases, one sandbox delta against each (slots 200..), every base read once."""
+    rng = random.Random(seed)
     want: dict[int, bytes] = {}
-    for i in range(64):
+    for i in range(n):
         b = pages.make("heap", 900 + i)
         s.template_load(T1, i, b)
         p = pages.mutate(b, rng, 3)
         s.put(200 + i, p, owner=A, index=i)
         want[200 + i] = p
     assert {s.kind(i) for i in want} == {"tdelta"}
-    for slot, p in want.items():
-        assert s.get(slot) == p
+    return want
+
+
+def test_a_base_read_once_takes_no_page(make_store) -> None:
+    """A first miss only leaves a ghost: bases each read once (one sandbox's stores) cost the
+    cache no page; the second read of each admits it (as many as the START pages a cache may
+    hold before its first sweep), and the third is a hit."""
+    s = make_store(1024)
+    setup_groups(s)
+    empty = s.stats()["base_cache_bytes"]
+    want = delta_fleet(s, 8, seed=8)
     st = s.stats()
-    filled = (st["base_cache_bytes"] - empty) // 4096
-    assert (st["base_cache_bytes"] - empty) % 4096 == 0
-    assert filled == 16
-    assert st["base_cache_misses"] >= 64 - 16
+    assert st["base_cache_bytes"] == empty and st["base_cache_hits"] == 0
+    for slot, p in want.items():
+        assert s.get(slot) == p  # the second read: admitted
+    st = s.stats()
+    assert st["base_cache_bytes"] == empty + START * 4096 and st["base_cache_hits"] == 0
+    for slot, p in want.items():
+        assert s.get(slot) == p  # the third: served, those that got a page
+    assert s.stats()["base_cache_hits"] == START
+    check_accounting(s)
+    empty_everything(s, want)
+
+
+def test_pages_that_stop_serving_are_released(make_store) -> None:
+    """Eight cached bases, then two sweep windows of reads that hit one of them only: the
+    cache holds that base's page and no other, and its page limit falls back (what stops
+    serving goes back, what serves stays, and is still right)."""
+    s = make_store(1024)
+    setup_groups(s)
+    empty = s.stats()["base_cache_bytes"]
+    want = delta_fleet(s, 8, seed=9)
+    serve(s, want, 4 * SWEEP)  # START -> 4 -> 8: all eight cached
+    assert s.stats()["base_cache_bytes"] == empty + 8 * 4096
+    hot = 200
+    for _ in range(2 * SWEEP + 1):
+        assert s.get(hot) == want[hot]
+    st = s.stats()
+    assert st["base_cache_bytes"] == empty + 4096
+    misses = st["base_cache_misses"]
+    assert s.get(hot) == want[hot]
+    assert s.stats()["base_cache_misses"] == misses  # the hot base is still served
+    for slot, p in want.items():
+        assert s.get(slot) == p  # the released ones decode again, right
+    assert s.stats()["base_cache_misses"] == misses + 7
+    serve(s, want, 3 * len(want))  # their second misses: one page more (limit 2 x 1 served)
+    assert s.stats()["base_cache_bytes"] == empty + 2 * 4096
     check_accounting(s)
     empty_everything(s, want)

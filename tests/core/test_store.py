@@ -828,8 +828,8 @@ def test_meta_bytes_by_component(make_store):
 
     st = check()
     assert st["index_table_bytes"] == st["tnode_bytes"] == st["obj_meta_bytes"] == 0
-    # The base cache's 256 entries (tag, bit, page pointer each), no page filled yet.
-    assert st["owner_bytes"] > 0 and st["base_cache_bytes"] == 256 * 17
+    # The base cache's 256 entries (tag, bits, page pointer, four ghosts each), no page yet.
+    assert st["owner_bytes"] > 0 and st["base_cache_bytes"] == 256 * (8 + 1 + 8 + 16)
     for k in range(8):  # unregistered: DIRECT slots, no object header
         s.put(k, pages.make("text", k))
         used.add(k)
