@@ -235,10 +235,8 @@ def fleet_view(live: dict[str, Any], projections: tuple[int, ...]) -> list[dict[
         pool = r["pool_bytes"]
         tmpl_pool = r.get("template_pool_bytes", 0)
         tmpl_meta = template_meta(r)
-        # The decoded-base cache has one size for any number of VMs (0 when the run did not
-        # record it; its few bytes of bookkeeping per page stay in the per-VM cost).
-        bcache = r.get("stats_before", {}).get("base_cache_pages", 0) * PAGE_SIZE
-        tmpl_meta += bcache
+        # The decoded-base cache holds pages while they serve reads, so it grows with the
+        # fleet's reads: it stays in the per-VM cost with the rest of the metadata.
         img = r.get("image") or {}
         # what the template image costs in swap once reclaimed (pool and, azswap, slots)
         img_swap = img.get("pool_bytes", 0) + img.get("meta_bytes", 0)
@@ -380,7 +378,7 @@ def markdown(live: dict[str, Any], owned: list[dict[str, Any]], fleet: list[dict
         "",
         "| style | system | non-zero MiB | template page cache MiB | template image in swap MiB "
         "| template bases MiB "
-        "| sandboxes MiB | metadata MiB (fixed: template's + base cache) | host spends MiB "
+        "| sandboxes MiB | metadata MiB (fixed: the template's) | host spends MiB "
         "| fleet | "
         + " | ".join(f"N={k} (proj.)" for k in projections) + " |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * len(projections),

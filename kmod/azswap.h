@@ -49,7 +49,7 @@ struct azswap_dev {
 	struct az_store *store;		/* NULL until disksize is set */
 	u64 disksize;			/* bytes, 0 = not initialised */
 	u64 mem_limit;			/* bytes, 0 = unlimited */
-	u32 base_cache;			/* decoded-base cache, pages */
+	u32 base_cache;			/* decoded-base cache, entries */
 	u32 sim_slots;			/* slots per similarity index entry */
 	u32 sim_sample;			/* sparse groups: 1 object in this many */
 	struct az_policy pol;		/* applied at init; mirrors the store */

@@ -354,7 +354,7 @@ static ssize_t base_cache_show(struct device *d, struct device_attribute *attr,
 	return sysfs_emit(buf, "%u\n", v);
 }
 
-/* Pages of decoded bases kept (bcache.c); resizes live, may allocate. */
+/* Entries of the decoded-base cache (bcache.c); resizes live, may allocate. */
 static ssize_t base_cache_store(struct device *d, struct device_attribute *attr,
 				const char *buf, size_t len)
 {

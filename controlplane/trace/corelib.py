@@ -234,7 +234,7 @@ def load_lib(path: str | os.PathLike[str] | None = None) -> ctypes.CDLL:
         "az_debug_decode": (ctypes.c_int, [vp, cp, u32, cp, cp]),
         "az_debug_encode": (ctypes.c_int, [vp, ctypes.POINTER(Policy), cp, cp, cp]),
         "az_store_debug_check": (ctypes.c_int, [vp]),
-        "az_debug_obj_size": (u64, []),
+        "az_obj_header_bytes": (ctypes.c_size_t, []),
         "az_debug_nr_sf": (u32, []),
         "az_debug_leaf_slots": (u32, []),
         "az_debug_encode_pack": (ctypes.c_int, [vp, ctypes.POINTER(Policy), cp, u32, cp]),
@@ -409,7 +409,8 @@ class Store:
         self.lib.az_store_set_mem_limit(self._s, nbytes)
 
     def set_base_cache(self, pages: int) -> None:
-        """Decoded-base cache size in pages (0 = off); CoreError on a bad size."""
+        """Decoded-base cache size in entries (0 = off; each holds at most a page while it
+        serves); CoreError on a bad size."""
         _check(self.lib.az_store_set_base_cache(self._s, pages), "set_base_cache")
 
     def base_cache(self) -> int:
@@ -532,6 +533,10 @@ class Store:
     def corrupt_link(self, slot: int, xor: int) -> None:
         """Flip bits of the link to the second half of ``slot``'s split object (test only)."""
         _check(self.lib.az_store_debug_corrupt_link(self._s, slot, xor), "corrupt link")
+
+    def obj_header_bytes(self) -> int:
+        """Bytes of one object header (``struct az_obj``)."""
+        return int(self.lib.az_obj_header_bytes())
 
     def check(self) -> None:
         """Verify refcounts, depth-1 bases and trust-group scoping (test only)."""

@@ -138,7 +138,7 @@ struct az_stats {
 	u64 template_pages;	/* template index entries (bases by index) */
 	u64 cross_group;	/* sharing across trust groups: always 0 */
 	u64 deferred;		/* objects waiting for the deferred free */
-	u64 base_cache_pages;	/* decoded-base cache size (pages) */
+	u64 base_cache_pages;	/* decoded-base cache size (entries) */
 	u64 base_cache_hits;	/* monotonic: base reads served by the cache */
 	u64 base_cache_misses;	/* monotonic: base reads that decoded */
 	u64 compacted_bytes;	/* monotonic: pool bytes freed by compaction */

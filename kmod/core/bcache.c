@@ -9,8 +9,9 @@
  * used decoded bases, so such a use costs one 4 KiB copy.
  *
  * Shape: set-associative (AZ_BC_WAYS ways per set, the set chosen by the
- * object's address), CLOCK replacement inside a set.  Size in pages is a
- * store setting (az_store_set_base_cache, sysfs `base_cache`), 0 = off.
+ * object's address), CLOCK replacement inside a set.  Size in entries is
+ * a store setting (az_store_set_base_cache, sysfs `base_cache`), 0 = off;
+ * an entry holds at most one page.
  *
  * Admission and release: a cached page should serve reads, not sit.  A
  * base goes in on its second miss within the ghost's lifetime: its first
@@ -21,7 +22,10 @@
  * the last sweep that served no read since it loses its page, and the
  * pages it may hold until the next sweep are twice those that served in
  * this window (at least AZ_BC_START_PAGES): a cache whose pages all serve
- * doubles each window, one that serves nothing at most two pages.
+ * doubles each window, and one that serves nothing holds at most two pages
+ * after the following sweep (an entry inserted since the last one is kept
+ * for a window).  A second miss consumes the ghost even when no entry
+ * gets a page for it (the set has none and the limit is reached).
  *
  * Memory: an entry gets its page when it is filled (a no-wait allocation;
  * none, no caching), while the pages held are below that limit and below
@@ -105,11 +109,17 @@ static bool az_bc_second_miss(struct az_bcache_mem *m, const struct az_obj *o)
 	u32 tag = o->hash | 1;
 	u32 g = (u32)(((u64)o->hash * 0x9e3779b97f4a7c15ULL) >> 32) & (n - 2);
 
-	if (m->ghosts[g] == tag || m->ghosts[g + 1] == tag) {
-		m->ghosts[g + (m->ghosts[g] != tag)] = 0;
+	if (m->ghosts[g] == tag) {
+		m->ghosts[g] = m->ghosts[g + 1];	/* the older stays */
+		m->ghosts[g + 1] = 0;
 		return true;
 	}
-	m->ghosts[g + 1] = m->ghosts[g];
+	if (m->ghosts[g + 1] == tag) {
+		m->ghosts[g + 1] = 0;
+		return true;
+	}
+	if (m->ghosts[g])
+		m->ghosts[g + 1] = m->ghosts[g];
 	m->ghosts[g] = tag;
 	return false;
 }
@@ -154,8 +164,8 @@ static void az_bc_free(struct az_bcache_mem *m)
 }
 
 /*
- * Resize to @pages decoded pages (rounded down to a power of two of
- * AZ_BC_WAYS-page sets; 0 turns the cache off).  May sleep.  Returns
+ * Resize to @pages entries (rounded down to a power of two of
+ * AZ_BC_WAYS-entry sets; 0 turns the cache off).  May sleep.  Returns
  * -EINVAL above AZ_BC_MAX_PAGES, -ENOMEM when allocation fails (the old
  * cache is kept).
  */

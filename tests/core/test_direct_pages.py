@@ -35,7 +35,6 @@ def owner_sums(s: Store) -> int:
 
 
 SPLIT_DATA = pages.PAGE // 2 - 16  # the data a split object's first allocation holds
-OBJ = 48  # bytes of an object header (test_store.py: test_object_header_is_48_bytes)
 
 
 def free_all(s: Store, slots: dict[int, bytes]) -> None:
@@ -98,8 +97,8 @@ def test_a_group_whose_pages_no_sandbox_finds_stores_them_direct(make_store):
     d, _ = forked_fleet(make_store, sample=1)
     dense = d.stats()
     assert dense["direct_pages"] == 0 and dense["sim_direct"] == 0
-    assert st["obj_meta_bytes"] == dense["obj_meta_bytes"] - direct * OBJ
-    assert st["meta_bytes"] < dense["meta_bytes"] - direct * OBJ
+    assert st["obj_meta_bytes"] == dense["obj_meta_bytes"] - direct * s.obj_header_bytes()
+    assert st["meta_bytes"] < dense["meta_bytes"] - direct * s.obj_header_bytes()
     s.check()
     # every page reads back; each owner is charged its pages' bytes
     assert all(s.get(k) == p for k, p in stored.items())
@@ -182,7 +181,7 @@ def test_direct_pages_join_packs_and_go_back_when_packing_does_not_pay(make_stor
     # half-random ones back in theirs
     assert 0 <= after["direct_pages"] - (st["direct_pages"] - packed) <= 256 // 4
     assert after["stored_bytes"] < st["stored_bytes"]
-    assert after["meta_bytes"] < st["meta_bytes"] + (packed // 2) * OBJ
+    assert after["meta_bytes"] < st["meta_bytes"] + (packed // 2) * s.obj_header_bytes()
     s.check()
     assert all(s.get(8000 + k) == p for k, p in enumerate(text))
     assert all(s.get(9000 + k) == p for k, p in enumerate(half))
@@ -215,7 +214,8 @@ def test_split_size_pages_stored_direct(make_store, pol):
     assert st["direct_pages"] > 0.8 * (352 + 1200), st["direct_pages"]
     assert len(split) >= st["direct_pages"] - 8, (len(split), st["direct_pages"])
     d, _ = forked_fleet(make_store, sample=1, make=float_pages, **pol)
-    assert st["obj_meta_bytes"] == d.stats()["obj_meta_bytes"] - st["direct_pages"] * OBJ
+    obj = s.obj_header_bytes()
+    assert st["obj_meta_bytes"] == d.stats()["obj_meta_bytes"] - st["direct_pages"] * obj
     # the same pool bytes, the link included, charged to their owners
     assert st["stored_bytes"] == d.stats()["stored_bytes"]
     assert owner_sums(s) == st["stored_bytes"]

@@ -791,7 +791,7 @@ def test_meta_bytes_count_index_fields_once(make_store):
     index_bytes reports them, meta_bytes must not add them again.
     """
     s = make_store(1024)
-    obj_size = s.lib.az_debug_obj_size()
+    obj_size = s.obj_header_bytes()
     m0, i0 = s.stats()["meta_bytes"], s.stats()["index_bytes"]
     s.add_sandbox(11, 1)
     st = s.stats()
@@ -813,7 +813,7 @@ def test_meta_bytes_by_component(make_store):
     cost the store pays must land in exactly one component.
     """
     s = make_store(512)
-    obj_size = s.lib.az_debug_obj_size()
+    obj_size = s.obj_header_bytes()
     n = _leaf_slots(s)
     used: set[int] = set()
 
@@ -903,7 +903,7 @@ def test_object_header_is_48_bytes(make_store):
     chain link with the deferred free's, the hash is kept as 32 bits.)
     """
     s = make_store(16)
-    assert s.lib.az_debug_obj_size() == 48
+    assert s.obj_header_bytes() == 48
 
 
 def test_similarity_keys_per_object(make_store):

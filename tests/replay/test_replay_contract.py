@@ -228,5 +228,5 @@ def test_base_cache_use_is_reported(report: list[dict[str, Any]]) -> None:
         # each delta read back (twice) reads its base: from the cache or decoded
         assert bc["get_hits"] + bc["get_misses"] >= 2 * (kinds["tdelta"] + kinds["xdelta"]), bc
         assert bc["put_hits"] + bc["put_misses"] > 0, bc  # encoding against a base reads it
-        assert bc["pages"] == 256  # the default size; entries get their pages as they fill:
-        assert by[name]["meta"]["base_cache"] > 256 * 17  # more than the entries' bookkeeping
+        assert bc["pages"] == 256  # the default size, in entries; they hold pages that serve:
+        assert by[name]["meta"]["base_cache"] >= 256 * 33  # at least the entries' bookkeeping

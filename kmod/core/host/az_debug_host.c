@@ -257,11 +257,6 @@ static int az_ptr_cmp(const void *a, const void *b)
 	}								\
 } while (0)
 
-u64 az_debug_obj_size(void)
-{
-	return az_obj_header_bytes();
-}
-
 u32 az_debug_nr_sf(void)
 {
 	return AZ_NR_SF;

@@ -18,8 +18,6 @@ int az_debug_encode_pack(struct az_ctx *ctx, const struct az_policy *pol,
 			 const void *pages, u32 n, u8 *out);
 int az_debug_decode_pack(struct az_ctx *ctx, const u8 *obj, u32 size,
 			 void *pages);
-/* sizeof(struct az_obj), for tests of the memory accounting. */
-u64 az_debug_obj_size(void);
 /* Similarity keys per indexed object (AZ_NR_SF). */
 u32 az_debug_nr_sf(void);
 /* Slots per slot table leaf (a leaf is 16 bytes a slot). */
