@@ -558,6 +558,28 @@ def test_a_wait_keeps_the_working_set_its_sandbox_measured_until_the_judge_lets_
     assert judge.locked == 0
 
 
+def test_a_wait_a_little_above_its_level_is_left_as_it_is(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    from controlplane.scheduler import KEEP_SLACK
+
+    r, _judge = judged(tmp_path, clock)
+    r.hint("sb0", Phase.LLM_WAIT)
+    r.sched.tick()
+    tool_then_wait(r, "sb0", clock, 16 * MiB)
+    r.sched.tick()  # the level is measured: 16 MiB
+    # a write of a few pages would reclaim a batch or more out of the working set
+    tool_then_wait(r, "sb0", clock, 16 * MiB + KEEP_SLACK)
+    writes = len(r.cgs["sb0"].writes)
+    (act,) = r.sched.tick().actions
+    assert act.result == "hot-kept" and act.chunks == 0
+    assert len(r.cgs["sb0"].writes) == writes and r.mem("sb0") == 16 * MiB + KEEP_SLACK
+    # one page more than that is reclaimed down to the level
+    tool_then_wait(r, "sb0", clock, 16 * MiB + KEEP_SLACK + 4096)
+    (act,) = r.sched.tick().actions
+    assert act.result == "hot-kept" and r.mem("sb0") == 16 * MiB
+
+
 def test_a_long_wait_measures_the_working_set_again(tmp_path: Path, clock: FakeClock) -> None:
     r, judge = judged(tmp_path, clock)
     r.hint("sb0", Phase.LLM_WAIT)
