@@ -312,6 +312,7 @@ class Daemon:
             notify=self.publish,
             deep=self._deep_ok if c.predict and c.plan.keep_hot else None,
             kept=self._kept,
+            approach=self._approach,
             packer=self.device.pack,
         )
         if (c.hint_prefetch or not c.predict) and not c.prefetch and prefetcher is None:
@@ -570,15 +571,27 @@ class Daemon:
                 self._plan_wake.wait(left)
             self._plan_wake.clear()
 
-    def _kept(self, name: str) -> None:
+    def _approach(self, name: str) -> None:
+        """The scheduler's news (its thread): a wait's first write toward the working set is
+        next.  A prefetcher that learns from residency records it now, working set and all: a
+        write may take more than it asks (see _kept)."""
+        with contextlib.suppress(errors.AzswapError):  # unregistered meanwhile
+            restore.learn(self.prefetcher, self.registry.sandbox(name))
+
+    def _kept(self, name: str, exact: bool = True) -> None:
         """The scheduler's news (its thread): a wait's compression stopped at the working set.
-        A prefetcher that learns from residency records it now; an announced sandbox's working
-        set may go next (WaitPlanner.kept_level)."""
+        A prefetcher that learns from residency records it now, unless the last write went
+        below it (``exact`` False: the record taken before the wait's first write stands); an
+        announced sandbox's working set may go next (WaitPlanner.kept_level)."""
         try:
             sb = self.registry.sandbox(name)
         except errors.AzswapError:
             return  # unregistered meanwhile
-        restore.learn(self.prefetcher, sb)
+        if exact:
+            restore.learn(self.prefetcher, sb)
+        else:
+            log.info("%s: a write went below its working set: what was resident as the "
+                     "wait's compression began stays its record", name)
         with self._plan_lock:
             deep = self.planner.kept_level(name, self.clock())
         if deep:

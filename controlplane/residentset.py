@@ -6,7 +6,9 @@ are cleared once a kept wait, so what stays is what the last tools touched).  Wh
 at that moment is the working set.  :meth:`ResidentSetPrefetcher.learn` (the daemon calls it
 then) records those pages for every process in the sandbox's cgroup and its subgroups: the
 pages of its private writable mappings that /proc/PID/pagemap says are present and anonymous
-(not a file page).  The working set may then be compressed too.
+(not a file page).  The working set may then be compressed too.  The daemon records before the
+wait's first write as well, and keeps that record when a write went below the working set
+(the kernel reclaims in batches, more than a small request asks for).
 
 :meth:`ResidentSetPrefetcher.restore` (before a wait's announced or predicted end) brings back
 those of the recorded pages that are swapped out now, mapped in the process

@@ -279,7 +279,8 @@ class Scheduler:
         policy_setter: Callable[[dict[str, int]], None] | None = None,
         notify: Callable[[dict[str, Any]], None] | None = None,
         deep: Callable[[str, bool], bool] | None = None,
-        kept: Callable[[str], None] | None = None,
+        kept: Callable[[str, bool], None] | None = None,
+        approach: Callable[[str], None] | None = None,
         packer: Callable[[], None] | None = None,
     ) -> None:
         self.phases = phases
@@ -296,8 +297,13 @@ class Scheduler:
         # (None: always; see "The hot set stays while the wait is short")
         self.deep = deep
         # told (without the scheduler's lock) when a wait's compression stopped at the
-        # working set: what is resident then is the working set (a prefetcher learns it)
+        # working set: what is resident then is the working set (a prefetcher learns it).
+        # kept(name, exact): exact is False when the last write took the sandbox more than
+        # KEEP_SLACK below its level (the kernel reclaims in batches: 6.12 took 1.3 MiB for a
+        # 0.3 MiB request), so that part of the working set went too; approach(name), told
+        # before a wait's first write toward its level, is when to record it then
         self.kept = kept
+        self.approach = approach
         # packs the device (sysfs `pack`); called per config.pack_every, from the scheduler
         self.packer = packer
         self.pack_async = True  # in a thread of its own (tests run it inline)
@@ -632,6 +638,11 @@ class Scheduler:
                 chunk = min(c.chunk_bytes, mem - c.floor_bytes,
                             mem - keep if keep is not None else c.chunk_bytes)
                 chunk = max(4096, chunk - chunk % 4096)
+                if keep is not None and not st.chunks and self.approach is not None:
+                    try:
+                        self.approach(v.name)
+                    except Exception:  # a listener that fails must not stop compression
+                        log.exception("kept-level listener for %s failed", v.name)
                 t0, c0 = self.clock(), self.cpu_clock()
                 with lowered_priority(c.reclaim_nice):
                     full = cg.reclaim(chunk)
@@ -671,10 +682,11 @@ class Scheduler:
                 st.stop_reason = result
             summary = st.to_dict()
         # stopped at the working set, and no tool began meanwhile
+        exact = not st.chunks or (keep is not None and mem + KEEP_SLACK >= keep)
         if result == "hot-kept" and not self._still_wanted(v.name, v.generation):
             if self.kept is not None:
                 try:
-                    self.kept(v.name)
+                    self.kept(v.name, exact)
                 except Exception:  # a listener that fails must not stop compression
                     log.exception("kept-level listener for %s failed", v.name)
             if c.age_kept and not st.aged:  # once per wait (a kept sandbox that grows runs again)

@@ -881,6 +881,14 @@ def test_the_resident_set_prefetcher_learns_when_a_wait_keeps_its_working_set(
             assert learned == ["a"]
             d._kept("gone")  # unregistered meanwhile: nothing
             assert learned == ["a"]
+            # a wait's first write toward its level: recorded before it; a write that went
+            # below the level leaves that record as it is
+            d._approach("a")
+            assert learned == ["a", "a"]
+            d._kept("a", False)
+            assert learned == ["a", "a"]
+            d._approach("gone")
+            assert learned == ["a", "a"]
     finally:
         d.stop()
     with pytest.raises(errors.InvalidValue):

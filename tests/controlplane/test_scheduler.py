@@ -801,14 +801,50 @@ def test_a_wait_stopped_at_its_working_set_is_reported_to_the_listener(
 ) -> None:
     r, _ = judged(tmp_path, clock)
     told: list[tuple[str, int]] = []
-    r.sched.kept = lambda name: told.append((name, r.mem(name)))
+    r.sched.kept = lambda name, exact: told.append((name, r.mem(name), exact))
     r.hint("sb0", Phase.LLM_WAIT)
     (act,) = r.sched.tick().actions
     assert act.result == "floor" and told == []  # everything went: no working set kept
     tool_then_wait(r, "sb0", clock, 16 * MiB)
     (act,) = r.sched.tick().actions
     # told while the working set is still resident (a prefetcher records it then)
-    assert act.result == "hot-kept" and told == [("sb0", 16 * MiB)]
+    assert act.result == "hot-kept" and told == [("sb0", 16 * MiB, True)]
+
+
+def test_a_write_that_goes_below_the_working_set_is_reported_as_such(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    from controlplane.scheduler import KEEP_SLACK
+
+    r, _ = judged(tmp_path, clock)
+    told: list[tuple[str, int, bool]] = []
+    approached: list[tuple[str, int]] = []
+    r.sched.kept = lambda name, exact: told.append((name, r.mem(name), exact))
+    r.sched.approach = lambda name: approached.append((name, r.mem(name)))
+    r.hint("sb0", Phase.LLM_WAIT)
+    r.sched.tick()
+    assert approached == []  # everything goes: no level to approach
+    tool_then_wait(r, "sb0", clock, 16 * MiB)
+    r.sched.tick()  # the level is measured (16 MiB), no write
+    assert approached == [] and told == [("sb0", 16 * MiB, True)]
+    # the next tool drifts 6 MiB: told before the wait's first write, once, and the writes
+    # that end at the level report it exactly
+    tool_then_wait(r, "sb0", clock, 22 * MiB)
+    r.sched.tick()
+    assert approached == [("sb0", 22 * MiB)] and told[-1] == ("sb0", 16 * MiB, True)
+    # a write the kernel overdoes (a batch more than asked) takes part of the working set:
+    # the listener hears that what is resident now is not all of it
+    tool_then_wait(r, "sb0", clock, 16 * MiB + KEEP_SLACK + 4096)
+    cg = r.cgs["sb0"]
+    cg.on_write.append(lambda: cg.set_memory(cg.memory_current() - MiB))
+    r.sched.tick()
+    assert approached[-1] == ("sb0", 16 * MiB + KEEP_SLACK + 4096)
+    assert told[-1] == ("sb0", 15 * MiB, False)
+    # within KEEP_SLACK below still counts as exact
+    tool_then_wait(r, "sb0", clock, 16 * MiB + KEEP_SLACK + 4096)
+    cg.on_write[-1] = lambda: cg.set_memory(cg.memory_current() - KEEP_SLACK)
+    r.sched.tick()
+    assert told[-1] == ("sb0", 16 * MiB - KEEP_SLACK, True)
 
 
 def test_a_wait_whose_working_set_a_prefetch_brought_back_does_not_measure_the_next_level(
