@@ -54,8 +54,11 @@ def finish(d: Any, sb: Any, cg: Any, cycles: list[dict[str, Any]]) -> int:
     """Stop the sandbox and the daemon and show what the test saw; the daemon's exit status."""
     sb.stop()
     rc = int(d.stop() if d.proc.poll() is None else d.proc.returncode)
-    print(json.dumps({"cycles": cycles, "daemon_log": d.log_tail(20).splitlines()},
-                     indent=1), flush=True)
+    log = d.log_tail(100000)
+    print(json.dumps({"cycles": cycles,
+                      # waits whose resident-set record is the one from before the first write
+                      "writes_below_the_working_set": log.count("went below its working set"),
+                      "daemon_log": log.splitlines()[-20:]}, indent=1), flush=True)
     cg.remove()
     return rc
 
