@@ -580,8 +580,8 @@ class Daemon:
 
     def _kept(self, name: str, exact: bool = True) -> None:
         """The scheduler's news (its thread): a wait's compression stopped at the working set.
-        A prefetcher that learns from residency records it now, unless the last write went
-        below it (``exact`` False: the record taken before the wait's first write stands); an
+        A prefetcher that learns from residency records it now, unless a write of this wait
+        went below it (``exact`` False: the record taken earlier in the wait stands); an
         announced sandbox's working set may go next (WaitPlanner.kept_level)."""
         try:
             sb = self.registry.sandbox(name)
@@ -589,9 +589,9 @@ class Daemon:
             return  # unregistered meanwhile
         if exact:
             restore.learn(self.prefetcher, sb)
-        else:
-            log.info("%s: a write went below its working set: what was resident as the "
-                     "wait's compression began stays its record", name)
+        elif hasattr(self.prefetcher, "learn"):
+            log.info("%s: a write went more than 256 KiB below its working set: the record "
+                     "taken earlier in the wait stands", name)
         with self._plan_lock:
             deep = self.planner.kept_level(name, self.clock())
         if deep:

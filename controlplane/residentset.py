@@ -6,9 +6,10 @@ are cleared once a kept wait, so what stays is what the last tools touched).  Wh
 at that moment is the working set.  :meth:`ResidentSetPrefetcher.learn` (the daemon calls it
 then) records those pages for every process in the sandbox's cgroup and its subgroups: the
 pages of its private writable mappings that /proc/PID/pagemap says are present and anonymous
-(not a file page).  The working set may then be compressed too.  The daemon records before the
-wait's first write as well, and keeps that record when a write went below the working set
-(the kernel reclaims in batches, more than a small request asks for).
+(not a file page).  The working set may then be compressed too.  The daemon also records before
+the wait's first write toward the working set, and keeps that record when a write went more
+than 256 KiB below the working set (the kernel reclaims in batches, and may take more than a
+small request asks for); it then holds what the last tool used beyond the working set too.
 
 :meth:`ResidentSetPrefetcher.restore` (before a wait's announced or predicted end) brings back
 those of the recorded pages that are swapped out now, mapped in the process
@@ -20,8 +21,8 @@ and the next record does not hold it.
 
 Against the fault tracer (controlplane/prefetch.py, ebpf/): no BPF program, no cost on any
 fault; learning reads 8 bytes of pagemap per page of the sandbox's private writable mappings
-once a wait.  What it cannot know is the order in which the tool will touch the pages: they
-come back in address order.
+once or twice a wait.  What it cannot know is the order in which the tool will touch the
+pages: they come back in address order.
 """
 
 from __future__ import annotations

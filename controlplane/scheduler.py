@@ -166,6 +166,8 @@ class CompressState:
     futile: int = 0  # passes in a row (this phase) that freed less than 64 KiB
     kept_hot: bool = False  # stopped at the learned working set (``HotLevel.keep``)
     aged: int = 0  # 1 once this wait's kept pages' accessed bits were cleared (once a wait)
+    approached: bool = False  # the approach listener was told (before the first write to a level)
+    below: bool = False  # a write left the sandbox more than KEEP_SLACK below its level
     deep: bool = False  # the working set may go too (decided once per phase)
     # lifetime totals
     total_requested: int = 0
@@ -298,10 +300,11 @@ class Scheduler:
         self.deep = deep
         # told (without the scheduler's lock) when a wait's compression stopped at the
         # working set: what is resident then is the working set (a prefetcher learns it).
-        # kept(name, exact): exact is False when the last write took the sandbox more than
-        # KEEP_SLACK below its level (the kernel reclaims in batches: 6.12 took 1.3 MiB for a
-        # 0.3 MiB request), so that part of the working set went too; approach(name), told
-        # before a wait's first write toward its level, is when to record it then
+        # kept(name, exact): exact is False once a write of this wait left the sandbox more
+        # than KEEP_SLACK below its level (the kernel reclaims in batches: 6.12 took 1.3 MiB
+        # for a 0.3 MiB request), so part of the working set went with it.  approach(name) is
+        # called before a wait's first write toward its level: what is resident then holds
+        # the whole working set, the record that stands when kept reports exact=False
         self.kept = kept
         self.approach = approach
         # packs the device (sysfs `pack`); called per config.pack_every, from the scheduler
@@ -638,11 +641,17 @@ class Scheduler:
                 chunk = min(c.chunk_bytes, mem - c.floor_bytes,
                             mem - keep if keep is not None else c.chunk_bytes)
                 chunk = max(4096, chunk - chunk % 4096)
-                if keep is not None and not st.chunks and self.approach is not None:
+                if keep is not None and not st.approached and self.approach is not None:
+                    with self._lock:
+                        st.approached = True
                     try:
                         self.approach(v.name)
                     except Exception:  # a listener that fails must not stop compression
-                        log.exception("kept-level listener for %s failed", v.name)
+                        log.exception("approach listener for %s failed", v.name)
+                    why = self._still_wanted(v.name, v.generation)  # the record took a while
+                    if why:
+                        result = f"stopped:{why}"
+                        break
                 t0, c0 = self.clock(), self.cpu_clock()
                 with lowered_priority(c.reclaim_nice):
                     full = cg.reclaim(chunk)
@@ -652,6 +661,8 @@ class Scheduler:
                 mem = cg.memory_current()
                 with self._lock:
                     st.mem_now, st.requested, st.chunks = mem, st.requested + chunk, st.chunks + 1
+                    if keep is not None and mem + KEEP_SLACK < keep:
+                        st.below = True
                     st.wall, st.cpu = st.wall + dt, st.cpu + dc
                     st.total_requested += chunk
                     st.total_wall, st.total_cpu = st.total_wall + dt, st.total_cpu + dc
@@ -682,11 +693,10 @@ class Scheduler:
                 st.stop_reason = result
             summary = st.to_dict()
         # stopped at the working set, and no tool began meanwhile
-        exact = not st.chunks or (keep is not None and mem + KEEP_SLACK >= keep)
         if result == "hot-kept" and not self._still_wanted(v.name, v.generation):
             if self.kept is not None:
                 try:
-                    self.kept(v.name, exact)
+                    self.kept(v.name, not st.below)
                 except Exception:  # a listener that fails must not stop compression
                     log.exception("kept-level listener for %s failed", v.name)
             if c.age_kept and not st.aged:  # once per wait (a kept sandbox that grows runs again)

@@ -11,7 +11,7 @@ import pytest
 from controlplane import errors
 from controlplane.netlink import Phase
 from controlplane.phase import PhaseConfig, PhaseModel
-from controlplane.scheduler import Action, MiB, Scheduler, SchedulerConfig, Target
+from controlplane.scheduler import KEEP_SLACK, Action, MiB, Scheduler, SchedulerConfig, Target
 from tests.fakes import FakeCgroup, FakeClock, make_cgroup, make_proc, make_process
 
 
@@ -561,8 +561,6 @@ def test_a_wait_keeps_the_working_set_its_sandbox_measured_until_the_judge_lets_
 def test_a_wait_a_little_above_its_level_is_left_as_it_is(
     tmp_path: Path, clock: FakeClock
 ) -> None:
-    from controlplane.scheduler import KEEP_SLACK
-
     r, _judge = judged(tmp_path, clock)
     r.hint("sb0", Phase.LLM_WAIT)
     r.sched.tick()
@@ -800,7 +798,7 @@ def test_a_wait_stopped_at_its_working_set_is_reported_to_the_listener(
     tmp_path: Path, clock: FakeClock
 ) -> None:
     r, _ = judged(tmp_path, clock)
-    told: list[tuple[str, int]] = []
+    told: list[tuple[str, int, bool]] = []
     r.sched.kept = lambda name, exact: told.append((name, r.mem(name), exact))
     r.hint("sb0", Phase.LLM_WAIT)
     (act,) = r.sched.tick().actions
@@ -814,8 +812,6 @@ def test_a_wait_stopped_at_its_working_set_is_reported_to_the_listener(
 def test_a_write_that_goes_below_the_working_set_is_reported_as_such(
     tmp_path: Path, clock: FakeClock
 ) -> None:
-    from controlplane.scheduler import KEEP_SLACK
-
     r, _ = judged(tmp_path, clock)
     told: list[tuple[str, int, bool]] = []
     approached: list[tuple[str, int]] = []
@@ -840,11 +836,39 @@ def test_a_write_that_goes_below_the_working_set_is_reported_as_such(
     r.sched.tick()
     assert approached[-1] == ("sb0", 16 * MiB + KEEP_SLACK + 4096)
     assert told[-1] == ("sb0", 15 * MiB, False)
+    # the same wait grows and is compressed back to its level, exactly this time: the wait
+    # went below once, so its earlier record still stands (and no second approach)
+    cg.on_write.clear()
+    cg.set_memory(20 * MiB)
+    clock.advance(1.0)
+    r.sched.tick()
+    assert r.mem("sb0") == 16 * MiB and told[-1] == ("sb0", 16 * MiB, False)
+    assert len(approached) == 2
     # within KEEP_SLACK below still counts as exact
     tool_then_wait(r, "sb0", clock, 16 * MiB + KEEP_SLACK + 4096)
-    cg.on_write[-1] = lambda: cg.set_memory(cg.memory_current() - KEEP_SLACK)
+    cg.on_write.append(lambda: cg.set_memory(cg.memory_current() - KEEP_SLACK))
     r.sched.tick()
     assert told[-1] == ("sb0", 16 * MiB - KEEP_SLACK, True)
+    # a wait that starts below its level writes nothing and approaches nothing: exact
+    cg.on_write.clear()
+    tool_then_wait(r, "sb0", clock, 12 * MiB)
+    r.sched.tick()
+    assert told[-1] == ("sb0", 12 * MiB, True) and len(approached) == 3
+
+
+def test_a_tool_that_begins_while_the_approach_is_recorded_gets_no_write(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    r, _ = judged(tmp_path, clock)
+    r.hint("sb0", Phase.LLM_WAIT)
+    r.sched.tick()
+    tool_then_wait(r, "sb0", clock, 16 * MiB)
+    r.sched.tick()
+    tool_then_wait(r, "sb0", clock, 22 * MiB)
+    writes = len(r.cgs["sb0"].writes)
+    r.sched.approach = lambda name: r.hint(name, Phase.TOOL)  # the record takes a while
+    (act,) = r.sched.tick().actions
+    assert act.result == "stopped:phase=tool" and len(r.cgs["sb0"].writes) == writes
 
 
 def test_a_wait_whose_working_set_a_prefetch_brought_back_does_not_measure_the_next_level(

@@ -56,7 +56,8 @@ def finish(d: Any, sb: Any, cg: Any, cycles: list[dict[str, Any]]) -> int:
     rc = int(d.stop() if d.proc.poll() is None else d.proc.returncode)
     log = d.log_tail(100000)
     print(json.dumps({"cycles": cycles,
-                      # waits whose resident-set record is the one from before the first write
+                      # with --prefetch-from resident: waits in which a write went below the
+                      # working set (the record from before their first write stood)
                       "writes_below_the_working_set": log.count("went below its working set"),
                       "daemon_log": log.splitlines()[-20:]}, indent=1), flush=True)
     cg.remove()
