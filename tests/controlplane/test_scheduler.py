@@ -526,6 +526,15 @@ def tool_then_wait(r: Rig, name: str, clock: FakeClock, mem_after_tool: int) -> 
     clock.advance(1.0)
 
 
+def learn_level(r: Rig, clock: FakeClock) -> None:
+    """sb0's first wait takes everything, its tool brings 16 MiB back, and the next wait
+    measures that as its level (and keeps it)."""
+    r.hint("sb0", Phase.LLM_WAIT)
+    r.sched.tick()
+    tool_then_wait(r, "sb0", clock, 16 * MiB)
+    r.sched.tick()
+
+
 def test_a_wait_keeps_the_working_set_its_sandbox_measured_until_the_judge_lets_it_go(
     tmp_path: Path, clock: FakeClock
 ) -> None:
@@ -633,10 +642,7 @@ def test_an_idle_hint_is_compressed_after_grace_not_idle_grace(
 
 def test_a_release_after_a_kept_hot_set_takes_it(tmp_path: Path, clock: FakeClock) -> None:
     r, _ = judged(tmp_path, clock)
-    r.hint("sb0", Phase.LLM_WAIT)
-    r.sched.tick()
-    tool_then_wait(r, "sb0", clock, 16 * MiB)
-    r.sched.tick()
+    learn_level(r, clock)
     assert r.mem("sb0") == 16 * MiB
     r.sched.release("sb0")  # the planner: the wait went on, compress again
     clock.advance(1.0)
@@ -649,19 +655,13 @@ def test_a_failing_judge_lets_the_hot_set_go(tmp_path: Path, clock: FakeClock) -
         raise RuntimeError("planner bug")
 
     r = Rig(tmp_path, clock, memory=64 * MiB, grace=0.0, cpu_budget=1.0, deep=broken)
-    r.hint("sb0", Phase.LLM_WAIT)
-    r.sched.tick()
-    tool_then_wait(r, "sb0", clock, 16 * MiB)
-    r.sched.tick()
+    learn_level(r, clock)
     assert r.mem("sb0") == 0
 
 
 def test_without_a_judge_every_wait_takes_everything(tmp_path: Path, clock: FakeClock) -> None:
     r = Rig(tmp_path, clock, memory=64 * MiB, grace=0.0, cpu_budget=1.0)
-    r.hint("sb0", Phase.LLM_WAIT)
-    r.sched.tick()
-    tool_then_wait(r, "sb0", clock, 16 * MiB)
-    r.sched.tick()
+    learn_level(r, clock)
     assert r.mem("sb0") == 0
 
 
@@ -687,10 +687,7 @@ def test_a_wait_after_an_idle_phase_learns_nothing_from_it(
 
 def test_a_request_by_hand_takes_the_working_set(tmp_path: Path, clock: FakeClock) -> None:
     r, judge = judged(tmp_path, clock)
-    r.hint("sb0", Phase.LLM_WAIT)
-    r.sched.tick()
-    tool_then_wait(r, "sb0", clock, 16 * MiB)
-    r.sched.tick()
+    learn_level(r, clock)
     assert r.mem("sb0") == 16 * MiB
     r.sched.request_compress("sb0")
     clock.advance(1.0)
@@ -702,10 +699,7 @@ def test_a_kept_sandbox_that_grows_is_compressed_back_to_its_working_set(
     tmp_path: Path, clock: FakeClock
 ) -> None:
     r, _ = judged(tmp_path, clock)
-    r.hint("sb0", Phase.LLM_WAIT)
-    r.sched.tick()
-    tool_then_wait(r, "sb0", clock, 16 * MiB)
-    r.sched.tick()
+    learn_level(r, clock)
     r.cgs["sb0"].set_memory(20 * MiB)  # something in it allocated while it waits
     clock.advance(2.0)
     r.sched.tick()
@@ -714,10 +708,7 @@ def test_a_kept_sandbox_that_grows_is_compressed_back_to_its_working_set(
 
 def test_a_release_for_an_ended_wait_does_nothing(tmp_path: Path, clock: FakeClock) -> None:
     r, _ = judged(tmp_path, clock)
-    r.hint("sb0", Phase.LLM_WAIT)
-    r.sched.tick()
-    tool_then_wait(r, "sb0", clock, 16 * MiB)
-    r.sched.tick()
+    learn_level(r, clock)
     gen = r.sched.snapshot()["sb0"]["generation"]
     r.sched.release("sb0", gen - 2)  # meant for the wait before the last tool
     clock.advance(1.0)
@@ -860,10 +851,7 @@ def test_a_tool_that_begins_while_the_approach_is_recorded_gets_no_write(
     tmp_path: Path, clock: FakeClock
 ) -> None:
     r, _ = judged(tmp_path, clock)
-    r.hint("sb0", Phase.LLM_WAIT)
-    r.sched.tick()
-    tool_then_wait(r, "sb0", clock, 16 * MiB)
-    r.sched.tick()
+    learn_level(r, clock)
     tool_then_wait(r, "sb0", clock, 22 * MiB)
     writes = len(r.cgs["sb0"].writes)
     r.sched.approach = lambda name: r.hint(name, Phase.TOOL)  # the record takes a while
