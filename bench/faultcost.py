@@ -38,7 +38,8 @@ from typing import Any
 
 from bench.kit.cgroups import LeafCgroup, reclaim_all
 from bench.pagesandbox import STYLES, PageSandbox
-from controlplane.prefetch import IOV_MAX, process_vm_touch
+from controlplane.pagemap import PAGE_SIZE, Range
+from controlplane.prefetch import populate_ranges
 
 MiB = 2**20
 PROBED = ("do_swap_page", "swap_readpage", "swap_read_folio", "azswap_rw_page", "zram_rw_page",
@@ -86,13 +87,12 @@ def per_page(resident_s: float, faults_s: float, majflt: int, populate_s: float,
 
 
 def populate(sb: PageSandbox, pages: int) -> tuple[float, int]:
-    """Bring the sandbox's pages back from outside it; (seconds, pages read)."""
-    addrs = [sb.page_addr(i) for i in range(pages)]
+    """Bring the sandbox's pages back from outside it as the resident-set prefetcher does
+    (controlplane.prefetch.populate_ranges); (seconds, pages read)."""
     t0 = time.monotonic()
-    done = 0
-    for k in range(0, pages, IOV_MAX):
-        done += process_vm_touch(sb.pid, addrs[k:k + IOV_MAX])
-    return time.monotonic() - t0, done
+    done, _calls, _skipped = populate_ranges(
+        sb.pid, [Range(sb.pid, sb.page_addr(0), pages * PAGE_SIZE)])
+    return time.monotonic() - t0, done // PAGE_SIZE
 
 
 def probe_program() -> tuple[Any, dict[int, str]]:

@@ -56,7 +56,7 @@ from controlplane.priority import lower_thread_priority, name_this_thread
 from controlplane.registry import RUN_DIR, ModuleBackend, Registry, Sandbox, state_path
 from controlplane.residentset import ResidentSetPrefetcher
 from controlplane.restore import NoopPrefetcher, Prefetcher, load_prefetcher
-from controlplane.scheduler import Scheduler, SchedulerConfig, Target
+from controlplane.scheduler import KEEP_SLACK, Scheduler, SchedulerConfig, Target
 from controlplane.sysfs import SYS_BLOCK, Device
 from controlplane.waitplan import Action, PlanConfig, WaitPlanner
 
@@ -65,6 +65,8 @@ log = logging.getLogger("azswap.daemon")
 PROTOCOL_VERSION = 1
 SOCKET_PATH = RUN_DIR / "azswap.sock"
 MAX_LINE = 64 * 1024  # bytes per request line, newline included
+# logged when a wait's compression stopped at its working set after a write went below it
+BELOW_WORKING_SET = "below its working set: the record taken earlier in the wait stands"
 PREFETCH_FROM = ("faults", "resident")  # DaemonConfig.prefetch_from
 
 
@@ -590,8 +592,8 @@ class Daemon:
         if exact:
             restore.learn(self.prefetcher, sb)
         elif hasattr(self.prefetcher, "learn"):
-            log.info("%s: a write went more than 256 KiB below its working set: the record "
-                     "taken earlier in the wait stands", name)
+            log.info("%s: a write went more than %d KiB %s", name, KEEP_SLACK // 1024,
+                     BELOW_WORKING_SET)
         with self._plan_lock:
             deep = self.planner.kept_level(name, self.clock())
         if deep:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import logging
 import os
 import shutil
 import signal
@@ -22,7 +23,7 @@ import pytest
 
 from controlplane import errors
 from controlplane.client import DaemonClient
-from controlplane.daemon import MAX_LINE, Daemon, DaemonConfig
+from controlplane.daemon import BELOW_WORKING_SET, MAX_LINE, Daemon, DaemonConfig
 from controlplane.restore import NoopPrefetcher
 from controlplane.scheduler import SchedulerConfig
 from controlplane.waitplan import PlanConfig
@@ -924,7 +925,10 @@ def test_a_restore_that_brought_pages_back_is_told_to_the_scheduler(tmp_path: Pa
     assert told == ["a"]  # only the restore that brought pages back
 
 
-def test_an_announced_sandbox_s_working_set_goes_once_it_is_learnt(tmp_path: Path) -> None:
+def test_an_announced_sandbox_s_working_set_goes_once_it_is_learnt(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+
     make_cgroup(tmp_path / "cg", "/sb/a")
     fm = FakeModule(tmp_path / "cg")
 
@@ -957,8 +961,10 @@ def test_an_announced_sandbox_s_working_set_goes_once_it_is_learnt(tmp_path: Pat
             woken.clear()
             # the scheduler reports the wait kept at its working set, after a write that went
             # below it: the record taken before the first write stands, and it goes all the same
-            d._kept("a", False)
+            with caplog.at_level(logging.INFO, logger="azswap.daemon"):
+                d._kept("a", False)
             assert pf.learnt == [] and woken
+            assert BELOW_WORKING_SET in caplog.text
             assert d.planner.deep_ok("a", d.clock())  # now it goes
     finally:
         d.stop()

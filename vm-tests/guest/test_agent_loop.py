@@ -52,13 +52,15 @@ LEARN = 5  # waits the daemon sees before it predicts
 
 def finish(d: Any, sb: Any, cg: Any, cycles: list[dict[str, Any]]) -> int:
     """Stop the sandbox and the daemon and show what the test saw; the daemon's exit status."""
+    from controlplane.daemon import BELOW_WORKING_SET
+
     sb.stop()
     rc = int(d.stop() if d.proc.poll() is None else d.proc.returncode)
     log = d.log_tail(100000)
     print(json.dumps({"cycles": cycles,
                       # with --prefetch-from resident: waits in which a write went below the
                       # working set (the record from before their first write stood)
-                      "writes_below_the_working_set": log.count("went below its working set"),
+                      "writes_below_the_working_set": log.count(BELOW_WORKING_SET),
                       "daemon_log": log.splitlines()[-20:]}, indent=1), flush=True)
     cg.remove()
     return rc
