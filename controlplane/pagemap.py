@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import struct
+from array import array
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +23,7 @@ PM_PRESENT = 1 << 63
 PM_SWAP = 1 << 62
 PM_FILE = 1 << 61
 SCAN_ENTRIES = 1 << 16  # entries read per pread (512 KiB)
+SPAN_GAP = 512  # entries_of(): pages this far apart share a read (4 KiB of entries between)
 PROC_ROOT = Path("/proc")
 
 
@@ -78,19 +79,49 @@ def scan(fd: int, start: int, end: int, want: int, reject: int, limit: int) -> l
     """The page addresses in [start, end) whose entry in the open pagemap ``fd`` has every bit
     of ``want`` and none of ``reject``; at most ``limit``.  OSError if the process is gone."""
     out: list[int] = []
+    if want & reject:
+        return out  # no entry has a bit and lacks it
+    mask = want | reject
     page, last = start // PAGE_SIZE, end // PAGE_SIZE
     while page < last and len(out) < limit:
         n = min(SCAN_ENTRIES, last - page)
-        raw = os.pread(fd, 8 * n, 8 * page)
-        got = len(raw) // 8
-        if got == 0:
+        got = _entries(os.pread(fd, 8 * n, 8 * page))
+        if not got:
             break
-        for i, e in enumerate(struct.unpack(f"<{got}Q", raw[:8 * got])):
-            if e & want == want and not e & reject:
-                out.append((page + i) * PAGE_SIZE)
-                if len(out) >= limit:
-                    break
-        page += got
+        out += [(page + i) * PAGE_SIZE for i, e in enumerate(got) if e & mask == want]
+        page += len(got)
+    return out[:limit]
+
+
+def _entries(raw: bytes) -> array:  # type: ignore[type-arg]
+    """The whole 64-bit entries of a pagemap read (the host's byte order, as the kernel's)."""
+    a = array("Q")
+    a.frombytes(raw[:len(raw) - len(raw) % 8])
+    return a
+
+
+def entries_of(fd: int, pages: Sequence[int]) -> list[int]:
+    """The entries of the open pagemap ``fd`` for the ascending page addresses ``pages``, in
+    their order (0 for a page past the end of what the file returns).  Nearby pages are read
+    together: one pread spans up to SCAN_ENTRIES entries and bridges gaps of up to SPAN_GAP
+    entries, so a scattered working set costs a few reads, not one a run.  OSError if the
+    process is gone."""
+    out: list[int] = []
+    i, n = 0, len(pages)
+    while i < n:
+        first = pages[i] // PAGE_SIZE
+        j, prev = i + 1, first
+        while j < n:
+            pg = pages[j] // PAGE_SIZE
+            if pg - first >= SCAN_ENTRIES or pg - prev > SPAN_GAP:
+                break
+            prev = pg
+            j += 1
+        got = _entries(os.pread(fd, 8 * (prev + 1 - first), 8 * first))
+        if len(got) <= prev - first:  # the file ended before the last page
+            got.extend([0] * (prev + 1 - first - len(got)))
+        out += [got[a // PAGE_SIZE - first] for a in pages[i:j]]
+        i = j
     return out
 
 
@@ -101,12 +132,11 @@ def swapped(pid: int, pages: Sequence[int], proc: Path = PROC_ROOT) -> list[int]
         fd = os.open(proc / str(pid) / "pagemap", os.O_RDONLY)
     except OSError:
         return []
-    out: list[int] = []
+    want = sorted(set(pages))
     try:
-        for rg in sorted(coalesce([(pid, a) for a in pages]), key=lambda rg: rg.start):
-            out += scan(fd, rg.start, rg.start + rg.length, PM_SWAP, 0, rg.pages)
+        got = entries_of(fd, want)
     except OSError:
         return []
     finally:
         os.close(fd)
-    return out
+    return [a for a, e in zip(want, got, strict=True) if e & PM_SWAP]

@@ -167,7 +167,15 @@ def populate_ranges(pid: int, ranges: Sequence[Range],
     """Fault every page of the ranges into process ``pid``, mapped; a page the kernel cannot
     read (unmapped since) is skipped.  Returns (bytes populated, calls, pages skipped), the
     shape of madvise_ranges()."""
-    todo = [r.start + k * PAGE_SIZE for r in ranges for k in range(r.pages)]
+    return populate_pages(pid, [r.start + k * PAGE_SIZE for r in ranges for k in range(r.pages)],
+                          call)
+
+
+def populate_pages(pid: int, addrs: Sequence[int],
+                   call: Callable[[int, Sequence[int]], int] = process_vm_touch,
+                   ) -> tuple[int, int, int]:
+    """populate_ranges() of the pages at ``addrs``, IOV_MAX a call, in their order."""
+    todo = list(addrs)
     done = calls = skipped = 0
     while todo:
         chunk = todo[:IOV_MAX]

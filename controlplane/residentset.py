@@ -51,11 +51,10 @@ from controlplane.pagemap import (
 )
 from controlplane.prefetch import (
     IOV_MAX,
-    Range,
     coalesce,
     madvise_ranges,
     pidfd_open,
-    populate_ranges,
+    populate_pages,
     process_madvise,
     process_vm_touch,
 )
@@ -223,7 +222,7 @@ class ResidentSetPrefetcher:
                     res["stopped"] = "budget-time"
                 else:
                     batch, todo = todo[:min(room, IOV_MAX)], todo[min(room, IOV_MAX):]
-                    done, calls = self._bring(pid, coalesce([(pid, a) for a in batch]))
+                    done, calls = self._bring(pid, batch)
                     res["prefetched_bytes"] += done
                     res["calls"] += calls
         res["prefetched_pages"] = res["prefetched_bytes"] // PAGE_SIZE
@@ -235,13 +234,13 @@ class ResidentSetPrefetcher:
         res["seconds"] = round(self.clock() - t0, 4)
         return res
 
-    def _bring(self, pid: int, ranges: list[Range]) -> tuple[int, int]:
-        """Fault ``ranges`` back into ``pid``; returns (bytes, calls)."""
-        if not ranges:
+    def _bring(self, pid: int, pages: Sequence[int]) -> tuple[int, int]:
+        """Fault the ascending ``pages`` back into ``pid``; returns (bytes, calls)."""
+        if not pages:
             return 0, 0
         if self._can_populate:
             try:
-                done, calls, _ = populate_ranges(pid, ranges, self._touch)
+                done, calls, _ = populate_pages(pid, pages, self._touch)
                 return done, calls
             except OSError as e:
                 if e.errno not in (errno.EPERM, errno.EACCES):
@@ -256,7 +255,8 @@ class ResidentSetPrefetcher:
             log.info("prefetch: pid %d: %s", pid, e)
             return 0, 0
         try:
-            done, calls, _ = madvise_ranges(fd, ranges, self._madvise)
+            done, calls, _ = madvise_ranges(fd, coalesce([(pid, a) for a in pages]),
+                                            self._madvise)
             return done, calls
         finally:
             with contextlib.suppress(OSError):
