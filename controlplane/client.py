@@ -214,7 +214,8 @@ class DaemonClient:
     def ending(self, name: str) -> dict[str, Any]:
         """The sandbox's LLM wait ends soon (the model has begun to stream its tool call): the
         wait keeps the working set it still has and, with ``azctl daemon --prefetch``, the
-        daemon brings back what went (reply ``prefetch``: whether it does). Returns at once."""
+        daemon brings back what went, at once or paced to the sandbox's earlier streams (reply
+        ``prefetch``: whether it does). Returns at once."""
         return dict(self.request("ending", name=name))
 
     def compress(self, name: str, wait: float = 0.0) -> dict[str, Any]:

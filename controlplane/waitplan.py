@@ -44,9 +44,13 @@ The control law, per sandbox:
   predicted (``predict_when_busy`` off) and their tools fault their pages in on use.
 * Announced ends: an orchestrator that streams the model's answer knows the wait is ending
   when the first tokens of a tool call arrive, seconds before the tool hint.  ``wait_ending``
-  makes the prefetch due at once (unless this wait's prefetch already ran or runs, or the host
-  is short of CPU) and keeps the wait from being compressed again; a wait without the
-  announcement is predicted as above.
+  makes the prefetch due (unless this wait's prefetch already ran or runs, or the host is short
+  of CPU) and keeps the wait from being compressed again; a wait without the announcement is
+  predicted as above.  How long the model streams (announcement -> tool hint) is recorded like
+  the waits; once ``min_samples`` are known (the sandbox's, else the fleet's) the prefetch is
+  due ``lead`` before the ``stream_quantile`` quantile of those streams rather than at once:
+  the working set stays compressed for most of the stream, and only the streams shorter than
+  that quantile find the prefetch still running or not yet started when their tool begins.
 * The working set stays until the wait has earned it (``keep_hot``).  The scheduler
   compresses a waiting sandbox down to the working set its earlier waits measured (what is
   left is what its tool uses, and what goes is the coldest of the rest), and asks
@@ -121,6 +125,9 @@ class PlanConfig:
     # (kept_level()), not at once: a prefetcher that learns the working set from what is
     # resident then (controlplane/residentset.py) sees it
     deep_after_kept: bool = False
+    # an announced wait's prefetch is due ``lead`` before this quantile of the sandbox's
+    # recorded streams (announcement -> tool hint); 0: at the announcement
+    stream_quantile: float = 0.2
 
     def validate(self) -> None:
         if self.history < 1 or self.fleet_history < 1 or self.min_samples < 1:
@@ -139,6 +146,8 @@ class PlanConfig:
             raise errors.InvalidValue("deep_min_remaining and deep_after must be >= 0")
         if not 0 < self.announced_share <= 1:
             raise errors.InvalidValue("announced_share must be in (0, 1]")
+        if not 0 <= self.stream_quantile < 1:
+            raise errors.InvalidValue("stream_quantile must be in [0, 1)")
 
 
 class Action(Enum):
@@ -186,6 +195,8 @@ class SandboxPlan:
     recompressed: bool = False  # compressed again, no prefetch planned since
     went_on: bool = False  # this wait was compressed again after a prefetch
     ending: bool = False  # the orchestrator said this wait ends soon (the model streams)
+    ending_at: float | None = None  # when it said so
+    streams: deque[float] = field(default_factory=deque)  # announcement -> tool hint, seconds
     deep: bool = True  # this wait's hot set may go (keep_hot: once deep_ok() said so)
     predict: bool = False  # this wait may have a planned prefetch (not paused, not busy)
     after_kept: bool = False  # announced: the working set goes once compression reached it
@@ -227,6 +238,7 @@ class WaitPlanner:
         self.config.validate()
         self._sb: dict[str, SandboxPlan] = {}
         self._fleet: deque[float] = deque(maxlen=self.config.fleet_history)
+        self._fleet_streams: deque[float] = deque(maxlen=self.config.fleet_history)
         self.busy = False  # host short of CPU: longer leads
 
     def _get(self, name: str) -> SandboxPlan:
@@ -235,7 +247,8 @@ class WaitPlanner:
             c = self.config
             sp = SandboxPlan(deque(maxlen=c.history), threshold=c.threshold,
                              outcomes=deque(maxlen=c.judge_waits),
-                             announced=deque(maxlen=c.judge_waits))
+                             announced=deque(maxlen=c.judge_waits),
+                             streams=deque(maxlen=c.history))
             self._sb[name] = sp
         return sp
 
@@ -263,6 +276,21 @@ class WaitPlanner:
             return list(sp.waits) + list(self._fleet)[-c.history:]
         return []
 
+    def stream_delay(self, name: str) -> float:
+        """Seconds from an announcement to its prefetch: ``lead`` before the
+        ``stream_quantile`` quantile of the recorded streams (the sandbox's, else the fleet's
+        once it has ``min_samples``), never negative; 0 without enough of them."""
+        c, sp = self.config, self._get(name)
+        if c.stream_quantile <= 0:
+            return 0.0
+        xs = list(sp.streams)
+        if len(xs) < c.min_samples:
+            if len(self._fleet_streams) < c.min_samples:
+                return 0.0
+            xs += list(self._fleet_streams)[-c.history:]
+        xs.sort()
+        return max(0.0, xs[int(c.stream_quantile * (len(xs) - 1))] - self.lead(name))
+
     def wait_started(self, name: str, now: float) -> float | None:
         """An llm-wait hint: plan this wait's prefetch; returns its absolute time or None."""
         sp = self._get(name)
@@ -271,6 +299,7 @@ class WaitPlanner:
         sp.prefetched_at = sp.recompress_at = None
         sp.recompressed = sp.went_on = sp.ending = False
         sp.fire_at, sp.predict, sp.after_kept, sp.kept_reached = None, False, False, False
+        sp.ending_at = None
         if sp.paused > 0:
             sp.paused -= 1
         elif self.busy and not self.config.predict_when_busy:
@@ -312,8 +341,9 @@ class WaitPlanner:
         age = max(0.0, now - sp.wait_start)
         if must:
             self._go_deep(name, sp, age)
-            if sp.ending and sp.predict and c.restores:
-                sp.fire_at = now  # its end was announced: the working set comes back now
+            if sp.ending and sp.predict and c.restores and sp.ending_at is not None:
+                # its end was announced: the working set comes back as the announcement's
+                sp.fire_at = max(now, sp.ending_at + self.stream_delay(name))
             return True
         if sp.ending:
             return False  # it ends soon: the hot set is what the tool will use
@@ -382,6 +412,11 @@ class WaitPlanner:
         self._fleet.append(wait)
         sp.waits_seen += 1
         sp.announced.append(sp.ending)
+        if sp.ending_at is not None:
+            stream = max(0.0, now - sp.ending_at)
+            sp.streams.append(stream)
+            self._fleet_streams.append(stream)
+            sp.ending_at = None
         if not sp.deep:
             # the hot set never went: the tool faults in only what its working set drifted to
             sp.kept += 1
@@ -418,6 +453,7 @@ class WaitPlanner:
         if sp.wait_start is None or sp.ending:
             return False
         sp.ending = True
+        sp.ending_at = now
         sp.endings += 1
         sp.recompress_at = None
         if not sp.deep or not self.config.restores:
@@ -429,13 +465,14 @@ class WaitPlanner:
             # (the phase benchmark's loaded host measured it slower than faulting on use)
             sp.fire_at = None
             return False
-        sp.fire_at = now
+        sp.fire_at = now + self.stream_delay(name)
         return True
 
     def other_phase(self, name: str) -> None:
         """Any other hint (idle, unknown): no wait in progress any more."""
         sp = self._get(name)
         sp.wait_start = sp.fire_at = sp.recompress_at = sp.prefetched_at = None
+        sp.ending_at = None
         sp.prefetching = False
 
     def prefetch_started(self, name: str) -> int:
@@ -511,6 +548,8 @@ class WaitPlanner:
         return {
             "waits": sp.waits_seen,
             "wait_median_s": round(statistics.median(ws), 3) if ws else None,
+            "stream_median_s": (round(statistics.median(sp.streams), 3) if sp.streams
+                                else None),
             "threshold": round(sp.threshold, 3),
             "lead_s": round(self.lead(name), 3),
             "fire_in_s": None if sp.fire_at is None else round(sp.fire_at - now, 3),

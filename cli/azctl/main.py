@@ -373,9 +373,10 @@ def phase(ctx: click.Context, name: str, phase: str, as_json: bool) -> None:
 def ending(ctx: click.Context, name: str, as_json: bool) -> None:
     """Hint that sandbox NAME's LLM wait ends soon (the model is streaming its tool call):
     the wait is not compressed again, and with `azctl daemon --prefetch` its working set is
-    prefetched now."""
+    prefetched (at once, or paced to the sandbox's earlier streams: see azctl daemon
+    --stream-quantile)."""
     r = _env(ctx).client("ending").ending(name)
-    _done(as_json, r, f"{name}: {'prefetching' if r['prefetch'] else 'nothing to prefetch'}")
+    _done(as_json, r, f"{name}: {'prefetch due' if r['prefetch'] else 'nothing to prefetch'}")
 
 
 @cli.command(epilog="\b\nExamples:\n  azctl compress sb1\n  azctl compress sb1 --wait 60")
@@ -595,6 +596,16 @@ def policy_set(ctx: click.Context, assignments: tuple[str, ...], as_json: bool) 
     "long again).  No effect with --no-keep-hot or --no-predict.",
 )
 @click.option(
+    "--stream-quantile",
+    type=click.FloatRange(0, 1, max_open=True),
+    default=_PLAN.stream_quantile,
+    show_default=True,
+    help="With --prefetch: an announced wait's (azctl ending) prefetch starts its lead before "
+    "this quantile of the sandbox's earlier streams (announcement to tool hint; the fleet's "
+    "while it has fewer than 5), so the working set stays compressed for most of the stream; "
+    "0: at the announcement.",
+)
+@click.option(
     "--metrics-port",
     type=click.IntRange(1, 65535),
     default=None,
@@ -621,6 +632,7 @@ def daemon(
     pack_every: float,
     deep_min_remaining: float,
     deep_after: float | None,
+    stream_quantile: float,
     metrics_port: int | None,
     log_level: str,
 ) -> None:
@@ -637,7 +649,7 @@ def daemon(
       to last as long again; --deep-after S: at a fixed age instead)
                      compress the working set too;
       with --prefetch, before the wait's predicted end or when it is announced
-      (azctl ending)
+      (azctl ending; paced to the sandbox's earlier streams, --stream-quantile)
                      stop compressing and prefetch its learned working set
                      (a sandbox whose ends are announced loses its working
                      set at once, or with --prefetch-from resident once it
@@ -679,7 +691,7 @@ def daemon(
         hint_prefetch=hint_prefetch,
         metrics_port=metrics_port,
         plan=PlanConfig(keep_hot=not no_keep_hot, deep_min_remaining=deep_min_remaining,
-                        deep_after=deep_after),
+                        deep_after=deep_after, stream_quantile=stream_quantile),
         scheduler=SchedulerConfig(
             interval=interval,
             grace=grace,

@@ -342,6 +342,80 @@ def test_an_announced_end_on_a_busy_host_leaves_the_tool_to_fault() -> None:
     assert p.tool_started("a", 1.5).prefetch  # the tool hint may still prefetch beside it
 
 
+def announced(p: WaitPlanner, name: str, t: float, stream: float, wait: float = 3.0,
+              took: float = 0.2) -> float:
+    """A wait whose end is announced ``stream`` s before its tool hint, its prefetch (due
+    whenever the planner says) taking ``took`` s; returns when the next wait may start."""
+    p.wait_started(name, t)
+    end = t + wait
+    assert p.wait_ending(name, end - stream)
+    at = p.next_due()
+    assert at is not None
+    if at + took <= end:
+        assert p.due(at) == [(name, Action.PREFETCH)]
+        token = p.prefetch_started(name)
+        p.prefetch_done(name, token, took, at + took)
+    p.tool_started(name, end)
+    return end + 1.0
+
+
+def test_an_announced_prefetch_is_paced_to_the_streams_recorded() -> None:
+    p = WaitPlanner(quick(stream_quantile=0.2))
+    t = 0.0
+    for stream in (1.0, 2.0, 1.5):  # announced at once until min_samples streams are known
+        p.wait_started("a", t)
+        assert p.wait_ending("a", t + 3.0 - stream)
+        assert p.next_due() == t + 3.0 - stream
+        token = p.prefetch_started("a")
+        p.prefetch_done("a", token, 0.2, t + 3.2 - stream)
+        p.tool_started("a", t + 3.0)
+        t += 4.0
+    lead = p.lead("a")  # 1.5 x 0.2 + 0.05
+    assert lead == pytest.approx(0.35)
+    # nearest rank: the 0.2 quantile of (1.0, 1.5, 2.0) is 1.0: due 1.0 - lead after it
+    assert p.stream_delay("a") == pytest.approx(1.0 - lead)
+    p.wait_started("a", t)
+    assert p.wait_ending("a", t + 1.0)
+    assert p.next_due() == pytest.approx(t + 1.0 + 1.0 - lead)
+    assert p.due(t + 1.5) == []  # the working set stays compressed meanwhile
+    assert p.due(t + 2.0) == [("a", Action.PREFETCH)]
+    assert p.snapshot("a", t)["stream_median_s"] == 1.5
+
+
+def test_a_stream_shorter_than_the_pace_finds_its_prefetch_late() -> None:
+    p = WaitPlanner(quick(stream_quantile=0.5))
+    t = 0.0
+    for _ in range(3):
+        t = announced(p, "a", t, stream=2.0)
+    p.wait_started("a", t)
+    assert p.wait_ending("a", t + 2.5)
+    assert p.next_due() is not None and p.next_due() > t + 3.0
+    start = p.tool_started("a", t + 3.0)  # a 0.5 s stream: the tool came first
+    assert start.reason == "not-fired"
+    assert p.snapshot("a", t + 3.0)["late"] == 1
+    assert p.next_due() is None  # and no prefetch after the tool began
+
+
+def test_a_new_sandbox_is_paced_by_the_fleets_streams() -> None:
+    p = WaitPlanner(quick(stream_quantile=0.2))
+    t = 0.0
+    for _ in range(3):
+        t = announced(p, "a", t, stream=2.0)
+    assert p.stream_delay("b") == pytest.approx(2.0 - p.lead("b"))
+
+
+def test_stream_quantile_zero_prefetches_at_the_announcement() -> None:
+    p = WaitPlanner(quick(stream_quantile=0.0))
+    t = 0.0
+    for _ in range(4):
+        t = announced(p, "a", t, stream=2.0)
+    assert p.stream_delay("a") == 0.0
+    with pytest.raises(errors.InvalidValue):
+        PlanConfig(stream_quantile=1.0).validate()
+    with pytest.raises(errors.InvalidValue):
+        PlanConfig(stream_quantile=-0.1).validate()
+
+
 # -- the hot set (keep_hot) -------------------------------------------------------------------
 
 
@@ -555,7 +629,7 @@ def test_without_a_prefetcher_nothing_is_planned(keep_hot: bool) -> None:
 
 
 def test_an_announced_working_set_goes_once_compression_reached_it_with_deep_after_kept() -> None:
-    p = WaitPlanner(hot(deep_after_kept=True))
+    p = WaitPlanner(hot(deep_after_kept=True, stream_quantile=0.0))  # prefetch at announcement
     p.wait_started("a", 0.0)
     p.wait_ending("a", 1.0)
     p.tool_started("a", 1.5)
