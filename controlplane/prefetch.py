@@ -47,6 +47,7 @@ import logging
 import os
 import threading
 import time
+from array import array
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -115,6 +116,14 @@ class _Iovec(ctypes.Structure):
     _fields_ = (("iov_base", ctypes.c_void_p), ("iov_len", ctypes.c_size_t))
 
 
+def _iovecs(bases: Sequence[int], lengths: Sequence[int]) -> ctypes.Array[_Iovec]:
+    """An iovec array built from one flat buffer (a thousand _Iovec objects one by one cost
+    ten times as much)."""
+    flat = [0] * (2 * len(bases))
+    flat[0::2], flat[1::2] = bases, lengths
+    return (_Iovec * len(bases)).from_buffer_copy(array("Q", flat))
+
+
 _libc = ctypes.CDLL(None, use_errno=True)
 _syscall = _libc.syscall
 _syscall.restype = ctypes.c_long
@@ -134,7 +143,7 @@ def process_madvise(pidfd: int, ranges: Sequence[tuple[int, int]],
     The kernel stops at the first range it cannot advise: the count says where."""
     if len(ranges) > IOV_MAX:
         raise ValueError(f"{len(ranges)} ranges > IOV_MAX")
-    iov = (_Iovec * len(ranges))(*[_Iovec(s, n) for s, n in ranges])
+    iov = _iovecs([s for s, _ in ranges], [n for _, n in ranges])
     r = _syscall(ctypes.c_long(SYS_PROCESS_MADVISE), ctypes.c_long(pidfd), iov,
                  ctypes.c_long(len(ranges)), ctypes.c_long(advice), ctypes.c_long(0))
     if r < 0:
@@ -152,7 +161,7 @@ def process_vm_touch(pid: int, addrs: Sequence[int]) -> int:
         raise ValueError(f"{len(addrs)} pages > IOV_MAX")
     buf = ctypes.create_string_buffer(max(1, len(addrs)))
     local = _Iovec(ctypes.cast(buf, ctypes.c_void_p), len(addrs))
-    remote = (_Iovec * len(addrs))(*[_Iovec(a, 1) for a in addrs])
+    remote = _iovecs(addrs, [1] * len(addrs))
     r = _syscall(ctypes.c_long(SYS_PROCESS_VM_READV), ctypes.c_long(pid), ctypes.byref(local),
                  ctypes.c_long(1), remote, ctypes.c_long(len(addrs)), ctypes.c_long(0))
     if r < 0:
