@@ -487,10 +487,14 @@ class Daemon:
 
     def op_ending(self, req: dict[str, Any]) -> dict[str, Any]:
         """The sandbox's wait ends soon (the orchestrator sees the model stream its answer):
-        its planned prefetch is due now. Never waits for it."""
+        its compression stops now and its prefetch is made due (at once, or paced to its
+        recorded streams). Never waits for either."""
         sb = self.registry.sandbox(_str(req, "name"))
         with self._plan_lock:
             due = self.planner.wait_ending(sb.name, self.clock())
+        if due:
+            # what went stays out until the prefetch; nothing more goes that it would read back
+            self.scheduler.hold(sb.name, self._wait_gen.get(sb.name))
         self._plan_wake.set()
         self.publish({"event": "ending", "name": sb.name, "prefetch": due})
         return {"name": sb.name, "prefetch": due}

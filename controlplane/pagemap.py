@@ -2,8 +2,9 @@
 for the flags read here; Documentation/admin-guide/mm/pagemap.rst).
 
 Each pagemap entry is 64 bits per virtual page: bit 63 present in RAM, 62 a swap entry, 61 a
-file page or a shared anonymous one.  Entries are read a run at a time (one pread of up to
-``SCAN_ENTRIES`` entries), never one syscall per page.
+file page or a shared anonymous one.  Entries are read a span at a time (one pread of up to
+``SCAN_ENTRIES`` entries; scattered pages share a read across gaps of up to ``SPAN_GAP``
+entries), never one syscall per page.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ PM_PRESENT = 1 << 63
 PM_SWAP = 1 << 62
 PM_FILE = 1 << 61
 SCAN_ENTRIES = 1 << 16  # entries read per pread (512 KiB)
-SPAN_GAP = 512  # entries_of(): pages this far apart share a read (4 KiB of entries between)
+SPAN_GAP = 512  # entries_of(): pages at most this many pages apart share a read
 PROC_ROOT = Path("/proc")
 
 
@@ -93,7 +94,7 @@ def scan(fd: int, start: int, end: int, want: int, reject: int, limit: int) -> l
     return out[:limit]
 
 
-def _entries(raw: bytes) -> array:  # type: ignore[type-arg]
+def _entries(raw: bytes) -> array[int]:
     """The whole 64-bit entries of a pagemap read (the host's byte order, as the kernel's)."""
     a = array("Q")
     a.frombytes(raw[:len(raw) - len(raw) % 8])
@@ -104,8 +105,9 @@ def entries_of(fd: int, pages: Sequence[int]) -> list[int]:
     """The entries of the open pagemap ``fd`` for the ascending page addresses ``pages``, in
     their order (0 for a page past the end of what the file returns).  Nearby pages are read
     together: one pread spans up to SCAN_ENTRIES entries and bridges gaps of up to SPAN_GAP
-    entries, so a scattered working set costs a few reads, not one a run.  OSError if the
-    process is gone."""
+    entries, so a scattered working set costs a few reads, not one a run.  A process that
+    exited after ``fd`` was opened reads as nothing: every entry 0.  ValueError if ``pages``
+    is not ascending."""
     out: list[int] = []
     i, n = 0, len(pages)
     while i < n:
@@ -113,6 +115,8 @@ def entries_of(fd: int, pages: Sequence[int]) -> list[int]:
         j, prev = i + 1, first
         while j < n:
             pg = pages[j] // PAGE_SIZE
+            if pg < prev:
+                raise ValueError("entries_of: pages must be ascending")
             if pg - first >= SCAN_ENTRIES or pg - prev > SPAN_GAP:
                 break
             prev = pg

@@ -116,9 +116,11 @@ class _Iovec(ctypes.Structure):
     _fields_ = (("iov_base", ctypes.c_void_p), ("iov_len", ctypes.c_size_t))
 
 
+assert ctypes.sizeof(_Iovec) == 2 * array("Q").itemsize  # the flat buffer's layout below
+
+
 def _iovecs(bases: Sequence[int], lengths: Sequence[int]) -> ctypes.Array[_Iovec]:
-    """An iovec array built from one flat buffer (a thousand _Iovec objects one by one cost
-    ten times as much)."""
+    """An iovec array, filled from one flat buffer of (base, length) words."""
     flat = [0] * (2 * len(bases))
     flat[0::2], flat[1::2] = bases, lengths
     return (_Iovec * len(bases)).from_buffer_copy(array("Q", flat))

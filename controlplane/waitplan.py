@@ -50,7 +50,9 @@ The control law, per sandbox:
   the waits; once ``min_samples`` are known (the sandbox's, else the fleet's) the prefetch is
   due ``lead`` before the ``stream_quantile`` quantile of those streams rather than at once:
   the working set stays compressed for most of the stream, and only the streams shorter than
-  that quantile find the prefetch still running or not yet started when their tool begins.
+  that quantile find the prefetch still running or not yet started when their tool begins
+  (counted ``late``, like a prediction that came too late; by design about ``stream_quantile``
+  of them).  The scheduler is held from the announcement on.
 * The working set stays until the wait has earned it (``keep_hot``).  The scheduler
   compresses a waiting sandbox down to the working set its earlier waits measured (what is
   left is what its tool uses, and what goes is the coldest of the rest), and asks
@@ -278,12 +280,14 @@ class WaitPlanner:
 
     def stream_delay(self, name: str) -> float:
         """Seconds from an announcement to its prefetch: ``lead`` before the
-        ``stream_quantile`` quantile of the recorded streams (the sandbox's, else the fleet's
-        once it has ``min_samples``), never negative; 0 without enough of them."""
-        c, sp = self.config, self._get(name)
+        ``stream_quantile`` quantile (the lower one of nearest ranks) of the recorded streams:
+        the sandbox's once it has ``min_samples``, else those and the fleet's last ``history``
+        (as samples() does for waits) once the fleet has ``min_samples``; never negative, and
+        0 without enough of them."""
+        c, sp = self.config, self._sb.get(name)
         if c.stream_quantile <= 0:
             return 0.0
-        xs = list(sp.streams)
+        xs = list(sp.streams) if sp is not None else []
         if len(xs) < c.min_samples:
             if len(self._fleet_streams) < c.min_samples:
                 return 0.0
@@ -342,7 +346,8 @@ class WaitPlanner:
         if must:
             self._go_deep(name, sp, age)
             if sp.ending and sp.predict and c.restores and sp.ending_at is not None:
-                # its end was announced: the working set comes back as the announcement's
+                # its end was announced: the working set comes back when the announcement
+                # made it due
                 sp.fire_at = max(now, sp.ending_at + self.stream_delay(name))
             return True
         if sp.ending:
@@ -447,8 +452,9 @@ class WaitPlanner:
 
     def wait_ending(self, name: str, now: float) -> bool:
         """The orchestrator says the wait ends soon (the model has begun to stream its answer or
-        tool call): the prefetch is due now unless one ran or runs in this wait, and the wait is
-        not compressed again. Returns whether a prefetch was made due."""
+        tool call): the prefetch is made due (at once, or stream_delay() from now; an earlier
+        planned one stays) unless one ran or runs in this wait, and the wait is not compressed
+        again. Returns whether a prefetch was made due."""
         sp = self._get(name)
         if sp.wait_start is None or sp.ending:
             return False
@@ -465,7 +471,8 @@ class WaitPlanner:
             # (the phase benchmark's loaded host measured it slower than faulting on use)
             sp.fire_at = None
             return False
-        sp.fire_at = now + self.stream_delay(name)
+        at = now + self.stream_delay(name)
+        sp.fire_at = at if sp.fire_at is None else min(sp.fire_at, at)
         return True
 
     def other_phase(self, name: str) -> None:

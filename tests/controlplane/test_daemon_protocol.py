@@ -543,6 +543,44 @@ def test_an_announced_end_prefetches_at_once_and_holds_compression(tmp_path: Pat
         d.stop()
 
 
+def test_a_paced_announcement_holds_compression_until_its_prefetch(tmp_path: Path) -> None:
+    make_cgroup(tmp_path / "cg", "/sb/a")
+    fm = FakeModule(tmp_path / "cg")
+    pf = RecordingPrefetcher()
+    clock = FakeClock()
+    plan = PlanConfig(keep_hot=False, min_samples=2, stream_quantile=0.5)
+    d = Daemon(config(tmp_path, plan=plan), module_factory=lambda: fm, prefetcher=pf,
+               clock=clock)
+    d._plan_loop = lambda: None  # type: ignore[method-assign]  # the test calls plan_tick()
+    d.start()
+    try:
+        with DaemonClient(d.config.socket_path) as c:
+            c.register("a", "/sb/a", 1)
+            for _ in range(2):  # two announced waits: streams of 2 s recorded
+                c.phase("a", "llm-wait")
+                clock.advance(1.0)
+                assert c.ending("a")["prefetch"] is True
+                d.plan_tick()
+                clock.advance(2.0)
+                c.phase("a", "tool")
+                clock.advance(1.0)
+            assert c.stats("a")["phase"]["plan"]["stream_median_s"] == 2.0
+            restores = pf.calls.count(("restore", "a"))
+            c.phase("a", "llm-wait")
+            clock.advance(1.0)
+            assert c.ending("a")["prefetch"] is True
+            gen = d.phases.get("a", clock()).generation
+            assert d.scheduler.held("a", gen)  # compression stops at the announcement...
+            d.plan_tick()
+            time.sleep(0.2)
+            assert pf.calls.count(("restore", "a")) == restores  # ...the prefetch comes later
+            clock.advance(2.0)
+            d.plan_tick()
+            _until(lambda: pf.calls.count(("restore", "a")) == restores + 1, "the paced prefetch")
+    finally:
+        d.stop()
+
+
 def test_device_reset_is_noticed_and_registrations_restored(tmp_path: Path) -> None:
     r = Running(tmp_path, reconcile_interval=0)  # no thread: reconcile() called by hand
     try:

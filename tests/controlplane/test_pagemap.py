@@ -116,3 +116,28 @@ def test_swapped_gives_the_swapped_pages_ascending_once(tmp_path: Path) -> None:
     asked = [page(k) for k in (4000, 9, 3, 2, 9, 8, 7)]
     assert swapped(10, asked, tmp_path) == [page(2), page(9), page(4000)]
     assert swapped(11, asked, tmp_path) == []  # no such process
+
+
+def test_entries_of_refuses_pages_out_of_order(tmp_path: Path) -> None:
+    f = tmp_path / "pagemap"
+    write_pagemap(f, {page(0): PM_SWAP})
+    fd = os.open(f, os.O_RDONLY)
+    try:
+        with pytest.raises(ValueError):
+            entries_of(fd, [page(2), page(1), page(10)])
+    finally:
+        os.close(fd)
+
+
+def test_scan_goes_on_past_one_read_and_stops_at_its_limit(tmp_path: Path,
+                                                            reads: list[tuple[int, int]]) -> None:
+    f = tmp_path / "pagemap"
+    ks = [1, SCAN_ENTRIES + 5, SCAN_ENTRIES + 9, SCAN_ENTRIES + 20]
+    write_pagemap(f, {page(k): PM_PRESENT for k in ks})
+    fd = os.open(f, os.O_RDONLY)
+    try:
+        assert scan(fd, page(0), page(2 * SCAN_ENTRIES), PM_PRESENT, 0, 3) == [
+            page(k) for k in ks[:3]]
+    finally:
+        os.close(fd)
+    assert len(reads) == 2

@@ -351,6 +351,8 @@ def announced(p: WaitPlanner, name: str, t: float, stream: float, wait: float = 
     assert p.wait_ending(name, end - stream)
     at = p.next_due()
     assert at is not None
+    if p.config.stream_quantile == 0:
+        assert at == pytest.approx(end - stream)  # at the announcement
     if at + took <= end:
         assert p.due(at) == [(name, Action.PREFETCH)]
         token = p.prefetch_started(name)
@@ -372,7 +374,7 @@ def test_an_announced_prefetch_is_paced_to_the_streams_recorded() -> None:
         t += 4.0
     lead = p.lead("a")  # 1.5 x 0.2 + 0.05
     assert lead == pytest.approx(0.35)
-    # nearest rank: the 0.2 quantile of (1.0, 1.5, 2.0) is 1.0: due 1.0 - lead after it
+    # the lower nearest rank: the 0.2 quantile of (1.0, 1.5, 2.0) is 1.0: due 1.0 - lead on
     assert p.stream_delay("a") == pytest.approx(1.0 - lead)
     p.wait_started("a", t)
     assert p.wait_ending("a", t + 1.0)
@@ -383,13 +385,27 @@ def test_an_announced_prefetch_is_paced_to_the_streams_recorded() -> None:
 
 
 def test_a_stream_shorter_than_the_pace_finds_its_prefetch_late() -> None:
-    p = WaitPlanner(quick(stream_quantile=0.5))
+    # announced waits whose working set goes once recorded (no prediction: as the daemon
+    # with --prefetch-from resident runs them)
+    p = WaitPlanner(hot(deep_after_kept=True, stream_quantile=0.5))
     t = 0.0
-    for _ in range(3):
-        t = announced(p, "a", t, stream=2.0)
+    for k in range(4):
+        p.wait_started("a", t)
+        p.kept_level("a", t + 0.3)
+        # the first wait is not known to be announced yet: it kept its working set
+        assert p.wait_ending("a", t + 1.0) == (k > 0)
+        at = p.next_due()
+        if k > 0:
+            assert at is not None and p.due(at) == [("a", Action.PREFETCH)]
+            token = p.prefetch_started("a")
+            p.prefetch_done("a", token, 0.2, at + 0.2)
+        p.tool_started("a", t + 3.0)  # 2 s streams
+        t += 4.0
     p.wait_started("a", t)
+    assert p.kept_level("a", t + 0.3)
     assert p.wait_ending("a", t + 2.5)
-    assert p.next_due() is not None and p.next_due() > t + 3.0
+    due = p.next_due()
+    assert due is not None and due > t + 3.0
     start = p.tool_started("a", t + 3.0)  # a 0.5 s stream: the tool came first
     assert start.reason == "not-fired"
     assert p.snapshot("a", t + 3.0)["late"] == 1
@@ -414,6 +430,63 @@ def test_stream_quantile_zero_prefetches_at_the_announcement() -> None:
         PlanConfig(stream_quantile=1.0).validate()
     with pytest.raises(errors.InvalidValue):
         PlanConfig(stream_quantile=-0.1).validate()
+
+
+def test_streams_are_recorded_for_announced_waits_that_reach_their_tool_only() -> None:
+    p = WaitPlanner(quick(stream_quantile=0.2))
+    p.wait_started("a", 0.0)
+    p.tool_started("a", 2.0)  # not announced: no stream
+    p.wait_started("a", 3.0)
+    p.wait_ending("a", 4.0)
+    p.other_phase("a")  # parked before its tool: no stream either
+    p.wait_started("a", 6.0)
+    p.wait_ending("a", 7.0)
+    p.wait_started("a", 9.0)  # a new wait without a tool hint between: none
+    p.tool_started("a", 10.0)
+    assert p.snapshot("a", 10.0)["stream_median_s"] is None
+
+
+def test_a_sandbox_with_few_streams_of_its_own_counts_the_fleets_too() -> None:
+    p = WaitPlanner(quick(stream_quantile=0.5, min_samples=3))
+    t = 0.0
+    for _ in range(3):
+        t = announced(p, "a", t, stream=2.0)
+    t = announced(p, "b", t, stream=0.5)  # b's own 0.5 s and the fleet's 2.0 s streams
+    lead = p.lead("b")
+    assert p.stream_delay("b") == pytest.approx(2.0 - lead)
+
+
+def test_a_working_set_taken_anyway_comes_back_when_its_announcement_made_it_due() -> None:
+    p = WaitPlanner(hot(stream_quantile=0.5))
+    t = 0.0
+    for _ in range(6):  # enough unannounced waits that the sandbox does not count as announced
+        t = kept_wait(p, "a", t, 3.0)
+    for _ in range(3):  # announced waits that kept their working set: streams of 2 s
+        p.wait_started("a", t)
+        assert not p.wait_ending("a", t + 1.0)
+        p.tool_started("a", t + 3.0)
+        t += 4.0
+    p.wait_started("a", t)
+    assert not p.wait_ending("a", t + 1.0)  # kept: nothing to bring back yet
+    assert p.deep_ok("a", t + 1.2, must=True)  # memory pressure takes it anyway
+    due = t + 1.0 + p.stream_delay("a")
+    assert due > t + 1.2
+    assert p.next_due() == pytest.approx(due)  # paced from the announcement, not from now
+    assert p.due(t + 1.2) == []
+    assert p.due(due) == [("a", Action.PREFETCH)]
+
+
+def test_an_announcement_does_not_postpone_a_planned_prefetch() -> None:
+    p = WaitPlanner(quick(stream_quantile=0.9))
+    t = 0.0
+    for _ in range(3):
+        t = announced(p, "a", t, stream=2.5)
+    for _ in range(3):
+        t = cycle(p, "a", t, 3.0)  # unannounced waits of 3 s: predicted
+    at = p.wait_started("a", t)
+    assert at is not None
+    assert p.wait_ending("a", at - 0.5)
+    assert p.next_due() == pytest.approx(at)
 
 
 # -- the hot set (keep_hot) -------------------------------------------------------------------

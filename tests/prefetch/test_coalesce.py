@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+import ctypes
 import errno
+import mmap
+import os
 from collections.abc import Sequence
 
 import pytest
 
-from controlplane.prefetch import IOV_MAX, Range, coalesce, madvise_ranges
+from controlplane.prefetch import (
+    IOV_MAX,
+    Range,
+    coalesce,
+    madvise_ranges,
+    pidfd_open,
+    process_madvise,
+    process_vm_touch,
+)
 
 P = 4096
 B = 0x7F0000000000
@@ -92,12 +103,6 @@ def test_other_errors_propagate() -> None:
 def test_the_real_syscalls_on_this_process() -> None:
     """process_vm_readv and process_madvise on this process's own pages: the iovec arrays
     carry every address and length (a read stops at the first page it cannot read)."""
-    import ctypes
-    import mmap
-    import os
-
-    from controlplane.prefetch import pidfd_open, process_madvise, process_vm_touch
-
     m = mmap.mmap(-1, 8 * P, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     base = ctypes.addressof(ctypes.c_char.from_buffer(m))
     try:
@@ -105,12 +110,14 @@ def test_the_real_syscalls_on_this_process() -> None:
         assert process_vm_touch(os.getpid(), [base, P, base + P]) == 1  # page 1: never mapped
         try:
             fd = pidfd_open(os.getpid())
-        except OSError:
-            return  # no pidfd_open here: the read half is what this test needs
+        except OSError as e:
+            pytest.skip(f"pidfd_open: {e}")
         try:
             assert process_madvise(fd, [(base, 2 * P), (base + 4 * P, 4 * P)]) == 6 * P
         except OSError as e:
-            assert e.errno in (errno.EPERM, errno.ENOSYS, errno.EINVAL)  # not allowed here
+            if e.errno not in (errno.EPERM, errno.ENOSYS):
+                raise
+            pytest.skip(f"process_madvise not allowed here: {e}")
         finally:
             os.close(fd)
     finally:
