@@ -52,7 +52,8 @@ The control law, per sandbox:
   the working set stays compressed for most of the stream, and only the streams shorter than
   that quantile find the prefetch still running or not yet started when their tool begins
   (counted ``late``, like a prediction that came too late; by design about ``stream_quantile``
-  of them).  The scheduler is held from the announcement on.
+  of them).  When the announcement makes a prefetch due, the daemon holds the scheduler from
+  then on: nothing more goes that the prefetch would read back.
 * The working set stays until the wait has earned it (``keep_hot``).  The scheduler
   compresses a waiting sandbox down to the working set its earlier waits measured (what is
   left is what its tool uses, and what goes is the coldest of the rest), and asks

@@ -61,6 +61,10 @@ def test_phase_and_compress(world: World) -> None:
     assert r.exit_code == 0 and "compressed, memory.current 8.0M -> 0B" in r.output
     r = world.run("prefetch", "a", "--json")
     assert json.loads(r.output)["result"]["prefetched_pages"] == 0
+    world.run("phase", "a", "llm-wait")
+    r = world.run("ending", "a")  # the daemon runs without --prefetch: nothing comes back
+    assert r.exit_code == 0 and r.output == "a: nothing to prefetch\n"
+    assert world.run("ending", "nope").exit_code != 0
 
 
 def test_status_json_agrees_with_the_module(world: World) -> None:
@@ -236,6 +240,18 @@ def test_daemon_flags_reach_its_config(offline: World, monkeypatch: pytest.Monke
     r, cfg = _daemon_config(offline, monkeypatch, "--prefetch", "--prefetch-from", "resident")
     assert r.exit_code == 0, r.output
     assert cfg.prefetch_from == "resident"
+    assert cfg.plan.stream_quantile == 0.2
+    r, cfg = _daemon_config(offline, monkeypatch, "--stream-quantile", "0")
+    assert r.exit_code == 0, r.output
+    assert cfg.plan.stream_quantile == 0.0
+
+
+@pytest.mark.parametrize("value", ["1", "-0.1", "x"])
+def test_daemon_refuses_a_stream_quantile_outside_zero_to_one(
+    offline: World, monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    r, cfg = _daemon_config(offline, monkeypatch, "--stream-quantile", value)
+    assert r.exit_code == 2 and cfg is None and "--stream-quantile" in r.output
 
 
 @pytest.mark.parametrize("flags", [["--hint-prefetch"], ["--no-predict"],
