@@ -487,14 +487,15 @@ class Daemon:
 
     def op_ending(self, req: dict[str, Any]) -> dict[str, Any]:
         """The sandbox's wait ends soon (the orchestrator sees the model stream its answer):
-        its compression stops now and its prefetch is made due (at once, or paced to its
-        recorded streams). Never waits for either."""
+        when a prefetch is made due (at once, or paced to its recorded streams), its
+        compression stops now. Never waits for either."""
         sb = self.registry.sandbox(_str(req, "name"))
         with self._plan_lock:
             due = self.planner.wait_ending(sb.name, self.clock())
+            gen = self._wait_gen.get(sb.name)
         if due:
             # what went stays out until the prefetch; nothing more goes that it would read back
-            self.scheduler.hold(sb.name, self._wait_gen.get(sb.name))
+            self.scheduler.hold(sb.name, gen)
         self._plan_wake.set()
         self.publish({"event": "ending", "name": sb.name, "prefetch": due})
         return {"name": sb.name, "prefetch": due}
@@ -551,6 +552,9 @@ class Daemon:
                     self.planner.forget(name)
                 continue
             if act is Action.RECOMPRESS:
+                with self._plan_lock:
+                    if self.planner.announced(name):
+                        continue  # announced since: its hold stands, its prefetch is due
                 # the planned restore began the prefetcher's tool phase: the wait goes on
                 restore.phase_changed(self.prefetcher, sb, Phase.LLM_WAIT.label)
                 self.scheduler.release(name, gen)

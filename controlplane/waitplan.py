@@ -348,8 +348,9 @@ class WaitPlanner:
             self._go_deep(name, sp, age)
             if sp.ending and sp.predict and c.restores and sp.ending_at is not None:
                 # its end was announced: the working set comes back when the announcement
-                # made it due
-                sp.fire_at = max(now, sp.ending_at + self.stream_delay(name))
+                # made it due, or when the prediction planned it if that is earlier
+                at = max(now, sp.ending_at + self.stream_delay(name))
+                sp.fire_at = at if sp.fire_at is None else min(sp.fire_at, at)
             return True
         if sp.ending:
             return False  # it ends soon: the hot set is what the tool will use
@@ -475,6 +476,11 @@ class WaitPlanner:
         at = now + self.stream_delay(name)
         sp.fire_at = at if sp.fire_at is None else min(sp.fire_at, at)
         return True
+
+    def announced(self, name: str) -> bool:
+        """Was the end of the wait in progress announced (wait_ending)?"""
+        sp = self._sb.get(name)
+        return sp is not None and sp.wait_start is not None and sp.ending
 
     def other_phase(self, name: str) -> None:
         """Any other hint (idle, unknown): no wait in progress any more."""

@@ -601,9 +601,9 @@ def policy_set(ctx: click.Context, assignments: tuple[str, ...], as_json: bool) 
     default=_PLAN.stream_quantile,
     show_default=True,
     help="With --prefetch: an announced wait's (azctl ending) prefetch starts its lead before "
-    "this quantile of the sandbox's earlier streams (announcement to tool hint; the fleet's "
-    "while it has fewer than 5), so the working set stays compressed for most of the stream; "
-    "0: at the announcement.",
+    "this quantile of the sandbox's earlier streams (announcement to tool hint; with the "
+    "fleet's while it has fewer than 5), so the working set stays compressed for most of the "
+    "stream; 0: at the announcement.",
 )
 @click.option(
     "--metrics-port",

@@ -26,7 +26,7 @@ from controlplane.client import DaemonClient
 from controlplane.daemon import BELOW_WORKING_SET, MAX_LINE, Daemon, DaemonConfig
 from controlplane.restore import NoopPrefetcher
 from controlplane.scheduler import SchedulerConfig
-from controlplane.waitplan import PlanConfig
+from controlplane.waitplan import Action, PlanConfig
 from tests.fakes import (
     FakeCgroup,
     FakeClock,
@@ -552,31 +552,67 @@ def test_a_paced_announcement_holds_compression_until_its_prefetch(tmp_path: Pat
     d = Daemon(config(tmp_path, plan=plan), module_factory=lambda: fm, prefetcher=pf,
                clock=clock)
     d._plan_loop = lambda: None  # type: ignore[method-assign]  # the test calls plan_tick()
+
+    def restores() -> int:
+        return pf.calls.count(("restore", "a"))
+
+    def idle(c: DaemonClient) -> bool:
+        return not c.stats("a")["phase"]["plan"]["prefetching"]
+
     d.start()
     try:
         with DaemonClient(d.config.socket_path) as c:
             c.register("a", "/sb/a", 1)
-            for _ in range(2):  # two announced waits: streams of 2 s recorded
+            for k in range(2):  # two announced waits of 3 s: streams of 2 s recorded
                 c.phase("a", "llm-wait")
                 clock.advance(1.0)
                 assert c.ending("a")["prefetch"] is True
                 d.plan_tick()
-                clock.advance(2.0)
+                _until(lambda k=k: restores() == k + 1 and idle(c), "the announced prefetch")
+                clock.advance(2.0)  # the prefetches took no time on this clock: lead 0.05 s
                 c.phase("a", "tool")
                 clock.advance(1.0)
             assert c.stats("a")["phase"]["plan"]["stream_median_s"] == 2.0
-            restores = pf.calls.count(("restore", "a"))
+            c.phase("a", "llm-wait")  # predicted from the 3 s waits: at 3 - 0.05 s
+            clock.advance(0.5)
+            assert c.ending("a")["prefetch"] is True  # paced: at 0.5 + 2 - 0.05 s, earlier
+            gen = d.phases.get("a", clock()).generation
+            assert d.scheduler.held("a", gen)  # compression stops at the announcement...
+            clock.advance(1.9)  # 2.4 s into the wait
+            d.plan_tick()
+            time.sleep(0.2)
+            assert restores() == 2  # ...and the prefetch comes later
+            clock.advance(0.1)  # 2.5 s: past the paced time, before the predicted one
+            d.plan_tick()
+            _until(lambda: restores() == 3, "the paced prefetch")
+    finally:
+        d.stop()
+
+
+def test_a_recompress_handed_out_before_an_announcement_does_not_release_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    make_cgroup(tmp_path / "cg", "/sb/a")
+    fm = FakeModule(tmp_path / "cg")
+    clock = FakeClock()
+    d = Daemon(config(tmp_path, plan=PlanConfig(keep_hot=False)), module_factory=lambda: fm,
+               prefetcher=RecordingPrefetcher(), clock=clock)
+    d._plan_loop = lambda: None  # type: ignore[method-assign]  # the test calls plan_tick()
+    d.start()
+    try:
+        with DaemonClient(d.config.socket_path) as c:
+            c.register("a", "/sb/a", 1)
             c.phase("a", "llm-wait")
             clock.advance(1.0)
             assert c.ending("a")["prefetch"] is True
             gen = d.phases.get("a", clock()).generation
-            assert d.scheduler.held("a", gen)  # compression stops at the announcement...
+            assert d.scheduler.held("a", gen)
+            st = d.scheduler.state  # the wait as the scheduler follows it (what release checks)
+            _until(lambda: "a" in st and st["a"].generation == gen, "the scheduler's state")
+            # the planner handed out a recompress just before the announcement came in
+            monkeypatch.setattr(d.planner, "due", lambda now: [("a", Action.RECOMPRESS)])
             d.plan_tick()
-            time.sleep(0.2)
-            assert pf.calls.count(("restore", "a")) == restores  # ...the prefetch comes later
-            clock.advance(2.0)
-            d.plan_tick()
-            _until(lambda: pf.calls.count(("restore", "a")) == restores + 1, "the paced prefetch")
+            assert d.scheduler.held("a", gen)
     finally:
         d.stop()
 
