@@ -47,8 +47,9 @@ The control law, per sandbox:
   makes the prefetch due (unless this wait's prefetch already ran or runs, or the host is short
   of CPU) and keeps the wait from being compressed again; a wait without the announcement is
   predicted as above.  How long the model streams (announcement -> tool hint) is recorded like
-  the waits; once ``min_samples`` are known (the sandbox's, else the fleet's) the prefetch is
-  due ``lead`` before the ``stream_quantile`` quantile of those streams rather than at once:
+  the waits; once ``min_samples`` are known (the sandbox's, with the fleet's while it has
+  fewer) the prefetch is due ``lead`` before the ``stream_quantile`` quantile of those streams
+  rather than at once:
   the working set stays compressed for most of the stream, and only the streams shorter than
   that quantile find the prefetch still running or not yet started when their tool begins
   (counted ``late``, like a prediction that came too late; by design about ``stream_quantile``
