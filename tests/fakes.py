@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import os
+import struct
 import threading
 from dataclasses import replace
 from pathlib import Path
@@ -221,6 +222,15 @@ def make_proc(
         "full avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"
     )
     return root
+
+
+def write_pagemap(pid_dir: Path, entries: dict[int, int]) -> None:
+    """A sparse fake /proc/PID/pagemap in ``pid_dir``: ``entries`` maps a page address to its
+    64-bit entry; the file ends after the highest page given."""
+    with open(pid_dir / "pagemap", "wb") as f:
+        for addr, e in entries.items():
+            f.seek(addr // 4096 * 8)
+            f.write(struct.pack("<Q", e))
 
 
 def make_process(proc: Path, pid: int, cgroup_path: str, start_time: int = 100) -> Path:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import struct
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,20 +20,13 @@ from controlplane.pagemap import (
     scan,
     swapped,
 )
+from tests.fakes import write_pagemap
 
 BASE = 0x7F0000000000
 
 
 def page(k: int) -> int:
     return BASE + k * PAGE_SIZE
-
-
-def write_pagemap(path: Path, entries: dict[int, int]) -> None:
-    """A sparse pagemap file: page address -> entry; ends after the highest page given."""
-    with open(path, "wb") as f:
-        for addr, e in entries.items():
-            f.seek(addr // PAGE_SIZE * 8)
-            f.write(struct.pack("<Q", e))
 
 
 @pytest.fixture
@@ -53,7 +45,7 @@ def reads(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[int, int]]]:
 
 def test_scan_keeps_the_entries_with_every_wanted_bit_and_no_rejected_one(tmp_path: Path) -> None:
     f = tmp_path / "pagemap"
-    write_pagemap(f, {page(0): PM_PRESENT, page(1): PM_PRESENT | PM_FILE, page(2): PM_SWAP,
+    write_pagemap(tmp_path, {page(0): PM_PRESENT, page(1): PM_PRESENT | PM_FILE, page(2): PM_SWAP,
                       page(5): PM_PRESENT, page(6): 0})
     fd = os.open(f, os.O_RDONLY)
     try:
@@ -71,7 +63,7 @@ def test_scattered_pages_nearby_are_read_together(tmp_path: Path,
     near = [0, 3, 3 + SPAN_GAP, 2 + 2 * SPAN_GAP]  # each within SPAN_GAP of the one before
     far = near[-1] + SPAN_GAP + 1  # one entry too far: a read of its own
     want = {page(k): PM_SWAP | k for k in [*near, far]}
-    write_pagemap(f, {**want, page(1): PM_PRESENT})
+    write_pagemap(tmp_path, {**want, page(1): PM_PRESENT})
     fd = os.open(f, os.O_RDONLY)
     try:
         got = entries_of(fd, sorted(want))
@@ -87,7 +79,7 @@ def test_one_read_spans_at_most_scan_entries(tmp_path: Path,
                                               reads: list[tuple[int, int]]) -> None:
     f = tmp_path / "pagemap"
     ks = list(range(0, SCAN_ENTRIES + SPAN_GAP, SPAN_GAP))  # a page every SPAN_GAP entries
-    write_pagemap(f, {page(k): PM_SWAP for k in ks})
+    write_pagemap(tmp_path, {page(k): PM_SWAP for k in ks})
     fd = os.open(f, os.O_RDONLY)
     try:
         got = entries_of(fd, [page(k) for k in ks])
@@ -99,7 +91,7 @@ def test_one_read_spans_at_most_scan_entries(tmp_path: Path,
 
 def test_a_page_past_the_end_of_the_file_reads_as_zero(tmp_path: Path) -> None:
     f = tmp_path / "pagemap"
-    write_pagemap(f, {page(0): PM_SWAP})
+    write_pagemap(tmp_path, {page(0): PM_SWAP})
     fd = os.open(f, os.O_RDONLY)
     try:
         assert entries_of(fd, [page(0), page(1), page(SPAN_GAP * 4)]) == [PM_SWAP, 0, 0]
@@ -111,7 +103,7 @@ def test_a_page_past_the_end_of_the_file_reads_as_zero(tmp_path: Path) -> None:
 def test_swapped_gives_the_swapped_pages_ascending_once(tmp_path: Path) -> None:
     pid_dir = tmp_path / "10"
     pid_dir.mkdir()
-    write_pagemap(pid_dir / "pagemap", {page(k): PM_SWAP for k in (2, 9, 4000)}
+    write_pagemap(pid_dir, {page(k): PM_SWAP for k in (2, 9, 4000)}
                   | {page(k): PM_PRESENT for k in (3, 8)})
     asked = [page(k) for k in (4000, 9, 3, 2, 9, 8, 7)]
     assert swapped(10, asked, tmp_path) == [page(2), page(9), page(4000)]
@@ -120,7 +112,7 @@ def test_swapped_gives_the_swapped_pages_ascending_once(tmp_path: Path) -> None:
 
 def test_entries_of_refuses_pages_out_of_order(tmp_path: Path) -> None:
     f = tmp_path / "pagemap"
-    write_pagemap(f, {page(0): PM_SWAP})
+    write_pagemap(tmp_path, {page(0): PM_SWAP})
     fd = os.open(f, os.O_RDONLY)
     try:
         with pytest.raises(ValueError):
@@ -133,7 +125,7 @@ def test_scan_goes_on_past_one_read_and_stops_at_its_limit(tmp_path: Path,
                                                             reads: list[tuple[int, int]]) -> None:
     f = tmp_path / "pagemap"
     ks = [1, SCAN_ENTRIES + 5, SCAN_ENTRIES + 9, SCAN_ENTRIES + 20]
-    write_pagemap(f, {page(k): PM_PRESENT for k in ks})
+    write_pagemap(tmp_path, {page(k): PM_PRESENT for k in ks})
     fd = os.open(f, os.O_RDONLY)
     try:
         assert scan(fd, page(0), page(2 * SCAN_ENTRIES), PM_PRESENT, 0, 3) == [

@@ -5,7 +5,6 @@ from __future__ import annotations
 import errno
 import mmap
 import os
-import struct
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -14,7 +13,7 @@ import pytest
 from controlplane.pagemap import PAGE_SIZE, PM_FILE, PM_PRESENT, PM_SWAP, private_writable
 from controlplane.registry import Sandbox
 from controlplane.residentset import ResidentSetConfig, ResidentSetPrefetcher, resident_anon
-from tests.fakes import FakeClock, make_process
+from tests.fakes import FakeClock, make_process, write_pagemap
 
 HEAP = 0x55D0C0000000
 LIB = 0x7F0000000000
@@ -25,14 +24,6 @@ MAPS = (
     f"{LIB + 6 * PAGE_SIZE:x}-{LIB + 8 * PAGE_SIZE:x} rw-s 00000000 00:01 7 /dev/shm/x\n"
     "ffffffffff600000-ffffffffff601000 --xp 00000000 00:00 0 [vsyscall]\n"
 )
-
-
-def write_pagemap(pid_dir: Path, entries: dict[int, int]) -> None:
-    """A sparse fake pagemap: ``entries`` maps a page address to its 64-bit entry."""
-    with open(pid_dir / "pagemap", "wb") as f:
-        for addr, e in entries.items():
-            f.seek(addr // PAGE_SIZE * 8)
-            f.write(struct.pack("<Q", e))
 
 
 def heap(k: int) -> int:
