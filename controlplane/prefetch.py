@@ -55,7 +55,7 @@ from typing import Any
 
 from controlplane import cgroup, pagemap
 from controlplane.pagemap import Page, Range, coalesce
-from controlplane.priority import name_this_thread
+from controlplane.priority import name_this_thread, niced
 from ebpf.events import PAGE_SIZE, FaultEvent, FaultRecords
 
 log = logging.getLogger("azswap.prefetch")
@@ -271,6 +271,9 @@ class PrefetchConfig:
     poll_cpu_budget: float = 0.1
     feed_chunk: int = 256  # events recorded per hold of the prefetcher's lock
     compile_nice: int = 19  # how much lower the BPF compile runs
+    # how much lower a restore's page reads run (each process_vm_readv / MADV_WILLNEED call:
+    # the kernel decompresses the pages in it), behind the running tools; 0: as the caller
+    nice: int = 0
 
 
 @dataclass
@@ -353,14 +356,16 @@ class Prefetcher:
         touch: Callable[[int, Sequence[int]], int] = process_vm_touch,
     ) -> None:
         self.cfg = config or PrefetchConfig()
-        if self.cfg.method not in ("populate", "willneed") or self.cfg.probe_every < 1:
-            raise ValueError("prefetch method must be populate or willneed, probe_every >= 1")
-        self._touch = touch
+        if (self.cfg.method not in ("populate", "willneed") or self.cfg.probe_every < 1
+                or not 0 <= self.cfg.nice <= 19):
+            raise ValueError("prefetch method must be populate or willneed, probe_every >= 1, "
+                             "0 <= nice <= 19")
+        self._touch = niced(self.cfg.nice, touch)
         self._can_populate = True  # False after EPERM: no ptrace access, willneed from then on
         self.tracer = tracer
         self.clock = clock
         self._madvise, self._pidfd, self._procs, self._swapped = (
-            madvise, open_pidfd, procs, swapped)
+            niced(self.cfg.nice, madvise), open_pidfd, procs, swapped)
         self.records = FaultRecords(keep_phases=2 * self.cfg.history + 4)
         self.sandboxes: dict[str, SandboxState] = {}
         self._mu = threading.RLock()
@@ -665,7 +670,7 @@ class Prefetcher:
             self.tracer.close()
 
 
-def make_prefetcher() -> Prefetcher:
+def make_prefetcher(config: PrefetchConfig | None = None) -> Prefetcher:
     """The daemon's factory (controlplane/restore.py): a Prefetcher whose fault tracer compiles
     (at a lower priority) and attaches in the background (tens of seconds under TCG); until
     then restore() runs on an empty history and says so in its result."""
@@ -676,7 +681,7 @@ def make_prefetcher() -> Prefetcher:
     # module's load/store tracepoints (per-sandbox counters for `python -m ebpf.faulttrace`)
     # would run a BPF program for every page the daemon itself compresses.
     tracer = FaultTracer(module_events="off", ringbuf_pages=512)
-    p = Prefetcher(tracer=None)
+    p = Prefetcher(config, tracer=None)
     p.status = "tracer starting"
 
     def boot() -> None:

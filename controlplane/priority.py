@@ -18,9 +18,16 @@ import ctypes
 import logging
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import ParamSpec, TypeVar
 
 log = logging.getLogger("azswap.priority")
+
+# how much lower the daemon's prefetches read their pages (DaemonConfig.prefetch_nice)
+PREFETCH_NICE = 10
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 PR_SET_NAME = 15
@@ -70,3 +77,17 @@ def lowered_priority(nice: int) -> Iterator[None]:
                 os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), before)
             except OSError as e:
                 log.info("cannot restore this thread's priority (%d): %s", before, e)
+
+
+def niced(nice: int, call: Callable[P, R]) -> Callable[P, R]:
+    """``call`` run under :func:`lowered_priority` (``nice``) each time: for a call that releases
+    the GIL and takes no lock of ours, e.g. the process_vm_readv of a prefetch, whose page
+    reads then yield to the sandboxes' running tools.  ``call`` itself when ``nice`` <= 0."""
+    if nice <= 0:
+        return call
+
+    def lowered(*args: P.args, **kwargs: P.kwargs) -> R:
+        with lowered_priority(nice):
+            return call(*args, **kwargs)
+
+    return lowered

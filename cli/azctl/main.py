@@ -17,6 +17,7 @@ from azctl.env import Env, need_root
 from controlplane import errors, metrics, snapshot
 from controlplane.abi import MAX_LOAD_PAGES, POLICY_FIELDS, Codec
 from controlplane.client import DEFAULT_SOCKET
+from controlplane.priority import PREFETCH_NICE
 from controlplane.scheduler import SchedulerConfig
 from controlplane.waitplan import PlanConfig
 
@@ -542,6 +543,16 @@ def policy_set(ctx: click.Context, assignments: tuple[str, ...], as_json: bool) 
     "back on the announcement.",
 )
 @click.option(
+    "--prefetch-nice",
+    type=click.IntRange(0, 19),
+    default=PREFETCH_NICE,
+    show_default=True,
+    help="With --prefetch: how much lower than the daemon a prefetch's page reads run (the "
+    "process_vm_readv calls, in which the kernel decompresses the pages): a prefetch runs "
+    "while other sandboxes' tools do, and takes only the CPU they leave; 0: at the daemon's "
+    "priority.",
+)
+@click.option(
     "--hint-prefetch",
     is_flag=True,
     help="With --prefetch: on a tool hint that found nothing prefetched in its wait, prefetch "
@@ -625,6 +636,7 @@ def daemon(
     no_policy: bool,
     prefetch: bool,
     prefetch_from: str,
+    prefetch_nice: int,
     hint_prefetch: bool,
     no_predict: bool,
     no_keep_hot: bool,
@@ -664,10 +676,13 @@ def daemon(
     from controlplane.daemon import Daemon, DaemonConfig
     from controlplane.sysfs import parse_size
 
-    from_given = ctx.get_parameter_source("prefetch_from") != click.core.ParameterSource.DEFAULT
-    for flag, given in (("--hint-prefetch", hint_prefetch), ("--no-predict", no_predict),
-                        ("--prefetch-from", from_given)):
-        if given and not prefetch:
+    def given(param: str) -> bool:
+        return ctx.get_parameter_source(param) != click.core.ParameterSource.DEFAULT
+
+    for flag, was_given in (("--hint-prefetch", hint_prefetch), ("--no-predict", no_predict),
+                            ("--prefetch-from", given("prefetch_from")),
+                            ("--prefetch-nice", given("prefetch_nice"))):
+        if was_given and not prefetch:
             raise click.UsageError(f"{flag} needs --prefetch (it changes when the prefetcher runs)")
     if prefetch_from == "resident" and (no_predict or no_keep_hot):
         raise click.UsageError("--prefetch-from resident learns when a wait stops at the working "
@@ -687,6 +702,7 @@ def daemon(
         state_dir=env.state_dir,
         prefetch=prefetch,
         prefetch_from=prefetch_from,
+        prefetch_nice=prefetch_nice,
         predict=not no_predict,
         hint_prefetch=hint_prefetch,
         metrics_port=metrics_port,

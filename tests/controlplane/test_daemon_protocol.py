@@ -921,7 +921,8 @@ def test_a_prefetcher_that_could_not_start_plans_no_prefetch(
     import controlplane.daemon
 
     fm = FakeModule(tmp_path / "cg")
-    monkeypatch.setattr(controlplane.daemon, "load_prefetcher", lambda enabled: NoopPrefetcher())
+    monkeypatch.setattr(controlplane.daemon, "load_prefetcher",
+                        lambda enabled, nice=0: NoopPrefetcher())
     d = Daemon(config(tmp_path, prefetch=True), module_factory=lambda: fm)
     assert d.planner.config.restores  # asked for
     d.start()
@@ -947,6 +948,7 @@ def test_the_resident_set_prefetcher_learns_when_a_wait_keeps_its_working_set(
     d.start()
     try:
         assert isinstance(d.prefetcher, ResidentSetPrefetcher)
+        assert d.prefetcher.cfg.nice == 10  # its page reads yield to the running tools
         learned: list[str] = []
         d.prefetcher.learn = lambda sb: learned.append(sb.name)  # type: ignore[method-assign]
         with DaemonClient(d.config.socket_path) as c:
@@ -968,6 +970,9 @@ def test_the_resident_set_prefetcher_learns_when_a_wait_keeps_its_working_set(
         d.stop()
     with pytest.raises(errors.InvalidValue):
         Daemon(config(tmp_path, prefetch_from="nosuch"), module_factory=lambda: fm)
+    for nice in (-1, 20):
+        with pytest.raises(errors.InvalidValue, match="prefetch_nice"):
+            Daemon(config(tmp_path, prefetch_nice=nice), module_factory=lambda: fm)
 
 
 def test_a_restore_that_brought_pages_back_is_told_to_the_scheduler(tmp_path: Path) -> None:

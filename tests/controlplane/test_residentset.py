@@ -243,3 +243,37 @@ def test_a_learn_racing_an_unregister_keeps_nothing(tmp_path: Path, monkeypatch:
     monkeypatch.setattr(Cgroup, "subtree_procs", unregistered_meanwhile)
     assert p.learn(w.sb) == 1
     assert p.learned_pages("sb") == 0
+
+
+def test_the_page_reads_run_at_the_configured_nice(tmp_path: Path) -> None:
+    """The process_vm_readv calls (where the kernel decompresses) run ``nice`` lower than the
+    restoring thread; the rest of the restore does not."""
+    import threading
+
+    w = World(tmp_path)
+    at: list[int] = []
+
+    def touch(pid: int, addrs: Sequence[int]) -> int:
+        at.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+        return len(addrs)
+
+    p = w.prefetcher(config=ResidentSetConfig(nice=6), touch=touch)
+    write_pagemap(w.proc / "10", {heap(k): PM_PRESENT for k in (0, 1)})
+    p.learn(w.sb)
+    write_pagemap(w.proc / "10", {heap(k): PM_SWAP for k in (0, 1)})
+    own: list[int] = []
+
+    def body() -> None:
+        own.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+        own.append(p.restore(w.sb)["prefetched_pages"])
+
+    t = threading.Thread(target=body)  # a thread of its own: a non-root one stays lowered
+    t.start()
+    t.join()
+    assert own[1] == 2 and at == [min(19, own[0] + 6)]
+
+
+@pytest.mark.parametrize("nice", [-1, 20])
+def test_nice_out_of_range_is_refused(nice: int) -> None:
+    with pytest.raises(ValueError):
+        ResidentSetConfig(nice=nice).validate()
