@@ -87,6 +87,7 @@ from typing import Any
 from bench.kit.daemon import DaemonError, DaemonProcess
 from bench.kit.table import fmt_min_med_max, min_med_max, table
 from bench.phaseloss import print_shortfall
+from controlplane.daemon import DaemonConfig
 
 MiB = float(1 << 20)
 REGIMES = ("none", "aggressive", "daemon", "daemon-stream", "daemon-alt", "daemon-alt-stream")
@@ -370,15 +371,16 @@ def _rel(cg: Path) -> str:
 
 
 def _prefetch_on(args: list[str]) -> bool:
-    """Does `azctl daemon ARGS` run the prefetcher (the last of --prefetch/--no-prefetch)?"""
+    """Does `azctl daemon ARGS` run the prefetcher (the last of --prefetch/--no-prefetch, else
+    the daemon's default)?"""
     flags = [a for a in args if a in ("--prefetch", "--no-prefetch")]
-    return bool(flags) and flags[-1] == "--prefetch"
+    return flags[-1] == "--prefetch" if flags else DaemonConfig().prefetch
 
 
 def _tracing(args: list[str]) -> bool:
     """Does `azctl daemon ARGS` run the eBPF fault tracer (a prefetcher learning from faults,
-    the last --prefetch-from's default)?"""
-    source = "faults"
+    the last --prefetch-from's, else the daemon's default)?"""
+    source = DaemonConfig().prefetch_from
     for i, a in enumerate(args):
         if a == "--prefetch-from" and i + 1 < len(args):
             source = args[i + 1]

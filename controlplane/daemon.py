@@ -79,10 +79,10 @@ class DaemonConfig:
     sys_block: Path = SYS_BLOCK
     state_dir: Path = RUN_DIR
     allowed_uids: frozenset[int] = frozenset({0})
-    prefetch: bool = False  # restore prefetch (azctl --prefetch)
-    # how the prefetcher learns a working set: "faults" (the eBPF fault tracer) or "resident"
-    # (what is resident when a wait's compression reached it; controlplane/residentset.py)
-    prefetch_from: str = "faults"
+    prefetch: bool = True  # restore prefetch (azctl --prefetch / --no-prefetch)
+    # how the prefetcher learns a working set: "resident" (what is resident when a wait's
+    # compression reached it; controlplane/residentset.py) or "faults" (the eBPF fault tracer)
+    prefetch_from: str = "resident"
     follow_events: bool = True
     metrics_port: int | None = None
     reconcile_interval: float = 10.0  # seconds between checks that the module still has ours
@@ -91,7 +91,8 @@ class DaemonConfig:
     send_stall: float = 30.0  # seconds a client may accept nothing while we have data for it
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     phase: PhaseConfig = field(default_factory=PhaseConfig)
-    plan: PlanConfig = field(default_factory=PlanConfig)
+    # only announced waits are prefetched for (azctl --predict-unannounced: predicted ones too)
+    plan: PlanConfig = field(default_factory=lambda: PlanConfig(predict_unannounced=False))
     predict: bool = True  # prefetch before the predicted end of each wait (else on the hint)
     # on a tool hint that found nothing prefetched in the wait: prefetch beside the tool (at
     # this nice), or let the tool fault its pages in.  Off: measured in the phase benchmark, a
@@ -587,10 +588,17 @@ class Daemon:
                 self._plan_wake.wait(left)
             self._plan_wake.clear()
 
+    def _learns(self, name: str) -> bool:
+        """Is a record of this sandbox's working set of use now (WaitPlanner.learns)?"""
+        with self._plan_lock:
+            return self.planner.learns(name)
+
     def _approach(self, name: str) -> None:
         """The scheduler's news (its thread): a wait's first write toward the working set is
         next.  A prefetcher that learns from residency records it now, working set and all: a
         write may take more than it asks (see _kept)."""
+        if not self._learns(name):
+            return
         with contextlib.suppress(errors.AzswapError):  # unregistered meanwhile
             restore.learn(self.prefetcher, self.registry.sandbox(name))
 
@@ -603,7 +611,9 @@ class Daemon:
             sb = self.registry.sandbox(name)
         except errors.AzswapError:
             return  # unregistered meanwhile
-        if exact:
+        if not self._learns(name):
+            pass  # nothing would bring the record back
+        elif exact:
             restore.learn(self.prefetcher, sb)
         elif hasattr(self.prefetcher, "learn"):
             log.info("%s: a write went more than %d KiB %s", name, KEEP_SLACK // 1024,

@@ -55,6 +55,12 @@ The control law, per sandbox:
   (counted ``late``, like a prediction that came too late; by design about ``stream_quantile``
   of them).  When the announcement makes a prefetch due, the daemon holds the scheduler from
   then on: nothing more goes that the prefetch would read back.
+* Only announced ends (``predict_unannounced`` off, the daemon's default): the hazard rule
+  plans nothing, so only a wait whose end is announced has its working set brought back
+  before its tool.  A sandbox that does not announce keeps its working set through its waits
+  (below) and its tools fault back what went in a long one; a prefetch the hazard rule fired
+  in the phase benchmark's heavy-tailed waits was as often early as on time, and competed
+  with the running tools.
 * The working set stays until the wait has earned it (``keep_hot``).  The scheduler
   compresses a waiting sandbox down to the working set its earlier waits measured (what is
   left is what its tool uses, and what goes is the coldest of the rest), and asks
@@ -132,6 +138,10 @@ class PlanConfig:
     # an announced wait's prefetch is due ``lead`` before this quantile of the sandbox's
     # recorded streams (announcement -> tool hint); 0: at the announcement
     stream_quantile: float = 0.2
+    # plan a prefetch before the predicted end of a wait whose end is not announced (the hazard
+    # rule); off: only an announced wait (wait_ending) or one the scheduler must take has its
+    # working set brought back, and a sandbox that never announces is never prefetched for
+    predict_unannounced: bool = True
 
     def validate(self) -> None:
         if self.history < 1 or self.fleet_history < 1 or self.min_samples < 1:
@@ -389,6 +399,8 @@ class WaitPlanner:
         assert sp.wait_start is not None
         if not self.config.restores:
             return None  # nothing would bring the working set back
+        if not self.config.predict_unannounced:
+            return None  # only an announcement brings it back
         at = fire_time(self.samples(name), since, self.lead(name), sp.threshold)
         return None if at is None else sp.wait_start + at
 
@@ -477,6 +489,17 @@ class WaitPlanner:
         at = now + self.stream_delay(name)
         sp.fire_at = at if sp.fire_at is None else min(sp.fire_at, at)
         return True
+
+    def learns(self, name: str) -> bool:
+        """Is a record of this sandbox's working set of use (the daemon skips the learning
+        otherwise)?  With a prefetcher, when waits are predicted, or when this wait or one of
+        the sandbox's recent ones was announced: the announcement brings the record back."""
+        if not self.config.restores:
+            return False
+        if self.config.predict_unannounced:
+            return True
+        sp = self._sb.get(name)
+        return sp is not None and (sp.ending or any(sp.announced))
 
     def announced(self, name: str) -> bool:
         """Was the end of the wait in progress announced (wait_ending)?"""

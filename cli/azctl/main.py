@@ -17,7 +17,7 @@ from azctl.env import Env, need_root
 from controlplane import errors, metrics, snapshot
 from controlplane.abi import MAX_LOAD_PAGES, POLICY_FIELDS, Codec
 from controlplane.client import DEFAULT_SOCKET
-from controlplane.priority import PREFETCH_NICE
+from controlplane.daemon import DaemonConfig
 from controlplane.scheduler import SchedulerConfig
 from controlplane.waitplan import PlanConfig
 
@@ -73,6 +73,7 @@ def _env(ctx: click.Context) -> Env:
 json_opt = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 _SCHED = SchedulerConfig()  # the daemon's defaults, shown by `azctl daemon --help`
 _PLAN = PlanConfig()
+_DAEMON = DaemonConfig()
 
 
 @click.group(cls=AzGroup, epilog=ROOT_HELP_EPILOG, context_settings={"max_content_width": 100})
@@ -524,28 +525,35 @@ def policy_set(ctx: click.Context, assignments: tuple[str, ...], as_json: bool) 
 @click.option("--no-policy", is_flag=True, help="Never switch the store policy fast/dense.")
 @click.option(
     "--prefetch/--no-prefetch",
-    default=False,
+    default=_DAEMON.prefetch,
     show_default=True,
-    help="Learn each sandbox's working set (see --prefetch-from) and bring it back before a "
-    "wait's predicted or announced end.  Off by default: with working sets kept through "
-    "short waits, the fault tracer's cost on every fault (paid by the tools, as CPU time and "
-    "waits for a CPU) outweighed what prefetch saved in the phase benchmark.",
+    help="Learn the working set of each sandbox that announces the ends of its waits (azctl "
+    "ending; see --prefetch-from) and bring it back before its tool runs (with "
+    "--predict-unannounced: before a wait's predicted end too).  --no-prefetch: an "
+    "announcement only keeps a working set that has not gone yet.",
 )
 @click.option(
     "--prefetch-from",
     type=click.Choice(["faults", "resident"]),
-    default="faults",
+    default=_DAEMON.prefetch_from,
     show_default=True,
-    help="With --prefetch: how a sandbox's working set is learned.  faults: the eBPF fault "
-    "tracer records what each tool faults in (bcc).  resident: what is resident when a wait's "
+    help="How a sandbox's working set is learned.  resident: what is resident when a wait's "
     "compression has reached the working set (/proc/PID/pagemap; no tracer, no cost on any "
     "fault); a sandbox whose ends are announced then loses its working set too, and gets it "
-    "back on the announcement.",
+    "back on the announcement.  faults: the eBPF fault tracer records what each tool faults "
+    "in (bcc; its cost on every fault is paid by the tools).",
+)
+@click.option(
+    "--predict-unannounced",
+    is_flag=True,
+    help="With --prefetch: also prefetch before the predicted end of a wait whose end is not "
+    "announced (from the sandbox's earlier waits).  Off by default: on heavy-tailed waits "
+    "such a prefetch came as often too early as in time, and competed with running tools.",
 )
 @click.option(
     "--prefetch-nice",
     type=click.IntRange(0, 19),
-    default=PREFETCH_NICE,
+    default=_DAEMON.prefetch_nice,
     show_default=True,
     help="With --prefetch: how much lower than the daemon a prefetch's page reads run (the "
     "process_vm_readv calls, in which the kernel decompresses the pages): a prefetch runs "
@@ -636,6 +644,7 @@ def daemon(
     no_policy: bool,
     prefetch: bool,
     prefetch_from: str,
+    predict_unannounced: bool,
     prefetch_nice: int,
     hint_prefetch: bool,
     no_predict: bool,
@@ -660,12 +669,16 @@ def daemon(
       or the fleet's earlier waits; a wait longer than all of them is expected
       to last as long again; --deep-after S: at a fixed age instead)
                      compress the working set too;
-      with --prefetch, before the wait's predicted end or when it is announced
-      (azctl ending; paced to the sandbox's earlier streams, --stream-quantile)
-                     stop compressing and prefetch its learned working set
-                     (a sandbox whose ends are announced loses its working
-                     set at once, or with --prefetch-from resident once it
-                     was recorded, and the announcement brings it back);
+      a sandbox that announces its waits' ends (azctl ending, as the model
+      starts streaming its tool call):
+                     its working set goes too once it was recorded (what is
+                     resident at that level), and the announcement (paced to
+                     the sandbox's earlier streams, --stream-quantile) stops
+                     compressing and brings it back, the page reads
+                     --prefetch-nice lower than the daemon (--no-prefetch: the
+                     announcement only keeps a working set not gone yet;
+                     --predict-unannounced: a wait without one is prefetched
+                     for before its predicted end too);
       with --pack-every S, after a run (at most every S seconds)
                      pack the device: nearby compressible pages of one
                      sandbox become one object (a load decodes up to 4);
@@ -673,7 +686,7 @@ def daemon(
       idle hint      compress the whole sandbox after --grace (it is parked);
       no hints       inferred idle (cgroup CPU/PSI) after --idle-grace, compressed too.
     """
-    from controlplane.daemon import Daemon, DaemonConfig
+    from controlplane.daemon import Daemon
     from controlplane.sysfs import parse_size
 
     def given(param: str) -> bool:
@@ -681,12 +694,16 @@ def daemon(
 
     for flag, was_given in (("--hint-prefetch", hint_prefetch), ("--no-predict", no_predict),
                             ("--prefetch-from", given("prefetch_from")),
+                            ("--predict-unannounced", predict_unannounced),
                             ("--prefetch-nice", given("prefetch_nice"))):
         if was_given and not prefetch:
             raise click.UsageError(f"{flag} needs --prefetch (it changes when the prefetcher runs)")
-    if prefetch_from == "resident" and (no_predict or no_keep_hot):
-        raise click.UsageError("--prefetch-from resident learns when a wait stops at the working "
-                               "set: not with --no-predict or --no-keep-hot")
+    if prefetch and prefetch_from == "resident" and (no_predict or no_keep_hot):
+        flag = "--no-predict" if no_predict else "--no-keep-hot"
+        raise click.UsageError(f"{flag}: no wait would stop at its working set, which the "
+                               "resident-set prefetcher (--prefetch-from resident, the "
+                               "default) learns there; add --no-prefetch or --prefetch-from "
+                               "faults")
     env = _env(ctx)
     need_root("azctl daemon")
     logging.basicConfig(
@@ -707,7 +724,8 @@ def daemon(
         hint_prefetch=hint_prefetch,
         metrics_port=metrics_port,
         plan=PlanConfig(keep_hot=not no_keep_hot, deep_min_remaining=deep_min_remaining,
-                        deep_after=deep_after, stream_quantile=stream_quantile),
+                        deep_after=deep_after, stream_quantile=stream_quantile,
+                        predict_unannounced=predict_unannounced),
         scheduler=SchedulerConfig(
             interval=interval,
             grace=grace,

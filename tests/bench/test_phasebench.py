@@ -241,7 +241,8 @@ def test_calibration_takes_the_best_timing(monkeypatch: pytest.MonkeyPatch) -> N
 def test_the_last_prefetch_flag_wins() -> None:
     from bench.phasebench import _prefetch_on
 
-    assert not _prefetch_on(["--grace", "0"])
+    assert _prefetch_on(["--grace", "0"])  # the daemon's default
+    assert not _prefetch_on(["--no-prefetch"])
     assert _prefetch_on(["--prefetch"])
     assert not _prefetch_on(["--prefetch", "--no-prefetch"])
     assert _prefetch_on(["--no-prefetch", "--prefetch"])
@@ -250,7 +251,9 @@ def test_the_last_prefetch_flag_wins() -> None:
 def test_the_daemon_traces_faults_only_when_its_prefetcher_learns_from_them() -> None:
     from bench.phasebench import _tracing
 
-    assert _tracing(["--prefetch"]) and not _tracing([])
+    assert not _tracing(["--prefetch"]) and not _tracing([])  # resident by default
+    assert _tracing(["--prefetch-from", "faults"])
+    assert not _tracing(["--no-prefetch", "--prefetch-from", "faults"])
     assert not _tracing(["--prefetch", "--prefetch-from", "resident"])
     assert not _tracing(["--prefetch-from=resident", "--prefetch"])
     assert _tracing(["--prefetch-from=resident", "--prefetch", "--prefetch-from", "faults"])

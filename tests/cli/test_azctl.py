@@ -226,15 +226,23 @@ def _daemon_config(offline: World, monkeypatch: pytest.MonkeyPatch, *args: str):
 def test_daemon_flags_reach_its_config(offline: World, monkeypatch: pytest.MonkeyPatch) -> None:
     r, cfg = _daemon_config(offline, monkeypatch)
     assert r.exit_code == 0, r.output
-    assert not cfg.prefetch and cfg.predict and not cfg.hint_prefetch
+    # the shipped product: announced waits prefetched from the recorded resident set
+    assert cfg.prefetch and cfg.predict and not cfg.hint_prefetch
     assert cfg.scheduler.age_kept and cfg.plan.keep_hot
-    assert cfg.prefetch_from == "faults"
+    assert cfg.prefetch_from == "resident" and not cfg.plan.predict_unannounced
     assert cfg.plan.deep_after is None
-    r, cfg = _daemon_config(offline, monkeypatch, "--prefetch", "--hint-prefetch", "--no-predict",
-                            "--no-age-kept", "--no-keep-hot", "--deep-min-remaining", "2.5",
-                            "--deep-after", "10")
+    r, cfg = _daemon_config(offline, monkeypatch, "--predict-unannounced")
+    assert r.exit_code == 0, r.output
+    assert cfg.plan.predict_unannounced
+    r, cfg = _daemon_config(offline, monkeypatch, "--no-prefetch")
+    assert r.exit_code == 0, r.output
+    assert not cfg.prefetch
+    r, cfg = _daemon_config(offline, monkeypatch, "--prefetch-from", "faults", "--hint-prefetch",
+                            "--no-predict", "--no-age-kept", "--no-keep-hot",
+                            "--deep-min-remaining", "2.5", "--deep-after", "10")
     assert r.exit_code == 0, r.output
     assert cfg.prefetch and not cfg.predict and cfg.hint_prefetch
+    assert cfg.prefetch_from == "faults"
     assert not cfg.scheduler.age_kept and not cfg.plan.keep_hot
     assert cfg.plan.deep_min_remaining == 2.5 and cfg.plan.deep_after == 10.0
     r, cfg = _daemon_config(offline, monkeypatch, "--prefetch", "--prefetch-from", "resident")
@@ -261,11 +269,11 @@ def test_daemon_refuses_a_stream_quantile_outside_zero_to_one(
 @pytest.mark.parametrize("flags", [["--hint-prefetch"], ["--no-predict"],
                                    ["--prefetch-from", "resident"],
                                    ["--prefetch-from", "faults"],
-                                   ["--prefetch-nice", "5"]])
+                                   ["--prefetch-nice", "5"], ["--predict-unannounced"]])
 def test_daemon_refuses_prefetch_options_without_the_prefetcher(
     offline: World, monkeypatch: pytest.MonkeyPatch, flags: list[str]
 ) -> None:
-    r, cfg = _daemon_config(offline, monkeypatch, *flags)
+    r, cfg = _daemon_config(offline, monkeypatch, "--no-prefetch", *flags)
     assert r.exit_code == 2 and cfg is None
     assert f"{flags[0]} needs --prefetch" in r.output
 
@@ -282,9 +290,15 @@ def test_daemon_refuses_a_prefetch_nice_outside_0_to_19(
 def test_daemon_refuses_a_resident_set_it_could_not_learn(
     offline: World, monkeypatch: pytest.MonkeyPatch, flag: str
 ) -> None:
-    r, cfg = _daemon_config(offline, monkeypatch, "--prefetch", "--prefetch-from", "resident",
-                            flag)
-    assert r.exit_code == 2 and cfg is None and flag in r.output
+    for args in ([flag], ["--prefetch-from", "resident", flag]):
+        r, cfg = _daemon_config(offline, monkeypatch, *args)
+        assert r.exit_code == 2 and cfg is None and flag in r.output
+        assert "--no-prefetch or --prefetch-from faults" in r.output
+    r, cfg = _daemon_config(offline, monkeypatch, "--prefetch-from", "faults", flag)
+    assert r.exit_code == 0, r.output
+    if flag == "--no-keep-hot":
+        r, cfg = _daemon_config(offline, monkeypatch, "--no-prefetch", flag)
+        assert r.exit_code == 0, r.output
 
 
 def test_template_from_file_streams_in_bounded_batches(world: World, tmp_path: Path) -> None:

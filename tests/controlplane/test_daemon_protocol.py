@@ -16,6 +16,7 @@ import sys
 import textwrap
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +48,11 @@ def config(tmp: Path, **kw: object) -> DaemonConfig:
         sys_block=tmp / "sys",
         state_dir=tmp / "run",
         follow_events=False,
+        # the library's defaults, not the shipped ones (test_the_shipped_defaults): a test
+        # asks for the prefetcher, the resident set and announced-only plans by name
         prefetch=False,
+        prefetch_from="faults",
+        plan=PlanConfig(),
         scheduler=SchedulerConfig(interval=0.05, grace=0.0, cpu_budget=1.0, chunk_bytes=1 << 20),
     )
     base.update(kw)
@@ -973,6 +978,43 @@ def test_the_resident_set_prefetcher_learns_when_a_wait_keeps_its_working_set(
     for nice in (-1, 20):
         with pytest.raises(errors.InvalidValue, match="prefetch_nice"):
             Daemon(config(tmp_path, prefetch_nice=nice), module_factory=lambda: fm)
+
+
+def test_the_shipped_defaults_prefetch_announced_waits_only(tmp_path: Path) -> None:
+    """What `azctl daemon` runs without options: the resident-set prefetcher, its page reads
+    lowered, for announced waits only: a sandbox's working set is recorded once it announces,
+    never before (no scan of a sandbox whose record nothing would bring back)."""
+    from controlplane.residentset import ResidentSetPrefetcher
+
+    shipped = DaemonConfig()
+    assert shipped.prefetch and shipped.prefetch_from == "resident"
+    assert shipped.prefetch_nice == 10 and not shipped.plan.predict_unannounced
+    make_cgroup(tmp_path / "cg", "/sb/a")
+    fm = FakeModule(tmp_path / "cg")
+    base = config(tmp_path)
+    d = Daemon(replace(base, prefetch=True, prefetch_from="resident", plan=shipped.plan),
+               module_factory=lambda: fm)
+    d.scheduler.run = lambda: None  # type: ignore[method-assign]  # the test drives it
+    d.start()
+    try:
+        assert isinstance(d.prefetcher, ResidentSetPrefetcher)
+        learned: list[str] = []
+        d.prefetcher.learn = lambda sb: learned.append(sb.name)  # type: ignore[method-assign]
+        with DaemonClient(d.config.socket_path) as c:
+            c.register("a", "/sb/a", 1)
+            c.hint("a", "llm-wait")
+            d._approach("a")
+            d._kept("a")
+            assert learned == []  # it never announced: nothing would use the record
+            assert c.ending("a")["prefetch"] is False  # kept its working set so far
+            d._kept("a")
+            assert learned == ["a"]
+            c.hint("a", "tool")
+            c.hint("a", "llm-wait")
+            d._approach("a")  # the next wait: the sandbox announces its ends
+            assert learned == ["a", "a"]
+    finally:
+        d.stop()
 
 
 def test_a_restore_that_brought_pages_back_is_told_to_the_scheduler(tmp_path: Path) -> None:

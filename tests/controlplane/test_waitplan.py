@@ -778,3 +778,45 @@ def test_with_deep_after_kept_no_working_set_goes_before_it_was_reached() -> Non
         assert not p.deep_ok("b", t + 0.1)
         assert not p.kept_level("b", t + 0.2)  # its own waits were never announced
         assert p.deep_ok("b", t + 0.3)
+
+
+def test_without_predict_unannounced_a_wait_is_prefetched_only_when_announced() -> None:
+    """The daemon's default: the hazard rule plans nothing; an announcement still makes the
+    prefetch due, and a working set the scheduler must take in an announced wait comes back."""
+    p = WaitPlanner(quick(predict_unannounced=False))
+    t = 0.0
+    for _ in range(5):  # enough regular waits for the hazard rule to fire on
+        t = cycle(p, "a", t, 3.0)
+    assert p.wait_started("a", t) is None and p.next_due() is None
+    assert p.tool_started("a", t + 3.0).reason == "no-prediction"
+    t += 4.0
+    p.wait_started("a", t)
+    assert p.wait_ending("a", t + 2.0)
+    assert p.due(t + 2.0) == [("a", Action.PREFETCH)]
+    h = WaitPlanner(hot(predict_unannounced=False))
+    for _ in range(5):  # long waits: the working set goes at 4 s of age, nothing planned
+        t = cycle(h, "b", t, 10.0)
+    h.wait_started("b", t)
+    assert h.deep_ok("b", t + 4.0) and h.next_due() is None
+    h.wait_started("b", t + 20.0)
+    assert h.wait_ending("b", t + 21.0) is False  # kept so far: nothing to bring back
+    assert h.deep_ok("b", t + 21.5, must=True)
+    assert h.next_due() == pytest.approx(t + 21.5)  # taken anyway: back at once
+
+
+def test_learns_says_when_a_working_set_record_is_of_use() -> None:
+    assert not WaitPlanner(quick(restores=False)).learns("a")
+    assert WaitPlanner(quick()).learns("a")  # predicted waits use it
+    p = WaitPlanner(hot(predict_unannounced=False))
+    assert not p.learns("a")  # nothing known of it
+    p.wait_started("a", 0.0)
+    assert not p.learns("a")  # never announced
+    p.wait_ending("a", 1.0)
+    assert p.learns("a")  # this wait was
+    p.tool_started("a", 1.5)
+    p.wait_started("a", 3.0)
+    assert p.learns("a")  # a recent one was
+    for k in range(8):  # judge_waits unannounced ones later, no more
+        p.tool_started("a", 4.0 + 2 * k)
+        p.wait_started("a", 5.0 + 2 * k)
+    assert not p.learns("a")

@@ -81,7 +81,8 @@ def test_daemon_prefetches_before_the_predicted_end_of_each_wait() -> None:
     sb = PageSandbox(cg.path, NPAGES, 11)
     hot = random.Random(2).sample(range(NPAGES), HOT)
     cycles: list[dict[str, Any]] = []
-    d = DaemonProcess("--interval", "0.2", "--no-policy", "--no-keep-hot", "--prefetch")
+    d = DaemonProcess("--interval", "0.2", "--no-policy", "--no-keep-hot", "--prefetch",
+                      "--prefetch-from", "faults", "--predict-unannounced")
     try:
         d.wait_ready(tracing=True)
         with d.client() as c:
@@ -135,10 +136,11 @@ def test_short_waits_keep_the_working_set_and_compress_the_rest() -> None:
     hot = rng.sample(range(NPAGES), HOT)
     drift = HOT // 10  # pages of the hot set replaced every tool phase
     cycles: list[dict[str, Any]] = []
-    # no prefetcher (its BPF compile takes a minute under TCG): the keeping is the scheduler's
+    # the shipped defaults: the waits are not announced, so the resident-set prefetcher records
+    # and brings back nothing; the keeping is the scheduler's
     d = DaemonProcess("--interval", "0.2", "--no-policy")
     try:
-        d.wait_ready()
+        assert d.wait_ready()["prefetch"] == "resident set"
         with d.client() as c:
             c.register("keep", cg.rel, 1)
             sb.touch(hot, write_every=8)
@@ -182,6 +184,7 @@ def test_short_waits_keep_the_working_set_and_compress_the_rest() -> None:
         # the rest stayed in swap: at least half of the pages no tool touched
         assert cyc["swapped_before_tool"] >= (NPAGES - 2 * HOT) * 4096 // 2, cyc
     assert plan["kept"] >= 6, plan
+    assert plan["fired"] == 0, plan  # no announcement: nothing prefetched
 
 
 def test_announced_waits_bring_back_the_resident_working_set() -> None:
@@ -198,8 +201,7 @@ def test_announced_waits_bring_back_the_resident_working_set() -> None:
     sb = PageSandbox(cg.path, NPAGES, 13)
     hot = random.Random(4).sample(range(NPAGES), HOT)
     cycles: list[dict[str, Any]] = []
-    d = DaemonProcess("--interval", "0.2", "--no-policy", "--prefetch",
-                      "--prefetch-from", "resident")
+    d = DaemonProcess("--interval", "0.2", "--no-policy")  # the shipped defaults
 
     def compressed(c: Any, generation: int) -> bool:
         st = c.stats("resident").get("compress", {})
