@@ -32,8 +32,8 @@ Regimes, each with fresh sandboxes and the same trajectories, on one azswap-lz4 
               directory): the template registered with template_add and reclaimed once (its
               pages become bases), the sandboxes registered with their trust group and the
               template, a `llm-wait` hint at the start of every wait and a `tool` hint at its
-              end.  The daemon's scheduler compresses (and with --prefetch its prefetcher
-              restores); the benchmark does neither.
+              end.  The daemon's scheduler compresses (and, for announced waits, its
+              prefetcher restores); the benchmark does neither.
   daemon-alt  the daemon with --alt-daemon-arg options as well: an A/B of two settings on the
               same trajectories in the same boot (daemon-alt-stream: with `ending` as below).
   daemon-stream
@@ -730,9 +730,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="work units per second per style instead of calibrating them at the "
                          "start (the same work in every boot; the JSON's config.rates)")
     ap.add_argument("--daemon-timeout", type=float, default=400.0,
-                    help="seconds to wait for the daemon to answer (and, with --prefetch, for "
-                         "its fault tracer: its BPF program compiles in tens of seconds under "
-                         "TCG)")
+                    help="seconds to wait for the daemon to answer (and, with --prefetch-from "
+                         "faults, for its fault tracer: its BPF program compiles in tens of "
+                         "seconds under TCG)")
     ap.add_argument("--sync-hints", action="store_true",
                     help="wait for the daemon's answer to each phase hint before going on "
                          "(default: send it and go on, as an agent loop on its hot path)")

@@ -8,8 +8,9 @@ Each sandbox is a memory cgroup (made by your runtime: runc, Firecracker's jaile
 /run/azswap/azswap.sock), then for every step of every sandbox:
 
     llm-wait hint  -> the daemon compresses the sandbox while the model thinks, at once, down
-                      to the working set its tools use (that too if the wait lasts; with
-                      `azctl daemon --prefetch` it is brought back before the wait's end)
+                      to the working set its tools use (that too if the wait lasts; an
+                      orchestrator that streams the model's answer sends `ending` as the
+                      tool call starts, and the daemon brings it back before the tool)
     the LLM call   -> here a sleep of --llm-seconds; yours is a request to a model server
     tool hint      -> compression stops at once; the tool faults back what it touches that
                       went
