@@ -9,11 +9,12 @@ One process (``azctl daemon``), these threads:
 * the module event listener: follows the ``events`` netlink group (changes made by other netlink
   clients) and forwards them to subscribers;
 * the wait planner (controlplane/waitplan.py): learns each sandbox's waits and tells the
-  scheduler when a waiting sandbox's working set may go; with a prefetcher (``prefetch``: the
-  eBPF fault tracer's, or with ``prefetch_from`` "resident" one that records what is resident
-  when a wait's compression reaches the working set) it also predicts when each LLM wait
-  ends and, that long before it (or on its announced end), holds the scheduler and starts the
-  sandbox's prefetch; a wait that goes on past a prefetch is released for compression again;
+  scheduler when a waiting sandbox's working set may go; with a prefetcher (``prefetch``: with
+  ``prefetch_from`` "resident", the default, one that records what is resident when a wait's
+  compression reaches the working set, or the eBPF fault tracer's) it holds the scheduler and
+  starts the sandbox's prefetch when a wait's end is announced (paced to its recorded streams)
+  and, with ``plan.predict_unannounced``, that long before each wait's predicted end; a wait
+  that goes on past a predicted prefetch is released for compression again;
 * prefetch workers (with the prefetcher only): one short-lived thread per planned prefetch, and
   with ``hint_prefetch`` per tool hint that found the working set not brought back (that one at
   a lower priority, in parallel with the tool).
@@ -52,7 +53,8 @@ from controlplane.cgroup import CGROUP_ROOT, PROC_ROOT, normalize
 from controlplane.modulephase import PhaseForwarder
 from controlplane.optimes import OpTimes
 from controlplane.phase import PhaseConfig, PhaseModel
-from controlplane.priority import PREFETCH_NICE, lower_thread_priority, name_this_thread
+from controlplane.prefetch_defaults import PREFETCH, PREFETCH_FROM, PREFETCH_NICE, PREFETCH_SOURCES
+from controlplane.priority import can_restore_priority, lower_thread_priority, name_this_thread
 from controlplane.registry import RUN_DIR, ModuleBackend, Registry, Sandbox, state_path
 from controlplane.residentset import ResidentSetConfig, ResidentSetPrefetcher
 from controlplane.restore import NoopPrefetcher, Prefetcher, load_prefetcher
@@ -67,7 +69,6 @@ SOCKET_PATH = RUN_DIR / "azswap.sock"
 MAX_LINE = 64 * 1024  # bytes per request line, newline included
 # logged when a wait's compression stopped at its working set after a write went below it
 BELOW_WORKING_SET = "below its working set: the record taken earlier in the wait stands"
-PREFETCH_FROM = ("faults", "resident")  # DaemonConfig.prefetch_from
 
 
 @dataclass
@@ -79,10 +80,10 @@ class DaemonConfig:
     sys_block: Path = SYS_BLOCK
     state_dir: Path = RUN_DIR
     allowed_uids: frozenset[int] = frozenset({0})
-    prefetch: bool = True  # restore prefetch (azctl --prefetch / --no-prefetch)
+    prefetch: bool = PREFETCH  # restore prefetch (azctl --prefetch / --no-prefetch)
     # how the prefetcher learns a working set: "resident" (what is resident when a wait's
     # compression reached it; controlplane/residentset.py) or "faults" (the eBPF fault tracer)
-    prefetch_from: str = "resident"
+    prefetch_from: str = PREFETCH_FROM
     follow_events: bool = True
     metrics_port: int | None = None
     reconcile_interval: float = 10.0  # seconds between checks that the module still has ours
@@ -91,8 +92,7 @@ class DaemonConfig:
     send_stall: float = 30.0  # seconds a client may accept nothing while we have data for it
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     phase: PhaseConfig = field(default_factory=PhaseConfig)
-    # only announced waits are prefetched for (azctl --predict-unannounced: predicted ones too)
-    plan: PlanConfig = field(default_factory=lambda: PlanConfig(predict_unannounced=False))
+    plan: PlanConfig = field(default_factory=PlanConfig)
     predict: bool = True  # prefetch before the predicted end of each wait (else on the hint)
     # on a tool hint that found nothing prefetched in the wait: prefetch beside the tool (at
     # this nice), or let the tool fault its pages in.  Off: measured in the phase benchmark, a
@@ -324,8 +324,9 @@ class Daemon:
         )
         if (c.hint_prefetch or not c.predict) and not c.prefetch and prefetcher is None:
             raise errors.InvalidValue("hint_prefetch and predict=False need the prefetcher")
-        if c.prefetch_from not in PREFETCH_FROM:
-            raise errors.InvalidValue(f"prefetch_from must be one of {', '.join(PREFETCH_FROM)}")
+        if c.prefetch_from not in PREFETCH_SOURCES:
+            raise errors.InvalidValue(
+                f"prefetch_from must be one of {', '.join(PREFETCH_SOURCES)}")
         if not 0 <= c.prefetch_nice <= 19:
             raise errors.InvalidValue("prefetch_nice must be in 0..19")
         resident = c.prefetch_from == "resident" and c.prefetch
@@ -569,7 +570,9 @@ class Daemon:
                 log.info("plan: %s still waiting after its prefetch: compress again", name)
                 continue
             self.scheduler.hold(name, gen)
-            log.info("plan: %s: wait predicted to end, prefetching", name)
+            with self._plan_lock:
+                how = "announced" if self.planner.announced(name) else "predicted"
+            log.info("plan: %s: wait %s to end, prefetching", name, how)
             threading.Thread(
                 target=self._restore, args=(sb, token), name=f"prefetch-{name}", daemon=True
             ).start()
@@ -589,9 +592,14 @@ class Daemon:
             self._plan_wake.clear()
 
     def _learns(self, name: str) -> bool:
-        """Is a record of this sandbox's working set of use now (WaitPlanner.learns)?"""
+        """Is a record of this sandbox's working set of use now: a tool hint may prefetch it
+        (``hint_prefetch``), or the planner may (WaitPlanner.learns)?  When not, an earlier
+        record is dropped: it would be stale by the time the sandbox announces again."""
         with self._plan_lock:
-            return self.planner.learns(name)
+            useful = self.config.hint_prefetch or self.planner.learns(name)
+        if not useful:
+            restore.forget(self.prefetcher, name)
+        return useful
 
     def _approach(self, name: str) -> None:
         """The scheduler's news (its thread): a wait's first write toward the working set is
@@ -863,12 +871,19 @@ class Daemon:
         self.recover()
         self.bind()
         c = self.config
+        nice = c.prefetch_nice
+        if self._load_prefetcher and c.prefetch and nice and not can_restore_priority():
+            # a thread lowered for a prefetch (the connection thread, for a prefetch request)
+            # would stay lowered: see controlplane/priority.py
+            log.warning("prefetch: a thread's priority cannot be put back (no CAP_SYS_NICE): "
+                        "page reads run at the daemon's priority, not %d lower", nice)
+            nice = 0
         if self._load_prefetcher and c.prefetch and c.prefetch_from == "resident":
-            self.prefetcher = ResidentSetPrefetcher(ResidentSetConfig(nice=c.prefetch_nice),
+            self.prefetcher = ResidentSetPrefetcher(ResidentSetConfig(nice=nice),
                                                     cgroup_root=c.cgroup_root,
                                                     proc_root=c.proc_root)
         elif self._load_prefetcher:
-            self.prefetcher = load_prefetcher(c.prefetch, c.prefetch_nice)
+            self.prefetcher = load_prefetcher(c.prefetch, nice)
             if isinstance(self.prefetcher, NoopPrefetcher):
                 with self._plan_lock:
                     self.planner.config.restores = False

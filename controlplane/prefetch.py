@@ -43,6 +43,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import functools
 import logging
 import os
 import threading
@@ -55,7 +56,7 @@ from typing import Any
 
 from controlplane import cgroup, pagemap
 from controlplane.pagemap import Page, Range, coalesce
-from controlplane.priority import name_this_thread, niced
+from controlplane.priority import lowered_priority, name_this_thread
 from ebpf.events import PAGE_SIZE, FaultEvent, FaultRecords
 
 log = logging.getLogger("azswap.prefetch")
@@ -140,36 +141,48 @@ def pidfd_open(pid: int) -> int:
 
 
 def process_madvise(pidfd: int, ranges: Sequence[tuple[int, int]],
-                    advice: int = MADV_WILLNEED) -> int:
+                    advice: int = MADV_WILLNEED, nice: int = 0) -> int:
     """One process_madvise(2) call over at most IOV_MAX (start, length) ranges; bytes advised.
-    The kernel stops at the first range it cannot advise: the count says where."""
+    The kernel stops at the first range it cannot advise: the count says where.  The system
+    call (the GIL released, no lock of ours held) runs ``nice`` lower than the calling thread
+    (controlplane/priority.py), the Python work around it does not."""
     if len(ranges) > IOV_MAX:
         raise ValueError(f"{len(ranges)} ranges > IOV_MAX")
     iov = _iovecs([s for s, _ in ranges], [n for _, n in ranges])
-    r = _syscall(ctypes.c_long(SYS_PROCESS_MADVISE), ctypes.c_long(pidfd), iov,
-                 ctypes.c_long(len(ranges)), ctypes.c_long(advice), ctypes.c_long(0))
+    with lowered_priority(nice):
+        r = _syscall(ctypes.c_long(SYS_PROCESS_MADVISE), ctypes.c_long(pidfd), iov,
+                     ctypes.c_long(len(ranges)), ctypes.c_long(advice), ctypes.c_long(0))
     if r < 0:
         e = ctypes.get_errno()
         raise OSError(e, f"process_madvise: {os.strerror(e)}")
     return int(r)
 
 
-def process_vm_touch(pid: int, addrs: Sequence[int]) -> int:
+def process_vm_touch(pid: int, addrs: Sequence[int], nice: int = 0) -> int:
     """Read one byte of each page of another process (process_vm_readv(2), IOV_MAX pages a
     call): the kernel faults every page in *and maps it* in that process, as MADV_POPULATE_READ
     would (which process_madvise does not offer).  Returns the pages read; the kernel stops at
-    the first page it cannot read."""
+    the first page it cannot read.  The system call, where the kernel decompresses the pages,
+    runs ``nice`` lower than the calling thread (as in process_madvise())."""
     if len(addrs) > IOV_MAX:
         raise ValueError(f"{len(addrs)} pages > IOV_MAX")
     buf = ctypes.create_string_buffer(max(1, len(addrs)))
     local = _Iovec(ctypes.cast(buf, ctypes.c_void_p), len(addrs))
     remote = _iovecs(addrs, [1] * len(addrs))
-    r = _syscall(ctypes.c_long(SYS_PROCESS_VM_READV), ctypes.c_long(pid), ctypes.byref(local),
-                 ctypes.c_long(1), remote, ctypes.c_long(len(addrs)), ctypes.c_long(0))
+    with lowered_priority(nice):
+        r = _syscall(ctypes.c_long(SYS_PROCESS_VM_READV), ctypes.c_long(pid),
+                     ctypes.byref(local), ctypes.c_long(1), remote, ctypes.c_long(len(addrs)),
+                     ctypes.c_long(0))
     if r < 0:
         e = ctypes.get_errno()
         raise OSError(e, f"process_vm_readv({pid}): {os.strerror(e)}")
     return int(r)
+
+
+def at_nice(call: Callable[..., int], nice: int) -> Callable[..., int]:
+    """``call`` (process_vm_touch or process_madvise, or a test's stand-in taking ``nice``) with
+    its system calls ``nice`` lower; ``call`` itself for 0."""
+    return functools.partial(call, nice=nice) if nice > 0 else call
 
 
 def populate_ranges(pid: int, ranges: Sequence[Range],
@@ -360,12 +373,12 @@ class Prefetcher:
                 or not 0 <= self.cfg.nice <= 19):
             raise ValueError("prefetch method must be populate or willneed, probe_every >= 1, "
                              "0 <= nice <= 19")
-        self._touch = niced(self.cfg.nice, touch)
+        self._touch = at_nice(touch, self.cfg.nice)
         self._can_populate = True  # False after EPERM: no ptrace access, willneed from then on
         self.tracer = tracer
         self.clock = clock
         self._madvise, self._pidfd, self._procs, self._swapped = (
-            niced(self.cfg.nice, madvise), open_pidfd, procs, swapped)
+            at_nice(madvise, self.cfg.nice), open_pidfd, procs, swapped)
         self.records = FaultRecords(keep_phases=2 * self.cfg.history + 4)
         self.sandboxes: dict[str, SandboxState] = {}
         self._mu = threading.RLock()

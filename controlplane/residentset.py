@@ -53,6 +53,7 @@ from controlplane.pagemap import (
 )
 from controlplane.prefetch import (
     IOV_MAX,
+    at_nice,
     coalesce,
     madvise_ranges,
     pidfd_open,
@@ -60,7 +61,6 @@ from controlplane.prefetch import (
     process_madvise,
     process_vm_touch,
 )
-from controlplane.priority import niced
 
 log = logging.getLogger("azswap.residentset")
 
@@ -159,8 +159,8 @@ class ResidentSetPrefetcher:
         self.cfg.validate()
         self.cgroup_root, self.proc = Path(cgroup_root), Path(proc_root)
         self.clock = clock
-        self._touch = niced(self.cfg.nice, touch)
-        self._madvise = niced(self.cfg.nice, madvise)
+        self._touch = at_nice(touch, self.cfg.nice)
+        self._madvise = at_nice(madvise, self.cfg.nice)
         self._pidfd = open_pidfd
         self._can_populate = True  # False after EPERM: no ptrace access, willneed from then on
         self._sets: dict[str, dict[int, Recorded]] = {}

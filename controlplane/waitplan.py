@@ -82,7 +82,7 @@ The control law, per sandbox:
   is this wait's prefetch planned: the pages a prefetch brings back are the working set's.  A
   tool after a wait that kept it faults in little more than the pages its working set drifted
   to.
-* Without a prefetcher (``restores`` off: the daemon without ``--prefetch``) nothing is
+* Without a prefetcher (``restores`` off: the daemon with ``--no-prefetch``) nothing is
   planned: no prefetch is due, the scheduler is never held for one, an announced end only
   keeps a working set that has not gone yet, and a tool after a wait whose working set went
   faults it back in.
@@ -139,9 +139,9 @@ class PlanConfig:
     # recorded streams (announcement -> tool hint); 0: at the announcement
     stream_quantile: float = 0.2
     # plan a prefetch before the predicted end of a wait whose end is not announced (the hazard
-    # rule); off: only an announced wait (wait_ending) or one the scheduler must take has its
-    # working set brought back, and a sandbox that never announces is never prefetched for
-    predict_unannounced: bool = True
+    # rule); off: only a wait whose end is announced (wait_ending) has its working set brought
+    # back, and a sandbox that never announces is never prefetched for
+    predict_unannounced: bool = False
 
     def validate(self) -> None:
         if self.history < 1 or self.fleet_history < 1 or self.min_samples < 1:
@@ -365,7 +365,7 @@ class WaitPlanner:
             return True
         if sp.ending:
             return False  # it ends soon: the hot set is what the tool will use
-        if c.deep_after_kept and not sp.kept_reached:
+        if c.deep_after_kept and not sp.kept_reached and self.learns(name):
             return False  # not before the prefetcher has recorded it (kept_level())
         longer = [w for w in self.samples(name) if w > age]
         if longer:

@@ -17,7 +17,7 @@ from azctl.env import Env, need_root
 from controlplane import errors, metrics, snapshot
 from controlplane.abi import MAX_LOAD_PAGES, POLICY_FIELDS, Codec
 from controlplane.client import DEFAULT_SOCKET
-from controlplane.daemon import DaemonConfig
+from controlplane.prefetch_defaults import PREFETCH, PREFETCH_FROM, PREFETCH_NICE, PREFETCH_SOURCES
 from controlplane.scheduler import SchedulerConfig
 from controlplane.waitplan import PlanConfig
 
@@ -73,7 +73,6 @@ def _env(ctx: click.Context) -> Env:
 json_opt = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 _SCHED = SchedulerConfig()  # the daemon's defaults, shown by `azctl daemon --help`
 _PLAN = PlanConfig()
-_DAEMON = DaemonConfig()
 
 
 @click.group(cls=AzGroup, epilog=ROOT_HELP_EPILOG, context_settings={"max_content_width": 100})
@@ -374,8 +373,8 @@ def phase(ctx: click.Context, name: str, phase: str, as_json: bool) -> None:
 @click.pass_context
 def ending(ctx: click.Context, name: str, as_json: bool) -> None:
     """Hint that sandbox NAME's LLM wait ends soon (the model is streaming its tool call):
-    the wait is not compressed again, and with `azctl daemon --prefetch` its working set is
-    prefetched (at once, or paced to the sandbox's earlier streams: see azctl daemon
+    the wait is not compressed again, and (unless `azctl daemon --no-prefetch`) its working set
+    is prefetched (at once, or paced to the sandbox's earlier streams: see azctl daemon
     --stream-quantile)."""
     r = _env(ctx).client("ending").ending(name)
     _done(as_json, r, f"{name}: {'prefetch due' if r['prefetch'] else 'nothing to prefetch'}")
@@ -525,7 +524,7 @@ def policy_set(ctx: click.Context, assignments: tuple[str, ...], as_json: bool) 
 @click.option("--no-policy", is_flag=True, help="Never switch the store policy fast/dense.")
 @click.option(
     "--prefetch/--no-prefetch",
-    default=_DAEMON.prefetch,
+    default=PREFETCH,
     show_default=True,
     help="Learn the working set of each sandbox that announces the ends of its waits (azctl "
     "ending; see --prefetch-from) and bring it back before its tool runs (with "
@@ -534,8 +533,8 @@ def policy_set(ctx: click.Context, assignments: tuple[str, ...], as_json: bool) 
 )
 @click.option(
     "--prefetch-from",
-    type=click.Choice(["faults", "resident"]),
-    default=_DAEMON.prefetch_from,
+    type=click.Choice(PREFETCH_SOURCES),
+    default=PREFETCH_FROM,
     show_default=True,
     help="How a sandbox's working set is learned.  resident: what is resident when a wait's "
     "compression has reached the working set (/proc/PID/pagemap; no tracer, no cost on any "
@@ -553,7 +552,7 @@ def policy_set(ctx: click.Context, assignments: tuple[str, ...], as_json: bool) 
 @click.option(
     "--prefetch-nice",
     type=click.IntRange(0, 19),
-    default=_DAEMON.prefetch_nice,
+    default=PREFETCH_NICE,
     show_default=True,
     help="With --prefetch: how much lower than the daemon a prefetch's page reads run (the "
     "process_vm_readv calls, in which the kernel decompresses the pages): a prefetch runs "
@@ -570,9 +569,8 @@ def policy_set(ctx: click.Context, assignments: tuple[str, ...], as_json: bool) 
 @click.option(
     "--no-predict",
     is_flag=True,
-    help="With --prefetch: prefetch on the tool hint only, instead of before the end of each "
-    "LLM wait as predicted from the sandbox's earlier waits (the working set is then "
-    "compressed at once with the rest).",
+    help="With --prefetch-from faults: prefetch on the tool hint only, never before a wait's "
+    "end, announced or predicted (the working set is then compressed at once with the rest).",
 )
 @click.option(
     "--no-keep-hot",
@@ -686,7 +684,7 @@ def daemon(
       idle hint      compress the whole sandbox after --grace (it is parked);
       no hints       inferred idle (cgroup CPU/PSI) after --idle-grace, compressed too.
     """
-    from controlplane.daemon import Daemon
+    from controlplane.daemon import Daemon, DaemonConfig
     from controlplane.sysfs import parse_size
 
     def given(param: str) -> bool:
@@ -697,13 +695,18 @@ def daemon(
                             ("--predict-unannounced", predict_unannounced),
                             ("--prefetch-nice", given("prefetch_nice"))):
         if was_given and not prefetch:
-            raise click.UsageError(f"{flag} needs --prefetch (it changes when the prefetcher runs)")
-    if prefetch and prefetch_from == "resident" and (no_predict or no_keep_hot):
-        flag = "--no-predict" if no_predict else "--no-keep-hot"
-        raise click.UsageError(f"{flag}: no wait would stop at its working set, which the "
-                               "resident-set prefetcher (--prefetch-from resident, the "
-                               "default) learns there; add --no-prefetch or --prefetch-from "
-                               "faults")
+            raise click.UsageError(f"{flag} needs the prefetcher, which --no-prefetch turns off")
+    if prefetch and prefetch_from == "resident" and no_predict:
+        raise click.UsageError("--no-predict: no wait would stop at its working set, which the "
+                               "resident-set prefetcher (--prefetch-from resident, the default) "
+                               "learns there; add --prefetch-from faults")
+    if prefetch and prefetch_from == "resident" and no_keep_hot:
+        raise click.UsageError("--no-keep-hot: no wait would stop at its working set, which the "
+                               "resident-set prefetcher (--prefetch-from resident, the default) "
+                               "learns there; add --no-prefetch or --prefetch-from faults")
+    if no_predict and predict_unannounced:
+        raise click.UsageError("--predict-unannounced with --no-predict: nothing is predicted "
+                               "(every prefetch comes with a tool hint)")
     env = _env(ctx)
     need_root("azctl daemon")
     logging.basicConfig(

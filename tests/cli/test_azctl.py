@@ -275,7 +275,7 @@ def test_daemon_refuses_prefetch_options_without_the_prefetcher(
 ) -> None:
     r, cfg = _daemon_config(offline, monkeypatch, "--no-prefetch", *flags)
     assert r.exit_code == 2 and cfg is None
-    assert f"{flags[0]} needs --prefetch" in r.output
+    assert f"{flags[0]} needs the prefetcher" in r.output
 
 
 @pytest.mark.parametrize("value", ["-1", "20", "x"])
@@ -293,12 +293,22 @@ def test_daemon_refuses_a_resident_set_it_could_not_learn(
     for args in ([flag], ["--prefetch-from", "resident", flag]):
         r, cfg = _daemon_config(offline, monkeypatch, *args)
         assert r.exit_code == 2 and cfg is None and flag in r.output
-        assert "--no-prefetch or --prefetch-from faults" in r.output
+        assert "--prefetch-from faults" in r.output
+        assert ("--no-prefetch" in r.output) == (flag == "--no-keep-hot")
+    # what the message suggests is accepted
     r, cfg = _daemon_config(offline, monkeypatch, "--prefetch-from", "faults", flag)
     assert r.exit_code == 0, r.output
     if flag == "--no-keep-hot":
         r, cfg = _daemon_config(offline, monkeypatch, "--no-prefetch", flag)
         assert r.exit_code == 0, r.output
+
+
+def test_daemon_refuses_predict_unannounced_with_no_predict(
+    offline: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    r, cfg = _daemon_config(offline, monkeypatch, "--prefetch-from", "faults", "--no-predict",
+                            "--predict-unannounced")
+    assert r.exit_code == 2 and cfg is None and "--predict-unannounced" in r.output
 
 
 def test_template_from_file_streams_in_bounded_batches(world: World, tmp_path: Path) -> None:

@@ -48,11 +48,11 @@ def config(tmp: Path, **kw: object) -> DaemonConfig:
         sys_block=tmp / "sys",
         state_dir=tmp / "run",
         follow_events=False,
-        # the library's defaults, not the shipped ones (test_the_shipped_defaults): a test
-        # asks for the prefetcher, the resident set and announced-only plans by name
+        # not the shipped defaults (test_the_shipped_defaults...): a test asks for the
+        # prefetcher, the resident set and announced-only plans by name
         prefetch=False,
         prefetch_from="faults",
-        plan=PlanConfig(),
+        plan=PlanConfig(predict_unannounced=True),
         scheduler=SchedulerConfig(interval=0.05, grace=0.0, cpu_budget=1.0, chunk_bytes=1 << 20),
     )
     base.update(kw)
@@ -472,7 +472,8 @@ def test_prefetch_before_the_predicted_end_of_a_wait_and_not_again_on_the_hint(
     clock = FakeClock()
     # hint prefetches on: the predicted wait's tool hint must not start one of its own
     cfg = config(tmp_path, hint_prefetch=True, plan=PlanConfig(min_samples=3, default_lead=0.5,
-                                                              keep_hot=False))
+                                                              keep_hot=False,
+                                                              predict_unannounced=True))
     d = Daemon(cfg, module_factory=lambda: fm, prefetcher=pf, clock=clock)
     d._plan_loop = lambda: None  # type: ignore[method-assign]  # the test calls plan_tick()
     d.start()
@@ -999,19 +1000,51 @@ def test_the_shipped_defaults_prefetch_announced_waits_only(tmp_path: Path) -> N
     try:
         assert isinstance(d.prefetcher, ResidentSetPrefetcher)
         learned: list[str] = []
+        forgot: list[str] = []
         d.prefetcher.learn = lambda sb: learned.append(sb.name)  # type: ignore[method-assign]
+        d.prefetcher.forget = forgot.append  # type: ignore[method-assign]
         with DaemonClient(d.config.socket_path) as c:
             c.register("a", "/sb/a", 1)
-            c.hint("a", "llm-wait")
+            c.phase("a", "llm-wait")
             d._approach("a")
             d._kept("a")
             assert learned == []  # it never announced: nothing would use the record
             assert c.ending("a")["prefetch"] is False  # kept its working set so far
             d._kept("a")
             assert learned == ["a"]
-            c.hint("a", "tool")
-            c.hint("a", "llm-wait")
-            d._approach("a")  # the next wait: the sandbox announces its ends
+            c.phase("a", "tool")
+            c.phase("a", "llm-wait")
+            forgot.clear()
+            d._approach("a")  # the next wait: the sandbox announced its last end
+            assert learned == ["a", "a"] and forgot == []
+            for _ in range(8):  # it stops announcing: 8 waits later its record goes
+                c.phase("a", "tool")
+                c.phase("a", "llm-wait")
+                d._approach("a")
+            assert learned == ["a"] * 9 and forgot == ["a"]
+            d._kept("a")
+            assert learned == ["a"] * 9 and forgot == ["a", "a"]
+    finally:
+        d.stop()
+
+
+def test_a_tool_hint_prefetch_keeps_every_sandbox_recorded(tmp_path: Path) -> None:
+    """With hint_prefetch, a tool hint may prefetch any sandbox's record: it is kept for a
+    sandbox that never announces."""
+    make_cgroup(tmp_path / "cg", "/sb/a")
+    fm = FakeModule(tmp_path / "cg")
+    d = Daemon(config(tmp_path, prefetch=True, prefetch_from="resident", hint_prefetch=True,
+                      plan=PlanConfig()), module_factory=lambda: fm)
+    d.scheduler.run = lambda: None  # type: ignore[method-assign]  # the test drives it
+    d.start()
+    try:
+        learned: list[str] = []
+        d.prefetcher.learn = lambda sb: learned.append(sb.name)  # type: ignore[method-assign]
+        with DaemonClient(d.config.socket_path) as c:
+            c.register("a", "/sb/a", 1)
+            c.phase("a", "llm-wait")
+            d._approach("a")
+            d._kept("a")
             assert learned == ["a", "a"]
     finally:
         d.stop()

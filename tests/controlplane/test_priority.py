@@ -80,25 +80,10 @@ def test_a_thread_named_in_the_kernel() -> None:
     assert seen == ["scheduler\n", "a-name-longer-t\n"]
 
 
-def test_niced_lowers_each_call_only() -> None:
-    """A niced call runs ``nice`` lower, and passes its arguments and result through; with 0
-    it is the call itself."""
-    from controlplane.priority import niced
 
-    seen: list[int] = []
+def test_can_restore_priority_says_whether_a_thread_may_go_back_up() -> None:
+    from controlplane.priority import can_restore_priority
 
-    def call(a: int, b: int = 0) -> int:
-        seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
-        return a + b
-
-    assert niced(0, call) is call
-    out: list[int] = []
-
-    def body() -> None:
-        own = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-        out.append(own)
-        out.append(niced(4, call)(1, b=2))
-
-    _in_thread(body)
-    own, result = out
-    assert result == 3 and seen == [min(19, own + 4)]
+    main = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    assert can_restore_priority() == (os.geteuid() == 0 and main < 19)
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == main  # its own thread

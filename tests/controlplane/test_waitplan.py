@@ -13,7 +13,7 @@ def quick(**kw: object) -> PlanConfig:
     goes at once (keep_hot off): these tests are about the prefetch's timing; the hot set's
     own tests turn keep_hot on."""
     base: dict[str, object] = dict(min_samples=3, threshold=0.3, default_lead=0.5,
-                                   keep_hot=False)
+                                   keep_hot=False, predict_unannounced=True)
     base.update(kw)
     return PlanConfig(**base)  # type: ignore[arg-type]
 
@@ -201,7 +201,7 @@ def test_lead_follows_the_measured_prefetch_time_and_the_host_load() -> None:
 
 
 def test_too_few_waits_predict_nothing() -> None:
-    p = WaitPlanner(PlanConfig(min_samples=5, keep_hot=False))
+    p = WaitPlanner(PlanConfig(min_samples=5, keep_hot=False, predict_unannounced=True))
     t = 0.0
     for name in ("a", "b", "c", "d"):
         t = cycle(p, name, t, 3.0)
@@ -506,7 +506,8 @@ def test_an_announcement_does_not_postpone_a_planned_prefetch() -> None:
 
 def hot(**kw: object) -> PlanConfig:
     base: dict[str, object] = dict(min_samples=3, threshold=0.3, default_lead=0.5,
-                                   keep_hot=True, deep_min_remaining=4.0, deep_after=10.0)
+                                   keep_hot=True, deep_min_remaining=4.0, deep_after=10.0,
+                                   predict_unannounced=True)
     base.update(kw)
     return PlanConfig(**base)  # type: ignore[arg-type]
 
@@ -820,3 +821,13 @@ def test_learns_says_when_a_working_set_record_is_of_use() -> None:
         p.tool_started("a", 4.0 + 2 * k)
         p.wait_started("a", 5.0 + 2 * k)
     assert not p.learns("a")
+
+
+def test_with_deep_after_kept_a_sandbox_never_recorded_goes_by_the_age_rule() -> None:
+    """A sandbox whose working set is not recorded (it does not announce, waits are not
+    predicted) does not wait for the kept level: the age rule alone decides."""
+    for predict, ok in ((False, True), (True, False)):
+        p = WaitPlanner(hot(deep_after_kept=True, predict_unannounced=predict))
+        p.wait_started("a", 0.0)
+        assert not p.deep_ok("a", 9.0)  # before deep_after
+        assert p.deep_ok("a", 10.5) == ok  # past it; the kept level was never reached

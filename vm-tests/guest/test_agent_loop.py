@@ -1,7 +1,8 @@
 """The daemon's agent loop in the test kernel: a sandbox registered with the real daemon
 (`azctl daemon`) alternates LLM waits and tool phases, with a hint around each.
 
-The prefetch (its eBPF-learning prefetcher on, the hot set compressed with the rest:
+The predicted prefetch (`--prefetch-from faults --predict-unannounced`: the eBPF-learning
+prefetcher, predictions for waits nobody announces; the hot set compressed with the rest:
 --no-keep-hot): the daemon compresses the sandbox as each wait starts and, from the second wait
 on, prefetches the working set its tool touched before the wait's predicted end, once it has
 seen enough waits (five) to predict one.
@@ -12,19 +13,17 @@ whose planned prefetch finished in time takes at most a fifth of those major fau
 verifies.  (That a predicted wait's tool hint starts no prefetch of its own is checked on the
 host, tests/controlplane/test_daemon_protocol.py.)
 
-The hot set (the default): after a first wait that took everything, short waits leave the
-working set the sandbox measured and take only what its tool stopped using, so their tools
-fault in little more than the pages their working set drifted to.  Checked: the first tool
-faults its whole hot set back; the later ones at most 30% of it on average (50% each); the
-waits kept their hot sets (the planner's `kept`) while the rest of the sandbox was in swap;
-every page verifies.
+The hot set (the defaults, no announcements): after a first wait that took everything, short waits
+leave the working set the sandbox measured and take only what its tool stopped using, so their tools
+fault in little more than the pages their working set drifted to. Checked: the first tool faults its
+whole hot set back; the later ones at most 30% of it on average (50% each); the waits kept their hot
+sets (the planner's `kept`) while the rest of the sandbox was in swap; every page verifies.
 
-The resident-set prefetch (`--prefetch --prefetch-from resident`, no tracer) with announced
-ends: each wait compresses the sandbox down to its working set, records what is resident, then
-compresses that too; the announcement (`ending`) brings it back mapped.  Checked: the first
-tool (nothing recorded) faults its whole hot set back; in the later waits the sandbox was in
-swap before the announcement and the tool takes at most a fifth of those major faults; every
-page verifies."""
+The resident-set prefetch (the defaults: no tracer) with announced ends: each wait compresses the
+sandbox down to its working set, records what is resident, then compresses that too; the
+announcement (`ending`) brings it back mapped. Checked: the first tool (nothing recorded) faults its
+whole hot set back; in the later waits the sandbox was in swap before the announcement and the tool
+takes at most a fifth of those major faults; every page verifies."""
 
 from __future__ import annotations
 
