@@ -53,10 +53,10 @@ from controlplane.cgroup import CGROUP_ROOT, PROC_ROOT, normalize
 from controlplane.modulephase import PhaseForwarder
 from controlplane.optimes import OpTimes
 from controlplane.phase import PhaseConfig, PhaseModel
-from controlplane.prefetch_defaults import PREFETCH, PREFETCH_FROM, PREFETCH_NICE, PREFETCH_SOURCES
-from controlplane.priority import can_restore_priority, lower_thread_priority, name_this_thread
+from controlplane.prefetch_defaults import PREFETCH, PREFETCH_FROM, PREFETCH_SOURCES
+from controlplane.priority import lower_thread_priority, name_this_thread
 from controlplane.registry import RUN_DIR, ModuleBackend, Registry, Sandbox, state_path
-from controlplane.residentset import ResidentSetConfig, ResidentSetPrefetcher
+from controlplane.residentset import ResidentSetPrefetcher
 from controlplane.restore import NoopPrefetcher, Prefetcher, load_prefetcher
 from controlplane.scheduler import KEEP_SLACK, Scheduler, SchedulerConfig, Target
 from controlplane.sysfs import SYS_BLOCK, Device
@@ -99,10 +99,6 @@ class DaemonConfig:
     # prefetch racing the tool made it slower than faulting alone (CPU, pages it never used)
     hint_prefetch: bool = False
     hint_prefetch_nice: int = 5
-    # how much lower a prefetch's page reads run (process_vm_readv, where the kernel
-    # decompresses them): an announced or predicted prefetch runs while other sandboxes' tools
-    # do, and at the daemon's priority took CPU they waited for (azctl --prefetch-nice)
-    prefetch_nice: int = PREFETCH_NICE
     run_end_wait_s: float = 10.0  # a prefetch waits this long at most for a reclaim write
 
 
@@ -327,8 +323,6 @@ class Daemon:
         if c.prefetch_from not in PREFETCH_SOURCES:
             raise errors.InvalidValue(
                 f"prefetch_from must be one of {', '.join(PREFETCH_SOURCES)}")
-        if not 0 <= c.prefetch_nice <= 19:
-            raise errors.InvalidValue("prefetch_nice must be in 0..19")
         resident = c.prefetch_from == "resident" and c.prefetch
         if resident and not (c.predict and c.plan.keep_hot):
             # without the planner's say no wait stops at the working set: nothing is learnt
@@ -871,19 +865,11 @@ class Daemon:
         self.recover()
         self.bind()
         c = self.config
-        nice = c.prefetch_nice
-        if self._load_prefetcher and c.prefetch and nice and not can_restore_priority():
-            # a thread lowered for a prefetch (the connection thread, for a prefetch request)
-            # would stay lowered: see controlplane/priority.py
-            log.warning("prefetch: a thread's priority cannot be put back (no CAP_SYS_NICE): "
-                        "page reads run at the daemon's priority, not %d lower", nice)
-            nice = 0
         if self._load_prefetcher and c.prefetch and c.prefetch_from == "resident":
-            self.prefetcher = ResidentSetPrefetcher(ResidentSetConfig(nice=nice),
-                                                    cgroup_root=c.cgroup_root,
+            self.prefetcher = ResidentSetPrefetcher(cgroup_root=c.cgroup_root,
                                                     proc_root=c.proc_root)
         elif self._load_prefetcher:
-            self.prefetcher = load_prefetcher(c.prefetch, nice)
+            self.prefetcher = load_prefetcher(c.prefetch)
             if isinstance(self.prefetcher, NoopPrefetcher):
                 with self._plan_lock:
                     self.planner.config.restores = False

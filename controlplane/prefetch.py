@@ -43,7 +43,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
-import functools
 import logging
 import os
 import threading
@@ -56,7 +55,7 @@ from typing import Any
 
 from controlplane import cgroup, pagemap
 from controlplane.pagemap import Page, Range, coalesce
-from controlplane.priority import lowered_priority, name_this_thread
+from controlplane.priority import name_this_thread
 from ebpf.events import PAGE_SIZE, FaultEvent, FaultRecords
 
 log = logging.getLogger("azswap.prefetch")
@@ -141,48 +140,36 @@ def pidfd_open(pid: int) -> int:
 
 
 def process_madvise(pidfd: int, ranges: Sequence[tuple[int, int]],
-                    advice: int = MADV_WILLNEED, nice: int = 0) -> int:
+                    advice: int = MADV_WILLNEED) -> int:
     """One process_madvise(2) call over at most IOV_MAX (start, length) ranges; bytes advised.
-    The kernel stops at the first range it cannot advise: the count says where.  The system
-    call (the GIL released, no lock of ours held) runs ``nice`` lower than the calling thread
-    (controlplane/priority.py), the Python work around it does not."""
+    The kernel stops at the first range it cannot advise: the count says where."""
     if len(ranges) > IOV_MAX:
         raise ValueError(f"{len(ranges)} ranges > IOV_MAX")
     iov = _iovecs([s for s, _ in ranges], [n for _, n in ranges])
-    with lowered_priority(nice):
-        r = _syscall(ctypes.c_long(SYS_PROCESS_MADVISE), ctypes.c_long(pidfd), iov,
-                     ctypes.c_long(len(ranges)), ctypes.c_long(advice), ctypes.c_long(0))
+    r = _syscall(ctypes.c_long(SYS_PROCESS_MADVISE), ctypes.c_long(pidfd), iov,
+                 ctypes.c_long(len(ranges)), ctypes.c_long(advice), ctypes.c_long(0))
     if r < 0:
         e = ctypes.get_errno()
         raise OSError(e, f"process_madvise: {os.strerror(e)}")
     return int(r)
 
 
-def process_vm_touch(pid: int, addrs: Sequence[int], nice: int = 0) -> int:
+def process_vm_touch(pid: int, addrs: Sequence[int]) -> int:
     """Read one byte of each page of another process (process_vm_readv(2), IOV_MAX pages a
     call): the kernel faults every page in *and maps it* in that process, as MADV_POPULATE_READ
     would (which process_madvise does not offer).  Returns the pages read; the kernel stops at
-    the first page it cannot read.  The system call, where the kernel decompresses the pages,
-    runs ``nice`` lower than the calling thread (as in process_madvise())."""
+    the first page it cannot read."""
     if len(addrs) > IOV_MAX:
         raise ValueError(f"{len(addrs)} pages > IOV_MAX")
     buf = ctypes.create_string_buffer(max(1, len(addrs)))
     local = _Iovec(ctypes.cast(buf, ctypes.c_void_p), len(addrs))
     remote = _iovecs(addrs, [1] * len(addrs))
-    with lowered_priority(nice):
-        r = _syscall(ctypes.c_long(SYS_PROCESS_VM_READV), ctypes.c_long(pid),
-                     ctypes.byref(local), ctypes.c_long(1), remote, ctypes.c_long(len(addrs)),
-                     ctypes.c_long(0))
+    r = _syscall(ctypes.c_long(SYS_PROCESS_VM_READV), ctypes.c_long(pid), ctypes.byref(local),
+                 ctypes.c_long(1), remote, ctypes.c_long(len(addrs)), ctypes.c_long(0))
     if r < 0:
         e = ctypes.get_errno()
         raise OSError(e, f"process_vm_readv({pid}): {os.strerror(e)}")
     return int(r)
-
-
-def at_nice(call: Callable[..., int], nice: int) -> Callable[..., int]:
-    """``call`` (process_vm_touch or process_madvise, or a test's stand-in taking ``nice``) with
-    its system calls ``nice`` lower; ``call`` itself for 0."""
-    return functools.partial(call, nice=nice) if nice > 0 else call
 
 
 def populate_ranges(pid: int, ranges: Sequence[Range],
@@ -284,9 +271,6 @@ class PrefetchConfig:
     poll_cpu_budget: float = 0.1
     feed_chunk: int = 256  # events recorded per hold of the prefetcher's lock
     compile_nice: int = 19  # how much lower the BPF compile runs
-    # how much lower a restore's page reads run (each process_vm_readv / MADV_WILLNEED call:
-    # the kernel decompresses the pages in it), behind the running tools; 0: as the caller
-    nice: int = 0
 
 
 @dataclass
@@ -369,16 +353,14 @@ class Prefetcher:
         touch: Callable[[int, Sequence[int]], int] = process_vm_touch,
     ) -> None:
         self.cfg = config or PrefetchConfig()
-        if (self.cfg.method not in ("populate", "willneed") or self.cfg.probe_every < 1
-                or not 0 <= self.cfg.nice <= 19):
-            raise ValueError("prefetch method must be populate or willneed, probe_every >= 1, "
-                             "0 <= nice <= 19")
-        self._touch = at_nice(touch, self.cfg.nice)
+        if self.cfg.method not in ("populate", "willneed") or self.cfg.probe_every < 1:
+            raise ValueError("prefetch method must be populate or willneed, probe_every >= 1")
+        self._touch = touch
         self._can_populate = True  # False after EPERM: no ptrace access, willneed from then on
         self.tracer = tracer
         self.clock = clock
         self._madvise, self._pidfd, self._procs, self._swapped = (
-            at_nice(madvise, self.cfg.nice), open_pidfd, procs, swapped)
+            madvise, open_pidfd, procs, swapped)
         self.records = FaultRecords(keep_phases=2 * self.cfg.history + 4)
         self.sandboxes: dict[str, SandboxState] = {}
         self._mu = threading.RLock()
@@ -683,7 +665,7 @@ class Prefetcher:
             self.tracer.close()
 
 
-def make_prefetcher(config: PrefetchConfig | None = None) -> Prefetcher:
+def make_prefetcher() -> Prefetcher:
     """The daemon's factory (controlplane/restore.py): a Prefetcher whose fault tracer compiles
     (at a lower priority) and attaches in the background (tens of seconds under TCG); until
     then restore() runs on an empty history and says so in its result."""
@@ -694,7 +676,7 @@ def make_prefetcher(config: PrefetchConfig | None = None) -> Prefetcher:
     # module's load/store tracepoints (per-sandbox counters for `python -m ebpf.faulttrace`)
     # would run a BPF program for every page the daemon itself compresses.
     tracer = FaultTracer(module_events="off", ringbuf_pages=512)
-    p = Prefetcher(config, tracer=None)
+    p = Prefetcher(tracer=None)
     p.status = "tracer starting"
 
     def boot() -> None:

@@ -13,5 +13,3 @@ PREFETCH = True
 # (controlplane/residentset.py), or the eBPF fault tracer's events (controlplane/prefetch.py)
 PREFETCH_SOURCES = ("resident", "faults")
 PREFETCH_FROM = "resident"
-# how much lower a prefetch's page reads run than the daemon (azctl --prefetch-nice)
-PREFETCH_NICE = 10

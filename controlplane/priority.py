@@ -7,8 +7,7 @@ runs about 0.5% of the time), and until then every thread that waits for what it
 too: a phase hint, answered by the socket thread, would wait for learning or compression
 bookkeeping.  So background work is lowered only around the calls that release the GIL and
 take no lock of ours (a memory.reclaim write, which compresses in the kernel in the calling
-thread; a BPF compile in libbcc; a prefetch's process_vm_readv, which decompresses in the
-kernel), with :func:`lowered_priority`; Python work between those
+thread; a BPF compile in libbcc), with :func:`lowered_priority`; Python work between those
 calls runs at the daemon's own priority, bounded by a CPU budget where it is heavy.
 """
 
@@ -71,29 +70,3 @@ def lowered_priority(nice: int) -> Iterator[None]:
                 os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), before)
             except OSError as e:
                 log.info("cannot restore this thread's priority (%d): %s", before, e)
-
-
-
-def can_restore_priority() -> bool:
-    """May a thread of this process put its nice back down after :func:`lowered_priority`
-    (CAP_SYS_NICE, or an RLIMIT_NICE that allows it)?  Tried in a thread of its own, which is
-    left lowered when it may not."""
-    ok: list[bool] = []
-
-    def probe() -> None:
-        tid = threading.get_native_id()
-        try:
-            before = os.getpriority(os.PRIO_PROCESS, tid)
-            if before >= 19:
-                ok.append(False)
-                return
-            os.setpriority(os.PRIO_PROCESS, tid, before + 1)
-            os.setpriority(os.PRIO_PROCESS, tid, before)
-            ok.append(True)
-        except OSError:
-            ok.append(False)
-
-    t = threading.Thread(target=probe, name="nice-probe", daemon=True)
-    t.start()
-    t.join()
-    return bool(ok and ok[0])

@@ -15,11 +15,9 @@ small request asks for); it then holds what the last tool used beyond the workin
 those of the recorded pages that are swapped out now, mapped in the process
 (process_vm_readv(2) of one byte a page: the tool takes no fault for them; MADV_WILLNEED
 through a pidfd when ptrace access is refused, each first touch then a minor fault), within
-``max_bytes`` and ``max_seconds``; the page reads run ``nice`` lower than the calling thread
-(the daemon's ``--prefetch-nice``), so that they take the CPU the running tools leave, and only
-the Python work between them runs at the daemon's priority.  Then it clears the sandbox's
-accessed bits, so that a page it brought back and the tool does not touch is among the first
-to go at the next wait's level, and the next record does not hold it.
+``max_bytes`` and ``max_seconds``.  Then it clears the sandbox's accessed bits, so that a page it
+brought back and the tool does not touch is among the first to go at the next wait's level,
+and the next record does not hold it.
 
 Against the fault tracer (controlplane/prefetch.py, ebpf/): no BPF program, no cost on any
 fault; learning reads 8 bytes of pagemap per page of the sandbox's private writable mappings
@@ -53,7 +51,6 @@ from controlplane.pagemap import (
 )
 from controlplane.prefetch import (
     IOV_MAX,
-    at_nice,
     coalesce,
     madvise_ranges,
     pidfd_open,
@@ -71,16 +68,12 @@ class ResidentSetConfig:
     max_scan_pages: int = 1 << 22  # pagemap entries read per learn (16 GiB of mappings)
     max_bytes: int = 1 << 30  # bytes brought back per restore
     max_seconds: float = 5.0  # per restore, checked between calls (IOV_MAX pages each)
-    # how much lower the page reads of a restore run (each process_vm_readv / MADV_WILLNEED
-    # call, where the kernel decompresses the pages): behind the sandboxes' running tools,
-    # which would otherwise wait for the CPU the restore takes.  0: at the caller's priority
-    nice: int = 0
 
     def validate(self) -> None:
         if (self.max_pages < 1 or self.max_scan_pages < 1 or self.max_bytes < PAGE_SIZE
-                or self.max_seconds <= 0 or not 0 <= self.nice <= 19):
+                or self.max_seconds <= 0):
             raise ValueError("max_pages, max_scan_pages >= 1, max_bytes >= one page, "
-                             "max_seconds > 0, 0 <= nice <= 19")
+                             "max_seconds > 0")
 
 
 def start_time(stat_text: str) -> int:
@@ -159,9 +152,7 @@ class ResidentSetPrefetcher:
         self.cfg.validate()
         self.cgroup_root, self.proc = Path(cgroup_root), Path(proc_root)
         self.clock = clock
-        self._touch = at_nice(touch, self.cfg.nice)
-        self._madvise = at_nice(madvise, self.cfg.nice)
-        self._pidfd = open_pidfd
+        self._touch, self._madvise, self._pidfd = touch, madvise, open_pidfd
         self._can_populate = True  # False after EPERM: no ptrace access, willneed from then on
         self._sets: dict[str, dict[int, Recorded]] = {}
         self._forgets: dict[str, int] = {}  # forget() calls per name: a learn racing one loses

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Protocol, runtime_checkable
 
-from controlplane.prefetch import PrefetchConfig, make_prefetcher
+from controlplane.prefetch import make_prefetcher
 from controlplane.registry import Sandbox
 
 log = logging.getLogger("azswap.restore")
@@ -91,15 +91,15 @@ class NoopPrefetcher:
         return {"prefetched_pages": 0, "reason": self.reason}
 
 
-def load_prefetcher(enabled: bool = True, nice: int = 0) -> Prefetcher:
-    """The fault tracer's prefetcher (controlplane/prefetch.py), its page reads ``nice`` lower;
-    a NoopPrefetcher saying why when it is disabled or fails to start."""
+def load_prefetcher(enabled: bool = True) -> Prefetcher:
+    """The fault tracer's prefetcher (controlplane/prefetch.py); a NoopPrefetcher saying why
+    when it is disabled or fails to start."""
     noop = NoopPrefetcher()
     if not enabled:
         noop.reason = "prefetch disabled"
         return noop
     try:
-        p = make_prefetcher(PrefetchConfig(nice=nice))
+        p = make_prefetcher()
     except Exception as e:  # the prefetcher is optional: a broken one must not stop the daemon
         noop.reason = f"prefetcher failed to start: {e}"
         log.warning("prefetch: %s", noop.reason)

@@ -17,7 +17,7 @@ from azctl.env import Env, need_root
 from controlplane import errors, metrics, snapshot
 from controlplane.abi import MAX_LOAD_PAGES, POLICY_FIELDS, Codec
 from controlplane.client import DEFAULT_SOCKET
-from controlplane.prefetch_defaults import PREFETCH, PREFETCH_FROM, PREFETCH_NICE, PREFETCH_SOURCES
+from controlplane.prefetch_defaults import PREFETCH, PREFETCH_FROM, PREFETCH_SOURCES
 from controlplane.scheduler import SchedulerConfig
 from controlplane.waitplan import PlanConfig
 
@@ -550,16 +550,6 @@ def policy_set(ctx: click.Context, assignments: tuple[str, ...], as_json: bool) 
     "such a prefetch came as often too early as in time, and competed with running tools.",
 )
 @click.option(
-    "--prefetch-nice",
-    type=click.IntRange(0, 19),
-    default=PREFETCH_NICE,
-    show_default=True,
-    help="With --prefetch: how much lower than the daemon a prefetch's page reads run (the "
-    "process_vm_readv calls, in which the kernel decompresses the pages): a prefetch runs "
-    "while other sandboxes' tools do, and takes only the CPU they leave; 0: at the daemon's "
-    "priority.",
-)
-@click.option(
     "--hint-prefetch",
     is_flag=True,
     help="With --prefetch: on a tool hint that found nothing prefetched in its wait, prefetch "
@@ -643,7 +633,6 @@ def daemon(
     prefetch: bool,
     prefetch_from: str,
     predict_unannounced: bool,
-    prefetch_nice: int,
     hint_prefetch: bool,
     no_predict: bool,
     no_keep_hot: bool,
@@ -672,8 +661,7 @@ def daemon(
                      its working set goes too once it was recorded (what is
                      resident at that level), and the announcement (paced to
                      the sandbox's earlier streams, --stream-quantile) stops
-                     compressing and brings it back, the page reads
-                     --prefetch-nice lower than the daemon (--no-prefetch: the
+                     compressing and brings it back (--no-prefetch: the
                      announcement only keeps a working set not gone yet;
                      --predict-unannounced: a wait without one is prefetched
                      for before its predicted end too);
@@ -692,8 +680,7 @@ def daemon(
 
     for flag, was_given in (("--hint-prefetch", hint_prefetch), ("--no-predict", no_predict),
                             ("--prefetch-from", given("prefetch_from")),
-                            ("--predict-unannounced", predict_unannounced),
-                            ("--prefetch-nice", given("prefetch_nice"))):
+                            ("--predict-unannounced", predict_unannounced)):
         if was_given and not prefetch:
             raise click.UsageError(f"{flag} needs the prefetcher, which --no-prefetch turns off")
     if prefetch and prefetch_from == "resident" and no_predict:
@@ -722,7 +709,6 @@ def daemon(
         state_dir=env.state_dir,
         prefetch=prefetch,
         prefetch_from=prefetch_from,
-        prefetch_nice=prefetch_nice,
         predict=not no_predict,
         hint_prefetch=hint_prefetch,
         metrics_port=metrics_port,

@@ -249,10 +249,6 @@ def test_daemon_flags_reach_its_config(offline: World, monkeypatch: pytest.Monke
     assert r.exit_code == 0, r.output
     assert cfg.prefetch_from == "resident"
     assert cfg.plan.stream_quantile == 0.2
-    assert cfg.prefetch_nice == 10
-    r, cfg = _daemon_config(offline, monkeypatch, "--prefetch", "--prefetch-nice", "0")
-    assert r.exit_code == 0, r.output
-    assert cfg.prefetch_nice == 0
     r, cfg = _daemon_config(offline, monkeypatch, "--stream-quantile", "0")
     assert r.exit_code == 0, r.output
     assert cfg.plan.stream_quantile == 0.0
@@ -269,21 +265,13 @@ def test_daemon_refuses_a_stream_quantile_outside_zero_to_one(
 @pytest.mark.parametrize("flags", [["--hint-prefetch"], ["--no-predict"],
                                    ["--prefetch-from", "resident"],
                                    ["--prefetch-from", "faults"],
-                                   ["--prefetch-nice", "5"], ["--predict-unannounced"]])
+                                   ["--predict-unannounced"]])
 def test_daemon_refuses_prefetch_options_without_the_prefetcher(
     offline: World, monkeypatch: pytest.MonkeyPatch, flags: list[str]
 ) -> None:
     r, cfg = _daemon_config(offline, monkeypatch, "--no-prefetch", *flags)
     assert r.exit_code == 2 and cfg is None
     assert f"{flags[0]} needs the prefetcher" in r.output
-
-
-@pytest.mark.parametrize("value", ["-1", "20", "x"])
-def test_daemon_refuses_a_prefetch_nice_outside_0_to_19(
-    offline: World, monkeypatch: pytest.MonkeyPatch, value: str
-) -> None:
-    r, cfg = _daemon_config(offline, monkeypatch, "--prefetch", "--prefetch-nice", value)
-    assert r.exit_code == 2 and cfg is None and "--prefetch-nice" in r.output
 
 
 @pytest.mark.parametrize("flag", ["--no-predict", "--no-keep-hot"])

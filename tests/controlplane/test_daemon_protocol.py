@@ -928,7 +928,7 @@ def test_a_prefetcher_that_could_not_start_plans_no_prefetch(
 
     fm = FakeModule(tmp_path / "cg")
     monkeypatch.setattr(controlplane.daemon, "load_prefetcher",
-                        lambda enabled, nice=0: NoopPrefetcher())
+                        lambda enabled: NoopPrefetcher())
     d = Daemon(config(tmp_path, prefetch=True), module_factory=lambda: fm)
     assert d.planner.config.restores  # asked for
     d.start()
@@ -954,7 +954,6 @@ def test_the_resident_set_prefetcher_learns_when_a_wait_keeps_its_working_set(
     d.start()
     try:
         assert isinstance(d.prefetcher, ResidentSetPrefetcher)
-        assert d.prefetcher.cfg.nice == 10  # its page reads yield to the running tools
         learned: list[str] = []
         d.prefetcher.learn = lambda sb: learned.append(sb.name)  # type: ignore[method-assign]
         with DaemonClient(d.config.socket_path) as c:
@@ -976,9 +975,6 @@ def test_the_resident_set_prefetcher_learns_when_a_wait_keeps_its_working_set(
         d.stop()
     with pytest.raises(errors.InvalidValue):
         Daemon(config(tmp_path, prefetch_from="nosuch"), module_factory=lambda: fm)
-    for nice in (-1, 20):
-        with pytest.raises(errors.InvalidValue, match="prefetch_nice"):
-            Daemon(config(tmp_path, prefetch_nice=nice), module_factory=lambda: fm)
 
 
 def test_the_shipped_defaults_prefetch_announced_waits_only(tmp_path: Path) -> None:
@@ -989,7 +985,7 @@ def test_the_shipped_defaults_prefetch_announced_waits_only(tmp_path: Path) -> N
 
     shipped = DaemonConfig()
     assert shipped.prefetch and shipped.prefetch_from == "resident"
-    assert shipped.prefetch_nice == 10 and not shipped.plan.predict_unannounced
+    assert not shipped.plan.predict_unannounced
     make_cgroup(tmp_path / "cg", "/sb/a")
     fm = FakeModule(tmp_path / "cg")
     base = config(tmp_path)

@@ -78,12 +78,3 @@ def test_a_thread_named_in_the_kernel() -> None:
     t.start()
     t.join()
     assert seen == ["scheduler\n", "a-name-longer-t\n"]
-
-
-
-def test_can_restore_priority_says_whether_a_thread_may_go_back_up() -> None:
-    from controlplane.priority import can_restore_priority
-
-    main = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-    assert can_restore_priority() == (os.geteuid() == 0 and main < 19)
-    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == main  # its own thread

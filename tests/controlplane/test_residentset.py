@@ -243,29 +243,3 @@ def test_a_learn_racing_an_unregister_keeps_nothing(tmp_path: Path, monkeypatch:
     monkeypatch.setattr(Cgroup, "subtree_procs", unregistered_meanwhile)
     assert p.learn(w.sb) == 1
     assert p.learned_pages("sb") == 0
-
-
-
-def test_the_page_reads_get_the_configured_nice(tmp_path: Path) -> None:
-    """process_vm_readv / MADV_WILLNEED are called with ``nice`` (they lower the system call
-    alone: tests/prefetch); 0 calls them as given."""
-    w = World(tmp_path)
-    nices: list[int] = []
-
-    def touch(pid: int, addrs: Sequence[int], nice: int = 0) -> int:
-        nices.append(nice)
-        return len(addrs)
-
-    for nice in (6, 0):
-        p = w.prefetcher(config=ResidentSetConfig(nice=nice), touch=touch)
-        write_pagemap(w.proc / "10", {heap(k): PM_PRESENT for k in (0, 1)})
-        p.learn(w.sb)
-        write_pagemap(w.proc / "10", {heap(k): PM_SWAP for k in (0, 1)})
-        assert p.restore(w.sb)["prefetched_pages"] == 2
-    assert nices == [6, 0]
-
-
-@pytest.mark.parametrize("nice", [-1, 20])
-def test_nice_out_of_range_is_refused(nice: int) -> None:
-    with pytest.raises(ValueError):
-        ResidentSetConfig(nice=nice).validate()

@@ -122,39 +122,3 @@ def test_the_real_syscalls_on_this_process() -> None:
             os.close(fd)
     finally:
         m.close()
-
-
-def test_nice_lowers_the_system_call_alone(monkeypatch: pytest.MonkeyPatch) -> None:
-    """With ``nice`` the system call runs that much lower; the thread's nice before and after
-    it is its own (root may put it back; without that right it stays lowered)."""
-    import threading
-
-    import controlplane.prefetch as pf
-
-    real = pf._syscall
-    seen: list[tuple[str, int]] = []
-
-    def spy(*args: object) -> int:
-        seen.append(("call", os.getpriority(os.PRIO_PROCESS, threading.get_native_id())))
-        return real(*args)
-
-    monkeypatch.setattr(pf, "_syscall", spy)
-    m = mmap.mmap(-1, 2 * P, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    base = ctypes.addressof(ctypes.c_char.from_buffer(m))
-    out: list[int] = []
-
-    def body() -> None:
-        tid = threading.get_native_id()
-        out.append(os.getpriority(os.PRIO_PROCESS, tid))
-        out.append(process_vm_touch(os.getpid(), [base, base + P], nice=5))
-        out.append(os.getpriority(os.PRIO_PROCESS, tid))
-
-    try:
-        t = threading.Thread(target=body)  # a non-root thread stays lowered: not pytest's own
-        t.start()
-        t.join()
-    finally:
-        m.close()
-    own, pages, after = out
-    assert pages == 2 and seen == [("call", min(19, own + 5))]
-    assert after == (own if os.geteuid() == 0 else min(19, own + 5))
