@@ -88,7 +88,7 @@ from typing import Any
 from bench.kit.daemon import DaemonError, DaemonProcess
 from bench.kit.table import fmt_min_med_max, min_med_max, table
 from bench.phaseloss import print_shortfall
-from controlplane.daemon import DaemonConfig
+from controlplane.prefetch_defaults import PREFETCH, PREFETCH_FROM
 
 MiB = float(1 << 20)
 REGIMES = ("none", "aggressive", "daemon", "daemon-stream", "daemon-alt", "daemon-alt-stream")
@@ -375,13 +375,13 @@ def _prefetch_on(args: list[str]) -> bool:
     """Does `azctl daemon ARGS` run the prefetcher (the last of --prefetch/--no-prefetch, else
     the daemon's default)?"""
     flags = [a for a in args if a in ("--prefetch", "--no-prefetch")]
-    return flags[-1] == "--prefetch" if flags else DaemonConfig().prefetch
+    return flags[-1] == "--prefetch" if flags else PREFETCH
 
 
 def _tracing(args: list[str]) -> bool:
     """Does `azctl daemon ARGS` run the eBPF fault tracer (a prefetcher learning from faults,
     the last --prefetch-from's, else the daemon's default)?"""
-    source = DaemonConfig().prefetch_from
+    source = PREFETCH_FROM
     for i, a in enumerate(args):
         if a == "--prefetch-from" and i + 1 < len(args):
             source = args[i + 1]

@@ -93,7 +93,9 @@ class DaemonConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     phase: PhaseConfig = field(default_factory=PhaseConfig)
     plan: PlanConfig = field(default_factory=PlanConfig)
-    predict: bool = True  # prefetch before the predicted end of each wait (else on the hint)
+    # the planner follows each wait (its working set kept, announced and, with
+    # plan.predict_unannounced, predicted prefetches); False: every prefetch on the tool hint
+    predict: bool = True
     # on a tool hint that found nothing prefetched in the wait: prefetch beside the tool (at
     # this nice), or let the tool fault its pages in.  Off: measured in the phase benchmark, a
     # prefetch racing the tool made it slower than faulting alone (CPU, pages it never used)
@@ -331,7 +333,8 @@ class Daemon:
         # prefetcher asked for could not start)
         self.planner = WaitPlanner(
             replace(c.plan, restores=c.plan.restores and (c.prefetch or prefetcher is not None),
-                    deep_after_kept=c.plan.deep_after_kept or resident)
+                    deep_after_kept=c.plan.deep_after_kept or resident,
+                    record_all=c.plan.record_all or c.hint_prefetch)
         )
         self._plan_lock = threading.Lock()
         self.op_times = OpTimes(self.clock)  # service time per request kind (stats: "ops")
@@ -487,13 +490,20 @@ class Daemon:
         self.publish({"event": "module_error", "name": name, "phase": phase.label,
                       "error": str(e)})
 
+    def _recorded(self, name: str) -> bool:
+        """Does the prefetcher hold a record of the sandbox's working set (one that learns
+        from residency; the fault tracer's is taken to)?"""
+        pages = getattr(self.prefetcher, "learned_pages", None)
+        return pages is None or pages(name) > 0
+
     def op_ending(self, req: dict[str, Any]) -> dict[str, Any]:
         """The sandbox's wait ends soon (the orchestrator sees the model stream its answer):
         when a prefetch is made due (at once, or paced to its recorded streams), its
         compression stops now. Never waits for either."""
         sb = self.registry.sandbox(_str(req, "name"))
+        recorded = self._recorded(sb.name)
         with self._plan_lock:
-            due = self.planner.wait_ending(sb.name, self.clock())
+            due = self.planner.wait_ending(sb.name, self.clock(), recorded)
             gen = self._wait_gen.get(sb.name)
         if due:
             # what went stays out until the prefetch; nothing more goes that it would read back
@@ -586,11 +596,11 @@ class Daemon:
             self._plan_wake.clear()
 
     def _learns(self, name: str) -> bool:
-        """Is a record of this sandbox's working set of use now: a tool hint may prefetch it
-        (``hint_prefetch``), or the planner may (WaitPlanner.learns)?  When not, an earlier
-        record is dropped: it would be stale by the time the sandbox announces again."""
+        """Is a record of this sandbox's working set of use now (WaitPlanner.learns: with
+        ``hint_prefetch``, always)?  When not, an earlier record is dropped: it would be stale
+        by the time the sandbox announces again."""
         with self._plan_lock:
-            useful = self.config.hint_prefetch or self.planner.learns(name)
+            useful = self.planner.learns(name)
         if not useful:
             restore.forget(self.prefetcher, name)
         return useful

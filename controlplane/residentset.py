@@ -2,14 +2,15 @@
 
 The scheduler compresses a waiting sandbox down to its working set first: the memory its
 earlier waits measured a tool to use, the kernel's LRU choosing what stays (the accessed bits
-are cleared once a kept wait, so what stays is what the last tools touched).  What is resident
-at that moment is the working set.  :meth:`ResidentSetPrefetcher.learn` (the daemon calls it
-then) records those pages for every process in the sandbox's cgroup and its subgroups: the
-pages of its private writable mappings that /proc/PID/pagemap says are present and anonymous
-(not a file page).  The working set may then be compressed too.  The daemon also records before
-the wait's first write toward the working set, and keeps that record when a write went more
-than 256 KiB below the working set (the kernel reclaims in batches, and may take more than a
-small request asks for); it then holds what the last tool used beyond the working set too.
+are cleared once a kept wait, so what stays is what the last tools touched). What is resident
+at that moment is the working set. :meth:`ResidentSetPrefetcher.learn` (the daemon calls it
+then, for a sandbox whose record can be of use: WaitPlanner.learns) records those pages for
+every process in the sandbox's cgroup and its subgroups: the pages of its private writable
+mappings that /proc/PID/pagemap says are present and anonymous (not a file page). The working
+set may then be compressed too. The daemon also records before the wait's first write toward
+the working set, and keeps that record when a write went more than 256 KiB below the working
+set (the kernel reclaims in batches, and may take more than a small request asks for); it then
+holds what the last tool used beyond the working set too.
 
 :meth:`ResidentSetPrefetcher.restore` (before a wait's announced or predicted end) brings back
 those of the recorded pages that are swapped out now, mapped in the process
@@ -21,8 +22,8 @@ and the next record does not hold it.
 
 Against the fault tracer (controlplane/prefetch.py, ebpf/): no BPF program, no cost on any
 fault; learning reads 8 bytes of pagemap per page of the sandbox's private writable mappings
-once or twice a wait.  What it cannot know is the order in which the tool will touch the
-pages: they come back in address order.
+once or twice a wait of a sandbox that announces its waits' ends. What it cannot know is the
+order in which the tool will touch the pages: they come back in address order.
 """
 
 from __future__ import annotations

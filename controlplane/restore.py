@@ -36,7 +36,8 @@ class Prefetcher(Protocol):
 #       (a tool hint calls restore(), which records the tool phase itself)
 #   learn(sandbox: Sandbox) -> object   when a wait's compression stopped at the working set
 #       (what is resident then is the working set: controlplane/residentset.py)
-#   forget(name: str) -> None           when the sandbox is unregistered
+#   forget(name: str) -> None           when the sandbox is unregistered, or its record would
+#       not be used (WaitPlanner.learns)
 #   close() -> None                                              on daemon shutdown
 
 

@@ -4,8 +4,10 @@ A sandbox waiting for the LLM is compressed as soon as the wait starts (the sche
 working set should be back in memory when the wait ends, so that the tool that runs next does
 not fault it in page by page.  Only the orchestrator knows when the wait really ends (the tool
 hint), and by then it is too late to prefetch without making the tool wait.  So the planner
-predicts the end from what the sandbox's earlier waits measured, and starts the prefetch that
-long before it.  Everything here is arithmetic over a clock the caller passes in: the daemon
+starts the prefetch when the orchestrator announces the end (the model starts streaming its
+tool call), and with ``predict_unannounced`` predicts the end of a wait nobody announces from
+what the sandbox's earlier waits measured, and starts the prefetch that long before it.
+Everything here is arithmetic over a clock the caller passes in: the daemon
 runs it (controlplane/daemon.py), the tests drive it with made-up clocks.
 
 The control law, per sandbox:
@@ -142,6 +144,9 @@ class PlanConfig:
     # rule); off: only a wait whose end is announced (wait_ending) has its working set brought
     # back, and a sandbox that never announces is never prefetched for
     predict_unannounced: bool = False
+    # every sandbox's working set is recorded (learns()): a tool hint may prefetch any of them
+    # (the daemon's hint_prefetch)
+    record_all: bool = False
 
     def validate(self) -> None:
         if self.history < 1 or self.fleet_history < 1 or self.min_samples < 1:
@@ -381,7 +386,9 @@ class WaitPlanner:
         prefetcher learnt it).  Returns whether the working set goes now: in a wait of an
         announced sandbox (``deep_after_kept``) whose end was not announced yet.  With
         ``deep_after_kept`` no wait's working set goes before this (unless it must): what is
-        resident then is what a prefetcher that learns from residency records."""
+        resident then is what a prefetcher that learns from residency records.  Only for a
+        sandbox whose working set is recorded (learns()); another goes by the age rule
+        alone."""
         sp = self._sb.get(name)
         if sp is None or sp.wait_start is None:
             return False
@@ -465,11 +472,13 @@ class WaitPlanner:
         sp.prefetching = False
         return out
 
-    def wait_ending(self, name: str, now: float) -> bool:
+    def wait_ending(self, name: str, now: float, recorded: bool = True) -> bool:
         """The orchestrator says the wait ends soon (the model has begun to stream its answer or
         tool call): the prefetch is made due (at once, or stream_delay() from now; an earlier
-        planned one stays) unless one ran or runs in this wait, and the wait is not compressed
-        again. Returns whether a prefetch was made due."""
+        planned one stays) unless one ran or runs in this wait, or nothing of the sandbox's
+        working set is ``recorded`` (its first announced wait, whose working set went before
+        it was recorded: the tool faults it back), and the wait is not compressed again.
+        Returns whether a prefetch was made due."""
         sp = self._get(name)
         if sp.wait_start is None or sp.ending:
             return False
@@ -477,7 +486,7 @@ class WaitPlanner:
         sp.ending_at = now
         sp.endings += 1
         sp.recompress_at = None
-        if not sp.deep or not self.config.restores:
+        if not sp.deep or not self.config.restores or not recorded:
             return False  # the hot set stayed, or nothing would bring it back
         if sp.prefetching or (sp.prefetched_at is not None and not sp.recompressed):
             return False
@@ -496,7 +505,7 @@ class WaitPlanner:
         the sandbox's recent ones was announced: the announcement brings the record back."""
         if not self.config.restores:
             return False
-        if self.config.predict_unannounced:
+        if self.config.predict_unannounced or self.config.record_all:
             return True
         sp = self._sb.get(name)
         return sp is not None and (sp.ending or any(sp.announced))

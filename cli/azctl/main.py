@@ -545,16 +545,15 @@ def policy_set(ctx: click.Context, assignments: tuple[str, ...], as_json: bool) 
 @click.option(
     "--predict-unannounced",
     is_flag=True,
-    help="With --prefetch: also prefetch before the predicted end of a wait whose end is not "
+    help="Also prefetch before the predicted end of a wait whose end is not "
     "announced (from the sandbox's earlier waits).  Off by default: on heavy-tailed waits "
     "such a prefetch came as often too early as in time, and competed with running tools.",
 )
 @click.option(
     "--hint-prefetch",
     is_flag=True,
-    help="With --prefetch: on a tool hint that found nothing prefetched in its wait, prefetch "
-    "beside the tool (default: the tool faults its pages in; a racing prefetch measured "
-    "slower).",
+    help="On a tool hint that found nothing prefetched in its wait, prefetch beside the tool "
+    "(default: the tool faults its pages in; a racing prefetch measured slower).",
 )
 @click.option(
     "--no-predict",
@@ -607,7 +606,7 @@ def policy_set(ctx: click.Context, assignments: tuple[str, ...], as_json: bool) 
     type=click.FloatRange(0, 1, max_open=True),
     default=_PLAN.stream_quantile,
     show_default=True,
-    help="With --prefetch: an announced wait's (azctl ending) prefetch starts its lead before "
+    help="An announced wait's (azctl ending) prefetch starts its lead before "
     "this quantile of the sandbox's earlier streams (announcement to tool hint; with the "
     "fleet's while it has fewer than 5), so the working set stays compressed for most of the "
     "stream; 0: at the announcement.",
@@ -678,22 +677,28 @@ def daemon(
     def given(param: str) -> bool:
         return ctx.get_parameter_source(param) != click.core.ParameterSource.DEFAULT
 
-    for flag, was_given in (("--hint-prefetch", hint_prefetch), ("--no-predict", no_predict),
-                            ("--prefetch-from", given("prefetch_from")),
-                            ("--predict-unannounced", predict_unannounced)):
-        if was_given and not prefetch:
-            raise click.UsageError(f"{flag} needs the prefetcher, which --no-prefetch turns off")
+    prefetch_options = [flag for flag, was_given in (
+        ("--hint-prefetch", hint_prefetch), ("--no-predict", no_predict),
+        ("--prefetch-from", given("prefetch_from")),
+        ("--predict-unannounced", predict_unannounced),
+        ("--stream-quantile", given("stream_quantile"))) if was_given]
+    if prefetch_options and not prefetch:
+        raise click.UsageError(f"{prefetch_options[0]} needs the prefetcher, which --no-prefetch "
+                               "turns off")
+    if no_predict and predict_unannounced:
+        raise click.UsageError("--predict-unannounced with --no-predict: nothing is predicted "
+                               "(every prefetch comes with a tool hint)")
     if prefetch and prefetch_from == "resident" and no_predict:
         raise click.UsageError("--no-predict: no wait would stop at its working set, which the "
                                "resident-set prefetcher (--prefetch-from resident, the default) "
                                "learns there; add --prefetch-from faults")
     if prefetch and prefetch_from == "resident" and no_keep_hot:
+        others = [f for f in prefetch_options if f != "--prefetch-from"]
+        advice = ("--prefetch-from faults" if given("prefetch_from") or others
+                  else "--no-prefetch or --prefetch-from faults")
         raise click.UsageError("--no-keep-hot: no wait would stop at its working set, which the "
                                "resident-set prefetcher (--prefetch-from resident, the default) "
-                               "learns there; add --no-prefetch or --prefetch-from faults")
-    if no_predict and predict_unannounced:
-        raise click.UsageError("--predict-unannounced with --no-predict: nothing is predicted "
-                               "(every prefetch comes with a tool hint)")
+                               f"learns there; add {advice}")
     env = _env(ctx)
     need_root("azctl daemon")
     logging.basicConfig(

@@ -62,7 +62,7 @@ def test_phase_and_compress(world: World) -> None:
     r = world.run("prefetch", "a", "--json")
     assert json.loads(r.output)["result"]["prefetched_pages"] == 0
     world.run("phase", "a", "llm-wait")
-    r = world.run("ending", "a")  # the daemon runs without --prefetch: nothing comes back
+    r = world.run("ending", "a")  # the daemon runs with prefetch=False: nothing comes back
     assert r.exit_code == 0 and r.output == "a: nothing to prefetch\n"
     assert world.run("ending", "nope").exit_code != 0
 
@@ -265,7 +265,7 @@ def test_daemon_refuses_a_stream_quantile_outside_zero_to_one(
 @pytest.mark.parametrize("flags", [["--hint-prefetch"], ["--no-predict"],
                                    ["--prefetch-from", "resident"],
                                    ["--prefetch-from", "faults"],
-                                   ["--predict-unannounced"]])
+                                   ["--predict-unannounced"], ["--stream-quantile", "0.5"]])
 def test_daemon_refuses_prefetch_options_without_the_prefetcher(
     offline: World, monkeypatch: pytest.MonkeyPatch, flags: list[str]
 ) -> None:
@@ -278,17 +278,18 @@ def test_daemon_refuses_prefetch_options_without_the_prefetcher(
 def test_daemon_refuses_a_resident_set_it_could_not_learn(
     offline: World, monkeypatch: pytest.MonkeyPatch, flag: str
 ) -> None:
-    for args in ([flag], ["--prefetch-from", "resident", flag]):
+    for args in ([flag], ["--prefetch-from", "resident", flag], ["--hint-prefetch", flag],
+                 ["--stream-quantile", "0.3", flag]):
         r, cfg = _daemon_config(offline, monkeypatch, *args)
         assert r.exit_code == 2 and cfg is None and flag in r.output
-        assert "--prefetch-from faults" in r.output
-        assert ("--no-prefetch" in r.output) == (flag == "--no-keep-hot")
-    # what the message suggests is accepted
-    r, cfg = _daemon_config(offline, monkeypatch, "--prefetch-from", "faults", flag)
-    assert r.exit_code == 0, r.output
-    if flag == "--no-keep-hot":
-        r, cfg = _daemon_config(offline, monkeypatch, "--no-prefetch", flag)
-        assert r.exit_code == 0, r.output
+        advice = r.output.split("add ")[-1].replace("\n", " ").split()
+        alternatives = " ".join(advice).split(" or ")
+        assert "--prefetch-from faults" in alternatives
+        # every suggestion is accepted: each one, applied to the same command line
+        for alt in alternatives:
+            fixed = [a for a in args if a not in ("--prefetch-from", "resident")]
+            r, cfg = _daemon_config(offline, monkeypatch, *alt.split(), *fixed)
+            assert r.exit_code == 0, (args, alt, r.output)
 
 
 def test_daemon_refuses_predict_unannounced_with_no_predict(

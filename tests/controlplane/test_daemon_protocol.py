@@ -554,7 +554,8 @@ def test_a_paced_announcement_holds_compression_until_its_prefetch(tmp_path: Pat
     fm = FakeModule(tmp_path / "cg")
     pf = RecordingPrefetcher()
     clock = FakeClock()
-    plan = PlanConfig(keep_hot=False, min_samples=2, stream_quantile=0.5)
+    plan = PlanConfig(keep_hot=False, min_samples=2, stream_quantile=0.5,
+                      predict_unannounced=True)
     d = Daemon(config(tmp_path, plan=plan), module_factory=lambda: fm, prefetcher=pf,
                clock=clock)
     d._plan_loop = lambda: None  # type: ignore[method-assign]  # the test calls plan_tick()
@@ -977,10 +978,11 @@ def test_the_resident_set_prefetcher_learns_when_a_wait_keeps_its_working_set(
         Daemon(config(tmp_path, prefetch_from="nosuch"), module_factory=lambda: fm)
 
 
-def test_the_shipped_defaults_prefetch_announced_waits_only(tmp_path: Path) -> None:
-    """What `azctl daemon` runs without options: the resident-set prefetcher, its page reads
-    lowered, for announced waits only: a sandbox's working set is recorded once it announces,
-    never before (no scan of a sandbox whose record nothing would bring back)."""
+def test_the_shipped_defaults_record_only_sandboxes_that_announce(tmp_path: Path) -> None:
+    """What `azctl daemon` runs without options: the resident-set prefetcher, for announced
+    waits only: a sandbox's working set is recorded once it announces, never before (no scan
+    of a sandbox whose record nothing would bring back), and an announcement with no record
+    makes no prefetch due."""
     from controlplane.residentset import ResidentSetPrefetcher
 
     shipped = DaemonConfig()
@@ -1005,6 +1007,7 @@ def test_the_shipped_defaults_prefetch_announced_waits_only(tmp_path: Path) -> N
             d._approach("a")
             d._kept("a")
             assert learned == []  # it never announced: nothing would use the record
+            assert not d._recorded("a")  # an announcement would find nothing to bring back
             assert c.ending("a")["prefetch"] is False  # kept its working set so far
             d._kept("a")
             assert learned == ["a"]

@@ -61,7 +61,7 @@ def test_fire_time_conditions_on_the_age_of_the_wait() -> None:
 
 
 def test_no_history_means_prefetch_on_the_tool_hint() -> None:
-    p = WaitPlanner(PlanConfig(keep_hot=False))
+    p = WaitPlanner(PlanConfig(keep_hot=False, predict_unannounced=True))
     assert p.wait_started("a", 100.0) is None
     assert p.due(101.0) == [] and p.next_due() is None
     start = p.tool_started("a", 102.0)
@@ -825,9 +825,26 @@ def test_learns_says_when_a_working_set_record_is_of_use() -> None:
 
 def test_with_deep_after_kept_a_sandbox_never_recorded_goes_by_the_age_rule() -> None:
     """A sandbox whose working set is not recorded (it does not announce, waits are not
-    predicted) does not wait for the kept level: the age rule alone decides."""
-    for predict, ok in ((False, True), (True, False)):
-        p = WaitPlanner(hot(deep_after_kept=True, predict_unannounced=predict))
+    predicted, tool hints do not prefetch: record_all) does not wait for the kept level: the
+    age rule alone decides."""
+    for predict, record_all, ok in ((False, False, True), (True, False, False),
+                                    (False, True, False)):
+        p = WaitPlanner(hot(deep_after_kept=True, predict_unannounced=predict,
+                            record_all=record_all))
         p.wait_started("a", 0.0)
         assert not p.deep_ok("a", 9.0)  # before deep_after
         assert p.deep_ok("a", 10.5) == ok  # past it; the kept level was never reached
+
+
+def test_an_announcement_with_nothing_recorded_makes_no_prefetch_due() -> None:
+    """The working set went before any record of it was taken: nothing would come back, so
+    the scheduler is not held for it and the tool faults its pages in."""
+    p = WaitPlanner(hot(predict_unannounced=False))
+    p.wait_started("a", 0.0)
+    assert p.deep_ok("a", 0.5, must=True)
+    assert not p.wait_ending("a", 1.0, recorded=False)
+    assert p.next_due() is None
+    assert p.tool_started("a", 1.5).reason == "no-prediction"
+    p.wait_started("a", 3.0)
+    assert p.deep_ok("a", 3.5, must=True)
+    assert p.wait_ending("a", 4.0)  # recorded this time
