@@ -213,7 +213,8 @@ class DaemonClient:
 
     def ending(self, name: str) -> dict[str, Any]:
         """The sandbox's LLM wait ends soon (the model has begun to stream its tool call): a
-        wait that kept its working set keeps it and (unless ``azctl daemon --no-prefetch``) the
+        wait that kept its working set keeps it and (unless ``azctl daemon --no-prefetch``, or
+        nothing of the working set was recorded yet: the sandbox's first announced wait) the
         daemon brings back what went, at once or paced to the sandbox's earlier streams (reply
         ``prefetch``: whether it does). Returns at once."""
         return dict(self.request("ending", name=name))

@@ -98,7 +98,9 @@ class DaemonConfig:
     predict: bool = True
     # on a tool hint that found nothing prefetched in the wait: prefetch beside the tool (at
     # this nice), or let the tool fault its pages in.  Off: measured in the phase benchmark, a
-    # prefetch racing the tool made it slower than faulting alone (CPU, pages it never used)
+    # prefetch racing the tool made it slower than faulting alone (CPU, pages it never used).
+    # With the resident-set prefetcher it also records every sandbox's working set each wait
+    # (plan.record_all), and a wait's working set goes only once that was recorded
     hint_prefetch: bool = False
     hint_prefetch_nice: int = 5
     run_end_wait_s: float = 10.0  # a prefetch waits this long at most for a reclaim write
@@ -453,6 +455,9 @@ class Daemon:
                 self.planner.wait_started(sb.name, now)
             elif not repeat:
                 self.planner.other_phase(sb.name)
+            stale = not repeat and phase == Phase.LLM_WAIT and not self.planner.learns(sb.name)
+        if stale:  # a record nothing would use now; it would be old by the next announcement
+            restore.forget(self.prefetcher, sb.name)
         self.scheduler.wake()  # a tool hint stops compression at the next chunk boundary
         self.module_phases.submit(sb.cgroup_id, phase)  # the module's copy, off this path
         self.publish({"event": "phase", "name": sb.name, "phase": phase.label})
@@ -492,7 +497,8 @@ class Daemon:
 
     def _recorded(self, name: str) -> bool:
         """Does the prefetcher hold a record of the sandbox's working set (one that learns
-        from residency; the fault tracer's is taken to)?"""
+        from residency; the fault tracer's is taken to)?  Takes the prefetcher's own lock
+        only: callable under _plan_lock."""
         pages = getattr(self.prefetcher, "learned_pages", None)
         return pages is None or pages(name) > 0
 
@@ -501,9 +507,8 @@ class Daemon:
         when a prefetch is made due (at once, or paced to its recorded streams), its
         compression stops now. Never waits for either."""
         sb = self.registry.sandbox(_str(req, "name"))
-        recorded = self._recorded(sb.name)
-        with self._plan_lock:
-            due = self.planner.wait_ending(sb.name, self.clock(), recorded)
+        with self._plan_lock:  # a record finished meanwhile counts (kept_level follows it)
+            due = self.planner.wait_ending(sb.name, self.clock(), self._recorded(sb.name))
             gen = self._wait_gen.get(sb.name)
         if due:
             # what went stays out until the prefetch; nothing more goes that it would read back
@@ -554,6 +559,11 @@ class Daemon:
             due = self.planner.due(self.clock())
             acts = []  # (name, action, token, the wait's phase generation)
             for name, act in due:
+                if act is Action.PREFETCH and not self._recorded(name):
+                    # nothing would come back (taken before it was recorded): no hold, and
+                    # the tool faults its pages in
+                    log.info("plan: %s: nothing recorded to prefetch", name)
+                    continue
                 token = self.planner.prefetch_started(name) if act is Action.PREFETCH else -1
                 acts.append((name, act, token, self._wait_gen.get(name)))
         for name, act, token, gen in acts:

@@ -22,7 +22,8 @@ and the next record does not hold it.
 
 Against the fault tracer (controlplane/prefetch.py, ebpf/): no BPF program, no cost on any
 fault; learning reads 8 bytes of pagemap per page of the sandbox's private writable mappings
-once or twice a wait of a sandbox that announces its waits' ends. What it cannot know is the
+once or twice a wait of a sandbox whose record can be of use (it announces its waits' ends,
+or the daemon predicts waits or prefetches on tool hints). What it cannot know is the
 order in which the tool will touch the pages: they come back in address order.
 """
 

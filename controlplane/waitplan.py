@@ -46,12 +46,13 @@ The control law, per sandbox:
   predicted (``predict_when_busy`` off) and their tools fault their pages in on use.
 * Announced ends: an orchestrator that streams the model's answer knows the wait is ending
   when the first tokens of a tool call arrive, seconds before the tool hint.  ``wait_ending``
-  makes the prefetch due (unless this wait's prefetch already ran or runs, or the host is short
-  of CPU) and keeps the wait from being compressed again; a wait without the announcement is
-  predicted as above.  How long the model streams (announcement -> tool hint) is recorded like
-  the waits; once ``min_samples`` are known (the sandbox's, with the fleet's while it has
-  fewer) the prefetch is due ``lead`` before the ``stream_quantile`` quantile of those streams
-  rather than at once:
+  makes the prefetch due (unless this wait's prefetch already ran or runs, the host is short
+  of CPU, or nothing of the working set was recorded: the sandbox's first announced wait)
+  and keeps the wait from being compressed again; a wait without the announcement is
+  predicted as above (with ``predict_unannounced``).  How long the model streams
+  (announcement -> tool hint) is recorded like the waits; once ``min_samples`` are known
+  (the sandbox's, with the fleet's while it has fewer) the prefetch is due ``lead`` before the
+  ``stream_quantile`` quantile of those streams rather than at once:
   the working set stays compressed for most of the stream, and only the streams shorter than
   that quantile find the prefetch still running or not yet started when their tool begins
   (counted ``late``, like a prediction that came too late; by design about ``stream_quantile``
@@ -501,8 +502,9 @@ class WaitPlanner:
 
     def learns(self, name: str) -> bool:
         """Is a record of this sandbox's working set of use (the daemon skips the learning
-        otherwise)?  With a prefetcher, when waits are predicted, or when this wait or one of
-        the sandbox's recent ones was announced: the announcement brings the record back."""
+        otherwise, and drops an old record)?  With a prefetcher: when waits are predicted,
+        with ``record_all`` (a tool hint may prefetch any sandbox), or when this wait or one
+        of the sandbox's recent ones was announced (the announcement brings the record back)."""
         if not self.config.restores:
             return False
         if self.config.predict_unannounced or self.config.record_all:

@@ -373,8 +373,9 @@ def phase(ctx: click.Context, name: str, phase: str, as_json: bool) -> None:
 @click.pass_context
 def ending(ctx: click.Context, name: str, as_json: bool) -> None:
     """Hint that sandbox NAME's LLM wait ends soon (the model is streaming its tool call):
-    the wait is not compressed again, and (unless `azctl daemon --no-prefetch`) its working set
-    is prefetched (at once, or paced to the sandbox's earlier streams: see azctl daemon
+    the wait is not compressed again, and (unless `azctl daemon --no-prefetch`, or nothing of
+    its working set was recorded yet: its first announced wait) its working set is
+    prefetched (at once, or paced to the sandbox's earlier streams: see azctl daemon
     --stream-quantile)."""
     r = _env(ctx).client("ending").ending(name)
     _done(as_json, r, f"{name}: {'prefetch due' if r['prefetch'] else 'nothing to prefetch'}")
@@ -553,7 +554,8 @@ def policy_set(ctx: click.Context, assignments: tuple[str, ...], as_json: bool) 
     "--hint-prefetch",
     is_flag=True,
     help="On a tool hint that found nothing prefetched in its wait, prefetch beside the tool "
-    "(default: the tool faults its pages in; a racing prefetch measured slower).",
+    "(default: the tool faults its pages in; a racing prefetch measured slower).  With "
+    "--prefetch-from resident every sandbox's working set is then recorded at each wait.",
 )
 @click.option(
     "--no-predict",
@@ -678,6 +680,7 @@ def daemon(
         return ctx.get_parameter_source(param) != click.core.ParameterSource.DEFAULT
 
     prefetch_options = [flag for flag, was_given in (
+        ("--prefetch", given("prefetch") and prefetch),
         ("--hint-prefetch", hint_prefetch), ("--no-predict", no_predict),
         ("--prefetch-from", given("prefetch_from")),
         ("--predict-unannounced", predict_unannounced),
@@ -691,14 +694,13 @@ def daemon(
     if prefetch and prefetch_from == "resident" and no_predict:
         raise click.UsageError("--no-predict: no wait would stop at its working set, which the "
                                "resident-set prefetcher (--prefetch-from resident, the default) "
-                               "learns there; add --prefetch-from faults")
+                               "learns there; use --prefetch-from faults")
     if prefetch and prefetch_from == "resident" and no_keep_hot:
-        others = [f for f in prefetch_options if f != "--prefetch-from"]
-        advice = ("--prefetch-from faults" if given("prefetch_from") or others
+        advice = ("--prefetch-from faults" if prefetch_options
                   else "--no-prefetch or --prefetch-from faults")
         raise click.UsageError("--no-keep-hot: no wait would stop at its working set, which the "
                                "resident-set prefetcher (--prefetch-from resident, the default) "
-                               f"learns there; add {advice}")
+                               f"learns there; use {advice}")
     env = _env(ctx)
     need_root("azctl daemon")
     logging.basicConfig(

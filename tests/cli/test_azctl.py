@@ -279,13 +279,16 @@ def test_daemon_refuses_a_resident_set_it_could_not_learn(
     offline: World, monkeypatch: pytest.MonkeyPatch, flag: str
 ) -> None:
     for args in ([flag], ["--prefetch-from", "resident", flag], ["--hint-prefetch", flag],
-                 ["--stream-quantile", "0.3", flag]):
+                 ["--stream-quantile", "0.3", flag], ["--prefetch", flag]):
         r, cfg = _daemon_config(offline, monkeypatch, *args)
         assert r.exit_code == 2 and cfg is None and flag in r.output
-        advice = r.output.split("add ")[-1].replace("\n", " ").split()
+        advice = r.output.split("use ")[-1].replace("\n", " ").split()
         alternatives = " ".join(advice).split(" or ")
         assert "--prefetch-from faults" in alternatives
-        # every suggestion is accepted: each one, applied to the same command line
+        # --no-prefetch only where no option asked for the prefetcher
+        assert ("--no-prefetch" in alternatives) == (flag == "--no-keep-hot" and args == [flag])
+        # every suggestion is accepted: each one, with the resident source dropped from the
+        # command line (--prefetch-from faults replaces it)
         for alt in alternatives:
             fixed = [a for a in args if a not in ("--prefetch-from", "resident")]
             r, cfg = _daemon_config(offline, monkeypatch, *alt.split(), *fixed)
@@ -295,9 +298,11 @@ def test_daemon_refuses_a_resident_set_it_could_not_learn(
 def test_daemon_refuses_predict_unannounced_with_no_predict(
     offline: World, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    r, cfg = _daemon_config(offline, monkeypatch, "--prefetch-from", "faults", "--no-predict",
-                            "--predict-unannounced")
-    assert r.exit_code == 2 and cfg is None and "--predict-unannounced" in r.output
+    for source in (["--prefetch-from", "faults"], []):
+        r, cfg = _daemon_config(offline, monkeypatch, *source, "--no-predict",
+                                "--predict-unannounced")
+        assert r.exit_code == 2 and cfg is None
+        assert "--predict-unannounced with --no-predict" in r.output
 
 
 def test_template_from_file_streams_in_bounded_batches(world: World, tmp_path: Path) -> None:

@@ -1020,9 +1020,54 @@ def test_the_shipped_defaults_record_only_sandboxes_that_announce(tmp_path: Path
                 c.phase("a", "tool")
                 c.phase("a", "llm-wait")
                 d._approach("a")
-            assert learned == ["a"] * 9 and forgot == ["a"]
-            d._kept("a")
+            # dropped at the start of the 8th unannounced wait (and again at its approach)
             assert learned == ["a"] * 9 and forgot == ["a", "a"]
+            d._kept("a")
+            assert learned == ["a"] * 9
+    finally:
+        d.stop()
+
+
+def test_with_nothing_recorded_no_prefetch_is_made_due_nor_the_scheduler_held(
+    tmp_path: Path,
+) -> None:
+    """The resident-set prefetcher holds no record (the sandbox's first announced wait): an
+    announcement, and a prefetch the planner made due otherwise, bring nothing back, so
+    nothing is held and no restore runs; with a record, the announcement holds and is due."""
+    make_cgroup(tmp_path / "cg", "/sb/a")
+    fm = FakeModule(tmp_path / "cg")
+    clock = FakeClock()
+    d = Daemon(config(tmp_path, prefetch=True, prefetch_from="resident", plan=PlanConfig()),
+               module_factory=lambda: fm, clock=clock)
+    d._plan_loop = lambda: None  # type: ignore[method-assign]  # the test calls plan_tick()
+    d.scheduler.run = lambda: None  # type: ignore[method-assign]  # the test drives it
+    d.start()
+    try:
+        pages = {"a": 0}
+        restores: list[str] = []
+        d.prefetcher.learned_pages = pages.__getitem__  # type: ignore[method-assign]
+        d.prefetcher.restore = (  # type: ignore[method-assign]
+            lambda sb: restores.append(sb.name) or {"prefetched_pages": 0})
+        with DaemonClient(d.config.socket_path) as c:
+            c.register("a", "/sb/a", 1)
+            gen = c.phase("a", "llm-wait")["generation"]
+            assert d._deep_ok("a", True)  # taken anyway
+            assert c.ending("a")["prefetch"] is False
+            assert not d.scheduler.held("a", gen)
+            c.phase("a", "tool")
+            clock.advance(1.0)
+            gen = c.phase("a", "llm-wait")["generation"]
+            assert c.ending("a")["prefetch"] is False  # kept its working set so far
+            assert d._deep_ok("a", True)  # taken anyway: the planner makes its prefetch due
+            d.plan_tick()
+            assert restores == [] and not d.scheduler.held("a", gen)
+            c.phase("a", "tool")
+            clock.advance(1.0)
+            pages["a"] = 5  # recorded now
+            gen = c.phase("a", "llm-wait")["generation"]
+            assert d._deep_ok("a", True)
+            assert c.ending("a")["prefetch"] is True
+            assert d.scheduler.held("a", gen)
     finally:
         d.stop()
 

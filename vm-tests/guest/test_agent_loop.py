@@ -21,9 +21,10 @@ sets (the planner's `kept`) while the rest of the sandbox was in swap; every pag
 
 The resident-set prefetch (the defaults: no tracer) with announced ends: each wait compresses the
 sandbox down to its working set, records what is resident, then compresses that too; the
-announcement (`ending`) brings it back mapped. Checked: the first tool (nothing recorded) faults its
-whole hot set back; in the later waits the sandbox was in swap before the announcement and the tool
-takes at most a fifth of those major faults; every page verifies."""
+announcement (`ending`) brings it back mapped. Checked: the first announcement (nothing recorded)
+makes no prefetch due and its tool faults the whole hot set back; in the later waits the sandbox
+was in swap before the announcement and the tool takes at most a fifth of those major faults;
+every page verifies."""
 
 from __future__ import annotations
 
@@ -255,4 +256,4 @@ def test_announced_waits_bring_back_the_resident_working_set() -> None:
         assert cyc["majflt"] <= 0.5 * HOT, cyc
     later = [cyc["majflt"] for cyc in cycles[1:]]
     assert sum(later) / len(later) <= 0.2 * HOT, cycles
-    assert plan["hits"] >= 5 and plan["deep"] == 6, plan
+    assert plan["hits"] == 5 and plan["deep"] == 6, plan  # the first wait had nothing to fetch
