@@ -41,17 +41,17 @@ Regimes, each with fresh sandboxes and the same trajectories, on one azswap-lz4 
               tool call (`ending`, the trajectory's stream_s before the wait's end), as an agent
               loop that streams the model's answer can.
 
-Figures per regime: tool-phase latency (mean, p95; cycles after --warmup), end-to-end time, slowdown
-(tool mean / none's, same run), footprint (sum of the sandboxes' memory.current plus the device's
-pool and metadata, sampled every 0.1 s): its time average and peak, saved_mib (none's average minus
-this one's), keeps (saved / aggressive's saved, 0..1), major faults per tool phase, bad_pages (must
-be 0), where a tool's time went (``tool_split_s``, means as the sandbox measured them: ``seconds``
-in all, ``pages_s`` reading its hot pages, ``cpu_s`` on a CPU and ``runq_s`` runnable but waiting
-for one; the rest it was blocked), and for the daemon its prefetch events, its CPU time at start
-(with --prefetch-from faults, the BPF compile) and during the run (and of that, its memory.reclaim
-writes: the compression), its CPU time by thread at the end (``threads_cpu_s``: the daemon names its
-threads;
-"exited" is what ended threads used), and the wait planner's outcomes. Each regime also keeps its
+Figures per regime: tool-phase latency (mean, p95; cycles after --warmup), end-to-end time,
+slowdown (tool mean / none's, same run), footprint (sum of the sandboxes' memory.current plus the
+device's pool and metadata, sampled every 0.1 s): its time average and peak, saved_mib (none's
+average minus this one's), keeps (saved / aggressive's saved, 0..1), major faults per tool phase,
+bad_pages (must be 0), where a tool's time went (``tool_split_s``, means as the sandbox measured
+them: ``seconds`` in all, ``pages_s`` reading its hot pages, ``cpu_s`` on a CPU and ``runq_s``
+runnable but waiting for one; the rest it was blocked), and for the daemon its prefetch events, its
+CPU time at start (with --prefetch-from faults, the BPF compile) and during the run (and of that,
+its memory.reclaim writes: the compression), its CPU time by thread at the end (``threads_cpu_s``:
+the daemon names its threads; "exited" is what ended threads used), and the wait planner's
+outcomes. Each regime also keeps its
 footprint timeline (every 0.5 s: monotonic time, the device's MiB, then each sandbox's
 memory.current in MiB, in the order of its cycles; ``device_timeline``, at the same times, splits
 the device's MiB into its payload, its pool (payload and the allocator's overhead) and its

@@ -508,7 +508,9 @@ class Daemon:
         compression stops now. Never waits for either."""
         sb = self.registry.sandbox(_str(req, "name"))
         with self._plan_lock:  # a record finished meanwhile counts (kept_level follows it)
-            due = self.planner.wait_ending(sb.name, self.clock(), self._recorded(sb.name))
+            # with nothing recorded, plan_tick() skips the prefetch: nothing to hold for
+            due = (self.planner.wait_ending(sb.name, self.clock())
+                   and self._recorded(sb.name))
             gen = self._wait_gen.get(sb.name)
         if due:
             # what went stays out until the prefetch; nothing more goes that it would read back
@@ -607,13 +609,10 @@ class Daemon:
 
     def _learns(self, name: str) -> bool:
         """Is a record of this sandbox's working set of use now (WaitPlanner.learns: with
-        ``hint_prefetch``, always)?  When not, an earlier record is dropped: it would be stale
-        by the time the sandbox announces again."""
+        ``hint_prefetch``, always)?  One that stopped being of use was dropped at the wait's
+        start (op_phase)."""
         with self._plan_lock:
-            useful = self.planner.learns(name)
-        if not useful:
-            restore.forget(self.prefetcher, name)
-        return useful
+            return self.planner.learns(name)
 
     def _approach(self, name: str) -> None:
         """The scheduler's news (its thread): a wait's first write toward the working set is
@@ -633,13 +632,12 @@ class Daemon:
             sb = self.registry.sandbox(name)
         except errors.AzswapError:
             return  # unregistered meanwhile
-        if not self._learns(name):
-            pass  # nothing would bring the record back
-        elif exact:
-            restore.learn(self.prefetcher, sb)
-        elif hasattr(self.prefetcher, "learn"):
-            log.info("%s: a write went more than %d KiB %s", name, KEEP_SLACK // 1024,
-                     BELOW_WORKING_SET)
+        if self._learns(name):  # else nothing would bring the record back
+            if exact:
+                restore.learn(self.prefetcher, sb)
+            elif hasattr(self.prefetcher, "learn"):
+                log.info("%s: a write went more than %d KiB %s", name,
+                         KEEP_SLACK // 1024, BELOW_WORKING_SET)
         with self._plan_lock:
             deep = self.planner.kept_level(name, self.clock())
         if deep:

@@ -1,18 +1,17 @@
 """The interface between the scheduler and the prefetcher (controlplane/residentset.py, or
 controlplane/prefetch.py with the eBPF fault tracer).
 
-Before the announced (or, with ``predict_unannounced``, predicted) end of a wait, or on a tool
-hint with ``hint_prefetch``, the
-daemon calls ``prefetcher.restore(sandbox)`` (in a background thread, so no hint's reply is
-delayed) to bring the sandbox's recorded working set back before the tool touches it; ``azctl
-prefetch SANDBOX`` calls it by hand.  ``restore`` returns a small dict of figures (pages
-requested, bytes, seconds...) or None; it must not raise for "nothing recorded yet".
+Before the announced (or, with ``predict_unannounced``, predicted) end of a wait, or on a tool hint
+with ``hint_prefetch``, the daemon calls ``prefetcher.restore(sandbox)`` (in a background thread,
+so no hint's reply is delayed) to bring the sandbox's recorded working set back before the tool
+touches it; ``azctl prefetch SANDBOX`` calls it by hand. ``restore`` returns a small dict of
+figures (pages requested, bytes, seconds...) or None; it must not raise for "nothing recorded yet".
 
-:func:`load_prefetcher` builds ``controlplane.prefetch.make_prefetcher()`` when the daemon runs with
-``--prefetch-from faults`` (the default, ``resident``: controlplane/residentset.py, no tracer, built
-by the daemon itself); with ``--no-prefetch``, or when the prefetcher cannot start (no BPF, no
-tracer), the daemon runs with the no-op one, plans no prefetch and says why in the log and in every
-restore result.
+:func:`load_prefetcher` builds ``controlplane.prefetch.make_prefetcher()`` when the daemon runs
+with ``--prefetch-from faults``; the default, ``resident``, is controlplane/residentset.py (no
+tracer), built by the daemon itself.  With ``--no-prefetch``, or when the prefetcher cannot
+start (no BPF, no tracer), the daemon runs with the no-op one, plans no prefetch and says why in
+the log and in every restore result.
 """
 
 from __future__ import annotations

@@ -46,9 +46,9 @@ The control law, per sandbox:
   predicted (``predict_when_busy`` off) and their tools fault their pages in on use.
 * Announced ends: an orchestrator that streams the model's answer knows the wait is ending
   when the first tokens of a tool call arrive, seconds before the tool hint.  ``wait_ending``
-  makes the prefetch due (unless this wait's prefetch already ran or runs, the host is short
-  of CPU, or nothing of the working set was recorded: the sandbox's first announced wait)
-  and keeps the wait from being compressed again; a wait without the announcement is
+  makes the prefetch due (unless this wait's prefetch already ran or runs, or the host is
+  short of CPU; the daemon skips one with nothing recorded, in the sandbox's first announced
+  wait) and keeps the wait from being compressed again; a wait without the announcement is
   predicted as above (with ``predict_unannounced``).  How long the model streams
   (announcement -> tool hint) is recorded like the waits; once ``min_samples`` are known
   (the sandbox's, with the fleet's while it has fewer) the prefetch is due ``lead`` before the
@@ -473,13 +473,11 @@ class WaitPlanner:
         sp.prefetching = False
         return out
 
-    def wait_ending(self, name: str, now: float, recorded: bool = True) -> bool:
+    def wait_ending(self, name: str, now: float) -> bool:
         """The orchestrator says the wait ends soon (the model has begun to stream its answer or
         tool call): the prefetch is made due (at once, or stream_delay() from now; an earlier
-        planned one stays) unless one ran or runs in this wait, or nothing of the sandbox's
-        working set is ``recorded`` (its first announced wait, whose working set went before
-        it was recorded: the tool faults it back), and the wait is not compressed again.
-        Returns whether a prefetch was made due."""
+        planned one stays) unless one ran or runs in this wait, and the wait is not compressed
+        again. Returns whether a prefetch was made due."""
         sp = self._get(name)
         if sp.wait_start is None or sp.ending:
             return False
@@ -487,7 +485,7 @@ class WaitPlanner:
         sp.ending_at = now
         sp.endings += 1
         sp.recompress_at = None
-        if not sp.deep or not self.config.restores or not recorded:
+        if not sp.deep or not self.config.restores:
             return False  # the hot set stayed, or nothing would bring it back
         if sp.prefetching or (sp.prefetched_at is not None and not sp.recompressed):
             return False

@@ -1020,8 +1020,8 @@ def test_the_shipped_defaults_record_only_sandboxes_that_announce(tmp_path: Path
                 c.phase("a", "tool")
                 c.phase("a", "llm-wait")
                 d._approach("a")
-            # dropped at the start of the 8th unannounced wait (and again at its approach)
-            assert learned == ["a"] * 9 and forgot == ["a", "a"]
+            # dropped at the start of the 8th unannounced wait
+            assert learned == ["a"] * 9 and forgot == ["a"]
             d._kept("a")
             assert learned == ["a"] * 9
     finally:

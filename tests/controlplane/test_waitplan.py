@@ -835,16 +835,3 @@ def test_with_deep_after_kept_a_sandbox_never_recorded_goes_by_the_age_rule() ->
         assert not p.deep_ok("a", 9.0)  # before deep_after
         assert p.deep_ok("a", 10.5) == ok  # past it; the kept level was never reached
 
-
-def test_an_announcement_with_nothing_recorded_makes_no_prefetch_due() -> None:
-    """The working set went before any record of it was taken: nothing would come back, so
-    the scheduler is not held for it and the tool faults its pages in."""
-    p = WaitPlanner(hot(predict_unannounced=False))
-    p.wait_started("a", 0.0)
-    assert p.deep_ok("a", 0.5, must=True)
-    assert not p.wait_ending("a", 1.0, recorded=False)
-    assert p.next_due() is None
-    assert p.tool_started("a", 1.5).reason == "no-prediction"
-    p.wait_started("a", 3.0)
-    assert p.deep_ok("a", 3.5, must=True)
-    assert p.wait_ending("a", 4.0)  # recorded this time
