@@ -577,6 +577,8 @@ def test_reporting_bench_measures_and_compares(record: ModuleType, tmp_path: Pat
     ["--page-reporting-order", "11"],
     ["--page-reporting-order", "-1"],
     ["--n", "0"],
+    ["--workload", "web"],
+    ["--size", "huge"],
 ])
 def test_recorder_refuses_bad_options(record: ModuleType, argv: list[str],
                                       capsys: pytest.CaptureFixture[str]) -> None:
@@ -591,6 +593,49 @@ def test_recorder_reports_free_pages_by_default(record: ModuleType) -> None:
     assert a.free_page_reporting and a.page_reporting_order is None
     assert not record.parse_args(["--no-free-page-reporting"]).free_page_reporting
     assert record.parse_args(["--page-reporting-order", "0"]).page_reporting_order == 0
+
+
+def test_recorder_workloads_are_the_agents(record: ModuleType) -> None:
+    """Every workload the recorder offers is one the guest's agent builds, and every task it
+    sends is one that workload runs."""
+    agent = _load("agent")
+    assert set(record.TASKS) == set(agent.WORKLOADS)
+    assert record.parse_args([]).workload == "ml"
+    assert record.parse_args(["--workload", "coding"]).workload == "coding"
+    sys.path.insert(0, str(TOP / "vm-tests" / "workloads"))
+    for name, tasks in record.TASKS.items():
+        assert set(tasks) <= set(agent.workload(name).TASK_FNS), name
+    with pytest.raises(ValueError, match="unknown workload"):
+        agent.workload("web")
+
+
+def test_agent_runs_a_coding_task_in_a_tool_call(tmp_path: Path) -> None:
+    """The agent's coding workload: a tiny state built, one task run in a forked child (as
+    --task-mode fork does), its result read back."""
+    agent = _load("agent")
+    sys.path.insert(0, str(TOP / "vm-tests" / "workloads"))
+    wl = agent.workload("coding")
+    st = wl.build_state(1, "tiny")
+    n = len(st.history)
+    agent.tool_call(wl, st, "search", 7)  # raises if the child failed
+    assert len(st.history) == n  # the child's history went with it
+    agent.run_task(wl, st, "search", 7)
+    assert len(st.history) > n
+
+
+def test_template_of_another_workload_is_not_reused(record: ModuleType, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    img = record.image.Image(**{f: "x" for f in record.image.Image.__dataclass_fields__})
+    monkeypatch.setattr(record.image, "build", lambda: img)
+    monkeypatch.setattr(record.shutil, "which", lambda _: "/usr/bin/qemu-system-x86_64")
+    (tmp_path / "template.vmstate").write_bytes(b"")
+    (tmp_path / "template.json").write_text(json.dumps(
+        {"disk_key": img.key, "free_page_reporting": True, "page_reporting_order": None,
+         "workload": "ml"}))
+    rc = record.main(["--workload", "coding", "--reuse-template", "--out", str(tmp_path)])
+    assert rc == 2
+    assert "recorded with the ml workload, not coding" in capsys.readouterr().err
 
 
 def test_connect_unix_waits_for_the_socket(record: ModuleType, tmp_path: Path) -> None:

@@ -1,7 +1,10 @@
 """Template agent: PID 1 of the microVM recorder guest (runs under the guest's python3).
 
-Builds the ML sandbox state of vm-tests/workloads/mlsandbox.py (a transformer's weights and Adam
-state, a tokenized dataset, a tokenizer, documents and example records, a warmed interpreter),
+Builds the sandbox state of its workload (``azagent.workload``): ``ml``, the state of
+vm-tests/workloads/mlsandbox.py (a transformer's weights and Adam state, a tokenized dataset, a
+tokenizer, documents and example records, a warmed interpreter), or ``coding``, the state of
+vm-tests/workloads/codingsandbox.py (the guest's Python standard library sources as a checkout,
+their symbol index and ASTs, an sqlite database, a tool-call history, a warmed interpreter);
 freezes it (gc.freeze, as a zygote), reports TEMPLATE_READY on the control port (/dev/ttyS1) and
 blocks there: the quiescent point the recorder snapshots. Each guest restored from the snapshot
 receives one line ``TASK <name> <seed> [inproc|fork|worker]``, runs that trajectory, reports
@@ -12,19 +15,22 @@ starts with the template's heap), which returns a short result over a pipe and e
 LLM wait; ``worker`` runs it in such a child that stays alive at the LLM wait, as a persistent
 tool process does (a code interpreter's kernel): its copy-on-write pages stay in use.
 
-Kernel command line: azagent.size=<mlsandbox size> azagent.seed=<n>. Messages on the control port
-are single lines; logs go to the console.
+Kernel command line: azagent.workload=ml|coding (default ml) azagent.size=<the workload's size>
+azagent.seed=<n>. Messages on the control port are single lines; logs go to the console.
 """
 
 from __future__ import annotations
 
 import gc
+import importlib
 import os
 import sys
 import time
 import tty
+from types import ModuleType
 
 CTRL = "/dev/ttyS1"
+WORKLOADS = {"ml": "mlsandbox", "coding": "codingsandbox"}  # azagent.workload -> its module
 
 
 def log(msg: str) -> None:
@@ -60,7 +66,21 @@ class Port:
         return line.decode(errors="replace").strip()
 
 
-def tool_call(mlsandbox: object, st: object, task: str, seed: int, stay: bool = False) -> None:
+def workload(name: str) -> ModuleType:
+    """The module of workload @name (WORKLOADS): build_state(seed, size) and TASK_FNS."""
+    if name not in WORKLOADS:
+        raise ValueError(f"unknown workload {name!r} (one of {', '.join(WORKLOADS)})")
+    return importlib.import_module(WORKLOADS[name])
+
+
+def run_task(wl: ModuleType, st: object, task: str, seed: int) -> None:
+    """One task of workload @wl (mlsandbox.run_task runs every workload's tasks)."""
+    import mlsandbox
+
+    mlsandbox.run_task(st, task, seed, fns=wl.TASK_FNS)
+
+
+def tool_call(wl: ModuleType, st: object, task: str, seed: int, stay: bool = False) -> None:
     """Run the task in a forked child (a tool call); it reports a one-line result and exits, or
     with @stay blocks (a persistent tool process, idle while the agent waits for the LLM)."""
     r, w = os.pipe()
@@ -69,7 +89,7 @@ def tool_call(mlsandbox: object, st: object, task: str, seed: int, stay: bool = 
         code = 1
         try:
             os.close(r)
-            mlsandbox.run_task(st, task, seed)  # type: ignore[attr-defined]
+            run_task(wl, st, task, seed)
             os.write(w, f"ok {task}\n".encode())
             os.close(w)
             code = 0
@@ -92,31 +112,31 @@ def main() -> None:
     args = cmdline()
     size = args.get("size", "default")
     seed = int(args.get("seed", "1"))
+    name = args.get("workload", "ml")
     port = Port(CTRL)
     port.send(f"BOOTED {time.monotonic():.2f}")
     sys.path.insert(0, "/opt/azagent")
     t0 = time.monotonic()
-    import mlsandbox
-
-    st = mlsandbox.build_state(seed, size)
+    wl = workload(name)
+    st = wl.build_state(seed, size)
     gc.collect()
     gc.freeze()
     built = time.monotonic() - t0
-    log(f"template state built in {built:.1f}s (size {size}, seed {seed})")
+    log(f"template state built in {built:.1f}s (workload {name}, size {size}, seed {seed})")
     port.send(f"TEMPLATE_READY {built:.2f}")
     while True:
         line = port.recv()
         parts = line.split()
         if not parts:
             continue
-        if parts[0] == "TASK" and len(parts) in (3, 4) and parts[1] in mlsandbox.TASK_FNS:
+        if parts[0] == "TASK" and len(parts) in (3, 4) and parts[1] in wl.TASK_FNS:
             mode = parts[3] if len(parts) == 4 else "inproc"
             t1 = time.monotonic()
             try:
                 if mode in ("fork", "worker"):
-                    tool_call(mlsandbox, st, parts[1], int(parts[2]), stay=mode == "worker")
+                    tool_call(wl, st, parts[1], int(parts[2]), stay=mode == "worker")
                 else:
-                    mlsandbox.run_task(st, parts[1], int(parts[2]))
+                    run_task(wl, st, parts[1], int(parts[2]))
             except Exception as exc:  # report, keep the guest alive for the recorder
                 port.send(f"ERROR {type(exc).__name__}: {exc}")
                 continue

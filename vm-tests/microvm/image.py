@@ -6,9 +6,10 @@
 Steps, each cached under DIR (default vm-tests/out/microvm-cache/, gitignored):
   1. debootstrap --variant=minbase bookworm with python3 + python3-numpy from the Debian mirror this
      machine's apt uses (rootfs-<key>/, keyed by the package list and the mirror);
-  2. the agent files (vm-tests/microvm/agent.py, vm-tests/workloads/mlsandbox.py) copied in, apt
-     caches dropped, then `mkfs.ext4 -d` into root-<key>.ext4 (keyed by the rootfs and the agent
-     files' hashes: changing the agent rebuilds only the disk image, in seconds);
+  2. the agent files (vm-tests/microvm/agent.py and the workloads it builds,
+     vm-tests/workloads/mlsandbox.py and codingsandbox.py) copied in, apt caches dropped, then
+     `mkfs.ext4 -d` into root-<key>.ext4 (keyed by the rootfs and the agent files' hashes:
+     changing the agent rebuilds only the disk image, in seconds);
   3. the kernel is the host's /boot/vmlinuz-<kver>; the initramfs is built here (initrd-<key>.cpio:
      static busybox + the virtio_blk/ext4 modules of that kernel, ~4 MiB uncompressed), not the
      host's 31 MiB Debian initrd, whose bytes would otherwise sit in every guest's free memory;
@@ -39,6 +40,7 @@ PACKAGES = ("python3", "python3-numpy")
 AGENT_FILES = {
     HERE / "agent.py": "opt/azagent/agent.py",
     TOP / "vm-tests" / "workloads" / "mlsandbox.py": "opt/azagent/mlsandbox.py",
+    TOP / "vm-tests" / "workloads" / "codingsandbox.py": "opt/azagent/codingsandbox.py",
 }
 INIT_SH = """#!/bin/sh
 # PID 1 of the recorder guest: minimal mounts, then the template agent (it never exits).

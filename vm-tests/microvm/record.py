@@ -1,21 +1,25 @@
 #!/usr/bin/env python3
 """Record real microVM guest memory: one template snapshot, N guests restored from it.
 
-    vm-tests/microvm/record.py [--n 8] [--parallel 2] [--mem 384] [--size default] [--out DIR]
+    vm-tests/microvm/record.py [--workload ml|coding] [--n 8] [--parallel 2] [--mem 384]
+                               [--size default] [--out DIR]
                                [--no-free-page-reporting | --page-reporting-order N]
 
 1. Builds (or reuses) the guest image: vm-tests/microvm/image.py (debootstrap bookworm, python3 +
    numpy, the template agent; cached under vm-tests/out/microvm-cache/).
 2. Boots the template guest under QEMU TCG with its RAM in a file (memory-backend-file,
-   share=on): the agent (vm-tests/microvm/agent.py) builds the ML state of
-   vm-tests/workloads/mlsandbox.py and blocks on its control port.
+   share=on): the agent (vm-tests/microvm/agent.py) builds the state of the workload and blocks
+   on its control port: ``ml`` (default), vm-tests/workloads/mlsandbox.py's ML sandbox; ``coding``,
+   vm-tests/workloads/codingsandbox.py's coding agent (the guest's Python standard library
+   sources as its checkout).
 3. Snapshots it at that quiescent point, Firecracker style: QMP `stop`, then the device state
    migrated to template.vmstate with the x-ignore-shared capability (the RAM stays in the memory
    file, not in the stream): template.ram + template.vmstate are the snapshot.
 4. Restores N guests from it (PARALLEL at a time), each over its own copy of template.ram
    (`-incoming defer`, x-ignore-shared, migrate-incoming from template.vmstate): guest i gets task
-   TASKS[i % 4] (train, generate, data, eval) with its own seed; when it reports LLM_WAIT it is
-   stopped and its RAM file is its memory at the LLM wait.
+   TASKS[workload][i % len] (ml: train, generate, data, eval; coding: parse, search, edit, query,
+   test) with its own seed; when it reports LLM_WAIT it is stopped and its RAM file is its memory
+   at the LLM wait.
 5. Writes DIR/microvm.aztrace (docs/trace-format.md): the template (synthetic owner, role
    template, its non-zero pages, index = page offset in the memory file) and one sandbox owner
    per guest holding the pages that differ from the template at the same offset (index = offset,
@@ -62,7 +66,11 @@ import image  # noqa: E402
 from controlplane.trace import ROLE_SANDBOX, ROLE_TEMPLATE, TraceWriter  # noqa: E402
 
 PAGE = 4096
-TASKS = ("train", "generate", "data", "eval")
+# each workload's tasks, given to the guests in turn (names of its TASK_FNS)
+TASKS = {
+    "ml": ("train", "generate", "data", "eval"),
+    "coding": ("parse", "search", "edit", "query", "test"),
+}
 TEMPLATE_ID = 0x7A5_0000_0001  # synthetic owner id of the snapshot template (not a cgroup id)
 GROUP = 1
 SANDBOX_ID0 = 1001
@@ -315,11 +323,12 @@ class GuestResult:
 
 def record_template(out: Path, img: image.Image, mem: int, size: str, seed: int,
                     timeout: float, balloon: bool = False,
-                    report_order: int | None = None) -> dict[str, Any]:
+                    report_order: int | None = None, workload: str = "ml") -> dict[str, Any]:
     ram = out / "template.ram"
     ram.unlink(missing_ok=True)
     append = (f"console=ttyS0 root=/dev/vda ro rootfstype=ext4 init=/opt/azagent/init.sh "
-              f"panic=-1 quiet azagent.size={size} azagent.seed={seed}")
+              f"panic=-1 quiet azagent.workload={workload} azagent.size={size} "
+              f"azagent.seed={seed}")
     if report_order is not None:
         append += f" azagent.report_order={report_order}"
     spec = VmSpec("template", ram, out / "run", mem, img, append, balloon=balloon)
@@ -349,13 +358,14 @@ def record_template(out: Path, img: image.Image, mem: int, size: str, seed: int,
             "vmstate_bytes": (out / "template.vmstate").stat().st_size,
             "migration_total_ms": mig.get("total-time"), "append": append,
             "free_page_reporting": balloon, "page_reporting_order": report_order,
-            "settle_s": settled[0], "settle_shrank_bytes": settled[1]}
+            "workload": workload, "settle_s": settled[0], "settle_shrank_bytes": settled[1]}
 
 
 def restore_guest(out: Path, img: image.Image, mem: int, append: str, i: int,
                   timeout: float, task_mode: str = "inproc",
-                  balloon: bool = False) -> GuestResult:
-    task, seed = TASKS[i % len(TASKS)], 1000 + i
+                  balloon: bool = False, workload: str = "ml") -> GuestResult:
+    tasks = TASKS[workload]
+    task, seed = tasks[i % len(tasks)], 1000 + i
     res = GuestResult(f"vm{i}", task, seed)
     ram = out / f"{res.name}.ram"
     t0 = time.monotonic()
@@ -469,10 +479,16 @@ def write_trace(out: Path, results: list[GuestResult], meta: dict[str, Any]) -> 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--workload", choices=tuple(TASKS), default="ml",
+                    help="what the template and its guests run: ml (mlsandbox.py's training, "
+                         "generation, data and eval tool calls) or coding (codingsandbox.py's "
+                         "parse, search, edit, query and test tool calls over the guest's "
+                         "Python standard library)")
     ap.add_argument("--n", type=int, default=8, help="guests restored from the snapshot")
     ap.add_argument("--parallel", type=int, default=2, help="guests running at once")
     ap.add_argument("--mem", type=int, default=384, help="guest RAM, MiB")
-    ap.add_argument("--size", default="default", help="mlsandbox state size")
+    ap.add_argument("--size", default="default", choices=("tiny", "small", "default", "large"),
+                    help="the workload's state size (its SIZES)")
     ap.add_argument("--seed", type=int, default=1, help="template state seed")
     ap.add_argument("--timeout", type=float, default=900, help="per boot / per task, seconds")
     ap.add_argument("--out", type=Path, default=TOP / "vm-tests" / "out" / "microvm")
@@ -528,9 +544,14 @@ def main(argv: list[str] | None = None) -> int:
             print("record: template was recorded with other free page reporting settings; "
                   "drop --reuse-template", file=sys.stderr)
             return 2
+        if tinfo.get("workload", "ml") != a.workload:
+            print(f"record: template was recorded with the {tinfo.get('workload', 'ml')} "
+                  f"workload, not {a.workload}; drop --reuse-template or use another --out",
+                  file=sys.stderr)
+            return 2
     else:
         tinfo = record_template(out, img, a.mem, a.size, a.seed, a.timeout,
-                                a.free_page_reporting, a.page_reporting_order)
+                                a.free_page_reporting, a.page_reporting_order, a.workload)
         tinfo.update(disk_key=img.key, mem_mib=a.mem, size=a.size, seed=a.seed)
         tinfo_path.write_text(json.dumps(tinfo, indent=1))
     t_tmpl = time.monotonic() - t0 - t_img
@@ -538,14 +559,15 @@ def main(argv: list[str] | None = None) -> int:
     results: list[GuestResult] = []
     with ThreadPoolExecutor(max_workers=a.parallel) as ex:
         futs = [ex.submit(restore_guest, out, img, a.mem, tinfo["append"], i, a.timeout,
-                          a.task_mode, a.free_page_reporting) for i in range(a.n)]
+                          a.task_mode, a.free_page_reporting, a.workload)
+                for i in range(a.n)]
         for f in futs:
             r = f.result()
             with lock:
                 results.append(r)
     t_guests = time.monotonic() - t0 - t_img - t_tmpl
     meta = {"style": "microvm-snapshot", "recorder": "vm-tests/microvm/record.py",
-            "n": a.n, "mem_mib": a.mem, "size": a.size, "seed": a.seed,
+            "workload": a.workload, "n": a.n, "mem_mib": a.mem, "size": a.size, "seed": a.seed,
             "task_mode": a.task_mode, "free_page_reporting": a.free_page_reporting,
             "page_reporting_order": a.page_reporting_order,
             "tasks": [r.task for r in results], "kernel": img.kernel,
