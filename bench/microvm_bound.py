@@ -4,27 +4,24 @@
         [--per-task] [--json DIR/bound.json]
 
 A reference point for the owned-pages view, not a page store: every VM's owned pages (the pages
-it dirtied, vm0 first, each VM in page-offset order) are written as ONE stream and compressed by
-zstd with the whole template image as a prefix (`zstd --patch-from=IMAGE`) and long-distance
-matching (in this mode zstd sizes its window so that the whole image stays reachable; --long
-lets the decompressor use it). So the compressor sees every match a
-page store looks for (the template at the same or any other offset, other pages of the same VM,
-other VMs' pages) and more (matches across page boundaries, one entropy model for the whole
-stream), without paying for random access. The stream is decompressed again and compared with
-what was written, so the figure is of a lossless round trip.
+it dirtied, vm0 first, each VM in page-offset order) are compressed as the continuation of ONE
+zstd stream that begins with the whole template image, with long-distance matching and a window
+over both (controlplane/trace/replay.py's prefixed_stream, the stream reference of every replay:
+what `zstd --patch-from=IMAGE` sees). So the compressor sees every match a page store looks for
+(the template at the same or any other offset, other pages of the same VM, other VMs' pages) and
+more (matches across page boundaries, one entropy model for the whole stream), without paying for
+random access. The stream is decompressed again and compared with what was written, so the
+figure is of a lossless round trip.
 
 The ratios are printed beside per-page lz4 (zram's rule, from the host replay of the same trace:
 controlplane/trace/replay.py strategy "lz4"), the baseline of the issue's "x zram-lz4" target.
-Needs the zstd command (scripts/setup.sh installs it). Takes minutes on the 200 MiB recording.
+Takes minutes on the 200 MiB recording (the image is compressed again for every group).
 """
 
 from __future__ import annotations
 
 import argparse
-import filecmp
 import json
-import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -32,28 +29,10 @@ from typing import Any
 
 from bench.microvm import Recording, load_recording
 from controlplane.trace import ROLE_TEMPLATE, Trace, read_trace
-from controlplane.trace.replay import STRATEGIES, replay
+from controlplane.trace.replay import STRATEGIES, prefixed_stream, replay
 
 TOP = Path(__file__).resolve().parents[1]
 MiB = float(1 << 20)
-
-
-def zstd_patch_size(image: Path, stream: Path, level: int, work: Path) -> int:
-    """Bytes of @stream compressed by zstd with @image as its prefix; checked by a round trip."""
-    if shutil.which("zstd") is None:
-        raise SystemExit("microvm_bound: the zstd command is missing (scripts/setup.sh apt)")
-    span = image.stat().st_size + stream.stat().st_size
-    # long-distance matching, and the decompressor's window limit; for compression,
-    # --patch-from sizes the window itself to keep the whole image reachable
-    wlog = max(20, min(31, (span - 1).bit_length()))
-    packed, back = work / (stream.name + ".zst"), work / (stream.name + ".back")
-    common = ["zstd", "-q", "-f", "--single-thread", f"--long={wlog}", f"--patch-from={image}"]
-    subprocess.run([*common, "--ultra", f"-{level}", str(stream), "-o", str(packed)], check=True)
-    subprocess.run([*common, "-d", str(packed), "-o", str(back)], check=True)
-    if not filecmp.cmp(stream, back, shallow=False):
-        raise SystemExit(f"microvm_bound: {stream.name} did not round-trip through zstd")
-    back.unlink()
-    return packed.stat().st_size
 
 
 def lz4_per_page(tr: Trace, names: set[str]) -> int:
@@ -65,15 +44,10 @@ def lz4_per_page(tr: Trace, names: set[str]) -> int:
 
 
 def stream_bound(rec: Recording, tr: Trace, names: list[str], level: int,
-                 work: Path) -> dict[str, Any]:
-    stream = work / "owned.bin"
-    with open(stream, "wb") as f:
-        for vm in rec.vms:
-            if vm.name in names:
-                f.write(vm.data)
-    owned = stream.stat().st_size
-    packed = zstd_patch_size(rec.image, stream, level, work)
-    stream.unlink()
+                 image: bytes) -> dict[str, Any]:
+    data = b"".join(vm.data for vm in rec.vms if vm.name in names)
+    owned = len(data)
+    packed = prefixed_stream(image, data, level).data_bytes  # read back and compared
     lz4 = lz4_per_page(tr, set(names))
     return {"vms": names, "owned_bytes": owned, "zstd_stream_bytes": packed,
             "lz4_page_bytes": lz4, "zstd_ratio": owned / packed if packed else None,
@@ -94,8 +68,9 @@ def bound(d: Path, level: int, per_task: bool) -> dict[str, Any]:
             for vm in rec.vms:
                 groups.setdefault(vm.task, []).append(vm.name)
         out: dict[str, Any] = {"dir": str(d), "level": level, "groups": {}}
+        image = rec.image.read_bytes()
         for name, vms in groups.items():
-            r = stream_bound(rec, tr, vms, level, work)
+            r = stream_bound(rec, tr, vms, level, image)
             out["groups"][name] = r
             print(f"[microvm-bound] {name}: {r['owned_bytes'] / MiB:.1f} MiB owned, zstd stream "
                   f"{r['zstd_ratio']:.3f}x, per-page lz4 {r['lz4_ratio']:.3f}x", file=sys.stderr)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import random
 from pathlib import Path
 from typing import Any
 
@@ -130,6 +131,18 @@ def test_stream_reference_uses_the_template_as_prefix(
     assert ref["policy"]["level"] == 19
     assert ref["verified_pages"] == NSB * N
     assert ref["ratio"] > by["lz4"]["ratio"]
+
+
+def test_prefixed_stream_reaches_the_start_of_its_prefix() -> None:
+    """Data equal to the first MiB of a 4 MiB incompressible prefix costs next to nothing; the
+    prefix's part is told apart from the data's; with no prefix the data stands alone."""
+    rng = random.Random(7)
+    prefix = rng.randbytes(4 << 20)
+    ps = rp.prefixed_stream(prefix, prefix[: 1 << 20])
+    assert ps.data_bytes < 1024
+    assert ps.prefix_bytes > len(prefix) * 0.99  # random bytes do not compress
+    alone = rp.prefixed_stream(b"", prefix[: 1 << 20])
+    assert alone.prefix_bytes == 0 and alone.data_bytes > (1 << 20) * 0.99
 
 
 def test_table_shows_ratio_net_ratio_and_meta_share(
