@@ -6,12 +6,12 @@
 A reference point for the owned-pages view, not a page store: every VM's owned pages (the pages
 it dirtied, vm0 first, each VM in page-offset order) are compressed as the continuation of ONE
 zstd stream that begins with the whole template image, with long-distance matching and a window
-over both (controlplane/trace/replay.py's prefixed_stream, the stream reference of every replay:
-what `zstd --patch-from=IMAGE` sees). So the compressor sees every match a page store looks for
-(the template at the same or any other offset, other pages of the same VM, other VMs' pages) and
-more (matches across page boundaries, one entropy model for the whole stream), without paying for
-random access. The stream is decompressed again and compared with what was written, so the
-figure is of a lossless round trip.
+over both (controlplane/trace/replay.py's prefixed_stream, the stream reference of every replay;
+close to what `zstd --patch-from=IMAGE` finds). So the compressor sees every match a page store
+looks for (the template at the same or any other offset, other pages of the same VM, other VMs'
+pages) and more (matches across page boundaries, one entropy model for the whole stream),
+without paying for random access. The stream is decompressed again and compared with what was
+written, so the figure is of a lossless round trip.
 
 The ratios are printed beside per-page lz4 (zram's rule, from the host replay of the same trace:
 controlplane/trace/replay.py strategy "lz4"), the baseline of the issue's "x zram-lz4" target.

@@ -315,7 +315,7 @@ def _pages(tr: Trace) -> tuple[bytes, bytes]:
 
 def _zstd_params(size: int, level: int = STREAM_LEVEL) -> zstandard.ZstdCompressionParameters:
     # zstd -19 with a window over everything (prefix included), as `zstd --patch-from` sets it.
-    wlog = min(max(23, math.ceil(math.log2(max(size, 2)))), 30)
+    wlog = min(max(23, math.ceil(math.log2(max(size, 2)))), 31)
     return zstandard.ZstdCompressionParameters.from_level(level, window_log=wlog, enable_ldm=True)
 
 
@@ -330,23 +330,25 @@ class PrefixedStream:
 
 def prefixed_stream(prefix: bytes, data: bytes, level: int = STREAM_LEVEL) -> PrefixedStream:
     """@data as the continuation of one zstd stream that begins with @prefix: long-distance
-    matching and a window over both, so every match into the prefix is in reach (what `zstd
-    --patch-from` sees).  The prefix is compressed in the same stream and flushed at a block
-    boundary, so its bytes and the data's are told apart.  (Loading the prefix as a raw-content
-    dictionary is not the same: zstd searches a dictionary through its own tables, without
-    long-distance matching, and finds a fraction of the matches in a large one.)  The whole
-    stream is decompressed and compared; a difference raises CoreError."""
+    matching and a window over both (up to 2 GiB), so every match into the prefix is in reach,
+    as for `zstd --patch-from`.  The prefix is compressed in the same stream and flushed at a
+    block boundary, so its bytes and the data's are told apart.  (The prefix loaded as a
+    raw-content dictionary instead, python-zstandard's dictionary path, found a fraction of the
+    matches in a large one: docs/replay-net/README.md, "The stream reference as one stream".)
+    The whole stream is decompressed and compared; a difference raises CoreError."""
     params = _zstd_params(len(prefix) + len(data), level)
     c = zstandard.ZstdCompressor(compression_params=params).compressobj()
     head = c.compress(prefix) + c.flush(zstandard.COMPRESSOBJ_FLUSH_BLOCK) if prefix else b""
     t0 = time.perf_counter()
     tail = c.compress(data) + c.flush(zstandard.COMPRESSOBJ_FLUSH_FINISH)
     put_s = time.perf_counter() - t0
+    del c  # its window buffer, before the decoder takes one as large
     t0 = time.perf_counter()
     back = zstandard.ZstdDecompressor(max_window_size=1 << params.window_log).decompress(
         head + tail, max_output_size=len(prefix) + len(data))
     get_s = time.perf_counter() - t0
-    if back[:len(prefix)] != prefix or back[len(prefix):] != data:
+    view = memoryview(back)  # compared in place, not copied
+    if view[:len(prefix)] != prefix or view[len(prefix):] != data:
         raise CoreError(5, f"{STREAM_REF}: stream read back differs")
     return PrefixedStream(len(head), len(tail), put_s, get_s, params.window_log)
 

@@ -595,47 +595,81 @@ def test_recorder_reports_free_pages_by_default(record: ModuleType) -> None:
     assert record.parse_args(["--page-reporting-order", "0"]).page_reporting_order == 0
 
 
-def test_recorder_workloads_are_the_agents(record: ModuleType) -> None:
+def test_recorder_workloads_are_the_agents(record: ModuleType,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """Every workload the recorder offers is one the guest's agent builds, and every task it
     sends is one that workload runs."""
     agent = _load("agent")
     assert set(record.TASKS) == set(agent.WORKLOADS)
     assert record.parse_args([]).workload == "ml"
     assert record.parse_args(["--workload", "coding"]).workload == "coding"
-    sys.path.insert(0, str(TOP / "vm-tests" / "workloads"))
+    monkeypatch.syspath_prepend(str(TOP / "vm-tests" / "workloads"))
     for name, tasks in record.TASKS.items():
         assert set(tasks) <= set(agent.workload(name).TASK_FNS), name
     with pytest.raises(ValueError, match="unknown workload"):
         agent.workload("web")
 
 
-def test_agent_runs_a_coding_task_in_a_tool_call(tmp_path: Path) -> None:
-    """The agent's coding workload: a tiny state built, one task run in a forked child (as
-    --task-mode fork does), its result read back."""
+def test_agent_runs_coding_tasks_in_process_and_as_tool_calls(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The agent's coding workload: a tiny state built, a task run in process (it adds to the
+    history) and in a forked child (as --task-mode fork does); a task that fails in the child
+    is reported as a failed tool call."""
     agent = _load("agent")
-    sys.path.insert(0, str(TOP / "vm-tests" / "workloads"))
+    monkeypatch.syspath_prepend(str(TOP / "vm-tests" / "workloads"))
     wl = agent.workload("coding")
     st = wl.build_state(1, "tiny")
     n = len(st.history)
-    agent.tool_call(wl, st, "search", 7)  # raises if the child failed
-    assert len(st.history) == n  # the child's history went with it
     agent.run_task(wl, st, "search", 7)
     assert len(st.history) > n
+    agent.tool_call(wl, st, "search", 7)  # raises if the child failed
+
+    def broken(st: object, rng: object) -> None:
+        raise RuntimeError("tool crashed")
+
+    monkeypatch.setitem(wl.TASK_FNS, "search", broken)
+    with pytest.raises(RuntimeError, match="tool call search failed"):
+        agent.tool_call(wl, st, "search", 7)
 
 
-def test_template_of_another_workload_is_not_reused(record: ModuleType, tmp_path: Path,
-                                                     monkeypatch: pytest.MonkeyPatch,
-                                                     capsys: pytest.CaptureFixture[str]) -> None:
+class _Restored(Exception):
+    """record.main went on to restore guests (a test's stand-in for QEMU)."""
+
+
+@pytest.mark.parametrize(("recorded", "asked", "reused"), [
+    ("ml", "coding", False),
+    ("coding", "ml", False),
+    ("coding", "coding", True),
+    (None, "ml", True),  # a template.json from before workloads: ML
+    (None, "coding", False),
+])
+def test_template_is_reused_only_for_its_workload(
+        record: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str], recorded: str | None, asked: str,
+        reused: bool) -> None:
     img = record.image.Image(**{f: "x" for f in record.image.Image.__dataclass_fields__})
     monkeypatch.setattr(record.image, "build", lambda: img)
     monkeypatch.setattr(record.shutil, "which", lambda _: "/usr/bin/qemu-system-x86_64")
+
+    def no_qemu(*_a: object, **_k: object) -> None:
+        raise _Restored
+
+    monkeypatch.setattr(record, "record_template", no_qemu)
+    monkeypatch.setattr(record, "restore_guest", no_qemu)
     (tmp_path / "template.vmstate").write_bytes(b"")
-    (tmp_path / "template.json").write_text(json.dumps(
-        {"disk_key": img.key, "free_page_reporting": True, "page_reporting_order": None,
-         "workload": "ml"}))
-    rc = record.main(["--workload", "coding", "--reuse-template", "--out", str(tmp_path)])
-    assert rc == 2
-    assert "recorded with the ml workload, not coding" in capsys.readouterr().err
+    info = {"disk_key": img.key, "free_page_reporting": True, "page_reporting_order": None,
+            "append": "x"}
+    if recorded is not None:
+        info["workload"] = recorded
+    (tmp_path / "template.json").write_text(json.dumps(info))
+    argv = ["--workload", asked, "--reuse-template", "--out", str(tmp_path), "--n", "1"]
+    if reused:
+        with pytest.raises(_Restored):
+            record.main(argv)
+    else:
+        assert record.main(argv) == 2
+        assert f"recorded with the {recorded or 'ml'} workload, not {asked}" in (
+            capsys.readouterr().err)
 
 
 def test_connect_unix_waits_for_the_socket(record: ModuleType, tmp_path: Path) -> None:

@@ -134,11 +134,13 @@ def test_stream_reference_uses_the_template_as_prefix(
 
 
 def test_prefixed_stream_reaches_the_start_of_its_prefix() -> None:
-    """Data equal to the first MiB of a 4 MiB incompressible prefix costs next to nothing; the
-    prefix's part is told apart from the data's; with no prefix the data stands alone."""
+    """Data equal to the first MiB of a 12 MiB incompressible prefix costs next to nothing: the
+    window reaches past zstd's 8 MiB default back to the prefix's start. The prefix's part is
+    told apart from the data's; with no prefix the data stands alone."""
     rng = random.Random(7)
-    prefix = rng.randbytes(4 << 20)
+    prefix = rng.randbytes(12 << 20)
     ps = rp.prefixed_stream(prefix, prefix[: 1 << 20])
+    assert ps.window_log >= 24
     assert ps.data_bytes < 1024
     assert ps.prefix_bytes > len(prefix) * 0.99  # random bytes do not compress
     alone = rp.prefixed_stream(b"", prefix[: 1 << 20])
