@@ -314,7 +314,8 @@ def _pages(tr: Trace) -> tuple[bytes, bytes]:
 
 
 def _zstd_params(size: int, level: int = STREAM_LEVEL) -> zstandard.ZstdCompressionParameters:
-    # zstd -19 with a window over everything (prefix included), as `zstd --patch-from` sets it.
+    # zstd at @level with a window over everything (prefix included), as `zstd --patch-from`
+    # sets it, and long-distance matching.
     wlog = min(max(23, math.ceil(math.log2(max(size, 2)))), 31)
     return zstandard.ZstdCompressionParameters.from_level(level, window_log=wlog, enable_ldm=True)
 

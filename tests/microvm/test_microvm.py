@@ -606,6 +606,7 @@ def test_recorder_workloads_are_the_agents(record: ModuleType,
     monkeypatch.syspath_prepend(str(TOP / "vm-tests" / "workloads"))
     for name, tasks in record.TASKS.items():
         assert set(tasks) <= set(agent.workload(name).TASK_FNS), name
+        assert set(record.SIZES) == set(agent.workload(name).SIZES), name
     with pytest.raises(ValueError, match="unknown workload"):
         agent.workload("web")
 

@@ -71,6 +71,7 @@ TASKS = {
     "ml": ("train", "generate", "data", "eval"),
     "coding": ("parse", "search", "edit", "query", "test"),
 }
+SIZES = ("tiny", "small", "default", "large")  # every workload's SIZES keys
 TEMPLATE_ID = 0x7A5_0000_0001  # synthetic owner id of the snapshot template (not a cgroup id)
 GROUP = 1
 SANDBOX_ID0 = 1001
@@ -487,7 +488,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--n", type=int, default=8, help="guests restored from the snapshot")
     ap.add_argument("--parallel", type=int, default=2, help="guests running at once")
     ap.add_argument("--mem", type=int, default=384, help="guest RAM, MiB")
-    ap.add_argument("--size", default="default", choices=("tiny", "small", "default", "large"),
+    ap.add_argument("--size", default="default", choices=SIZES,
                     help="the workload's state size (its SIZES)")
     ap.add_argument("--seed", type=int, default=1, help="template state seed")
     ap.add_argument("--timeout", type=float, default=900, help="per boot / per task, seconds")
@@ -544,10 +545,10 @@ def main(argv: list[str] | None = None) -> int:
             print("record: template was recorded with other free page reporting settings; "
                   "drop --reuse-template", file=sys.stderr)
             return 2
-        if tinfo.get("workload", "ml") != a.workload:
-            print(f"record: template was recorded with the {tinfo.get('workload', 'ml')} "
-                  f"workload, not {a.workload}; drop --reuse-template or use another --out",
-                  file=sys.stderr)
+        recorded = tinfo.get("workload", "ml")  # templates from before workloads are ML
+        if recorded != a.workload:
+            print(f"record: template was recorded with the {recorded} workload, not "
+                  f"{a.workload}; drop --reuse-template or use another --out", file=sys.stderr)
             return 2
     else:
         tinfo = record_template(out, img, a.mem, a.size, a.seed, a.timeout,
