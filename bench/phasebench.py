@@ -22,7 +22,9 @@ is parked with an ``idle`` hint, as an orchestrator's warm pool is) and ``loaded
 (--loaded-sandboxes, more busy sandboxes than vCPUs, all starting at once so tool phases
 overlap).
 
-Regimes, each with fresh sandboxes and the same trajectories, on one azswap-lz4 device:
+Regimes, each with fresh sandboxes and the same trajectories, on one azswap-lz4 device (--swap
+azswap-lz4-cached: the module loaded with swap_cache=1, so a page read back keeps its stored copy
+while it stays clean; one device per run, so compare the two in separate runs):
 
   none        no compression: nothing reclaimed.
   aggressive  a proactive reclaimer blind to phases: every --interval s a memory.reclaim of every
@@ -737,6 +739,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sync-hints", action="store_true",
                     help="wait for the daemon's answer to each phase hint before going on "
                          "(default: send it and go on, as an agent loop on its hot path)")
+    ap.add_argument("--swap", choices=("azswap-lz4", "azswap-lz4-cached"), default="azswap-lz4",
+                    help="the swap device: azswap-lz4-cached loads the module with swap_cache=1")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json", type=Path,
                     default=Path(os.environ.get("AZSWAP_OUT", "/tmp")) / "phase.json")
@@ -757,12 +761,12 @@ def main(argv: list[str] | None = None) -> int:
                  daemon_timeout=ns.daemon_timeout)
     t0 = time.monotonic()
     try:
-        with swap_device("azswap-lz4", 1 << 30) as dev:
+        with swap_device(ns.swap, 1 << 30) as dev:
             runs = run_all(ns, cfg, dev)
     except (SwapDevError, BenchError) as e:
         print(f"phasebench: error: {e}", file=sys.stderr)
         return 1
-    doc = {"runs": runs, "swap": "azswap-lz4", "thp": ns.thp, "thp_host": thp_setting(),
+    doc = {"runs": runs, "swap": ns.swap, "thp": ns.thp, "thp_host": thp_setting(),
            "cpus": cpus, "wait_scale": ns.wait_scale,
            "config": {k: v for k, v in asdict(cfg).items() if k != "daemon_timeout"},
            "wall_s": round(time.monotonic() - t0, 1)}

@@ -69,6 +69,7 @@ struct azswap_dev {
 
 extern struct azswap_dev *azswap_devs;
 extern unsigned int azswap_nr_devs;
+extern bool azswap_swap_cache;
 
 /* device.c */
 int azswap_ctxs_init(void);

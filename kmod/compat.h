@@ -10,6 +10,7 @@
  *   when the driver has ->rw_page (mm/swapfile.c), so swap-in skips
  *   readahead and the bio round trip.  Later kernels use bios only and
  *   mark the device synchronous from the queue's BLK_FEAT_SYNCHRONOUS.
+ *   A swap_cache=1 device (main.c) is neither: no ->rw_page, no feature.
  * - <linux/unaligned.h> replaced <asm/unaligned.h> (6.12).
  * - block_device_operations.open takes the gendisk (6.5).
  * - blk_alloc_disk() takes the queue limits and returns an ERR_PTR (6.9);
@@ -67,10 +68,11 @@
  * A disk with zram's queue set-up: RAM behind it (non-rotational, no
  * entropy), page-sized blocks, stable pages during writeback, discards
  * of whole pages, and synchronous I/O where the kernel has a way to say
- * so.  Returns an ERR_PTR on failure.
+ * so and @sync asks for it (6.1: the fops' ->rw_page, chosen in device.c).
+ * Returns an ERR_PTR on failure.
  */
 #ifdef AZSWAP_HAVE_BLK_FEAT
-static inline struct gendisk *azswap_alloc_disk(void)
+static inline struct gendisk *azswap_alloc_disk(bool sync)
 {
 	struct queue_limits lim = {
 		.logical_block_size = PAGE_SIZE,
@@ -80,7 +82,8 @@ static inline struct gendisk *azswap_alloc_disk(void)
 		.discard_granularity = PAGE_SIZE,
 		.max_hw_discard_sectors = UINT_MAX,
 		.max_write_zeroes_sectors = UINT_MAX,
-		.features = BLK_FEAT_STABLE_WRITES | BLK_FEAT_SYNCHRONOUS,
+		.features = BLK_FEAT_STABLE_WRITES |
+			    (sync ? BLK_FEAT_SYNCHRONOUS : 0),
 	};
 
 	return blk_alloc_disk(&lim, NUMA_NO_NODE);
@@ -88,7 +91,7 @@ static inline struct gendisk *azswap_alloc_disk(void)
 #elif defined(AZSWAP_HAVE_ALLOC_DISK_LIMITS)
 #error "azswap: kernels 6.9 and 6.10 are not supported (use 6.1, 6.12 or 7.3)"
 #else
-static inline struct gendisk *azswap_alloc_disk(void)
+static inline struct gendisk *azswap_alloc_disk(bool sync)
 {
 	struct gendisk *disk = blk_alloc_disk(NUMA_NO_NODE);
 	struct request_queue *q;
@@ -100,7 +103,8 @@ static inline struct gendisk *azswap_alloc_disk(void)
 	blk_queue_flag_clear(QUEUE_FLAG_ADD_RANDOM, q);
 	blk_queue_flag_set(QUEUE_FLAG_STABLE_WRITES, q);
 #ifdef AZSWAP_HAVE_QUEUE_FLAG_SYNCHRONOUS
-	blk_queue_flag_set(QUEUE_FLAG_SYNCHRONOUS, q);
+	if (sync)
+		blk_queue_flag_set(QUEUE_FLAG_SYNCHRONOUS, q);
 #endif
 	blk_queue_physical_block_size(q, PAGE_SIZE);
 	blk_queue_logical_block_size(q, PAGE_SIZE);

@@ -613,6 +613,17 @@ static const struct block_device_operations azswap_fops = {
 };
 
 /*
+ * A swap-cache device (the swap_cache module parameter): bios only, so
+ * that 6.1 does not mark it synchronous either (compat.h).
+ */
+static const struct block_device_operations azswap_fops_cached = {
+	.owner = THIS_MODULE,
+	.open = azswap_open,
+	.submit_bio = azswap_submit_bio,
+	.swap_slot_free_notify = azswap_slot_free_notify,
+};
+
+/*
  * Apply @p to @dev: to the store if initialised (the codec may change
  * live), else kept for disksize.  Caller holds init_lock for writing.
  * -EINVAL (az_policy_check) leaves everything as it was.
@@ -736,14 +747,14 @@ int azswap_dev_add(struct azswap_dev *dev, int id,
 	dev->sim_sample = AZ_SIM_SAMPLE_DEFAULT;
 
 	/* Queue limits and features like zram's: see compat.h. */
-	disk = azswap_alloc_disk();
+	disk = azswap_alloc_disk(!azswap_swap_cache);
 	if (IS_ERR(disk))
 		return PTR_ERR(disk);
 	disk->major = azswap_major;
 	disk->first_minor = id;
 	disk->minors = 1;
 	disk->flags |= GENHD_FL_NO_PART;
-	disk->fops = &azswap_fops;
+	disk->fops = azswap_swap_cache ? &azswap_fops_cached : &azswap_fops;
 	disk->private_data = dev;
 	snprintf(disk->disk_name, DISK_NAME_LEN, "azswap%d", id);
 	set_capacity(disk, 0);

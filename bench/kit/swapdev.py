@@ -16,7 +16,9 @@
                            "-noshuf": policy shuffle=0; "lz4/zstd:6": template bases in the
                            codec after the slash, then the sandboxes' codec (after_template());
                            "-packed": the device packed (sysfs `pack`, as `azctl daemon
-                           --pack-every` does) once the sandboxes are swapped out
+                           --pack-every` does) once the sandboxes are swapped out; "-cached":
+                           the module loaded with swap_cache=1 (a page read back keeps its
+                           stored copy while it stays clean)
     azdev-ALGO             /dev/azswap0 with nothing registered: same-filled + per-page lz4/zstd
                            only (the zram-parity setup)
 
@@ -310,8 +312,15 @@ class Azswap(System):
         super().__init__()
         self.name = f"azswap-{algo}"
         codec, *suffixes = algo.split("-")
-        if len(set(suffixes)) != len(suffixes) or not set(suffixes) <= {"noshuf", "packed"}:
-            raise ValueError(f"unknown system {self.name!r}: suffixes are -noshuf and -packed")
+        if len(set(suffixes)) != len(suffixes) or not set(suffixes) <= {
+            "noshuf", "packed", "cached"
+        }:
+            raise ValueError(
+                f"unknown system {self.name!r}: suffixes are -noshuf, -packed and -cached"
+            )
+        # "-cached": the module loaded with swap_cache=1 (swap-ins through the swap cache: a
+        # page read back that stays clean keeps its stored copy, docs/sysfs-abi.md).
+        self.cached = "cached" in suffixes
         # "-packed": multi-page objects made after the sandboxes' reclaim (after_reclaim()).
         self.packed = "packed" in suffixes
         # "-noshuf": policy shuffle=0 (float pages raw, as zram; faster loads).
@@ -329,7 +338,7 @@ class Azswap(System):
     def setup(self, nbytes: int) -> None:
         if not module.loaded():
             try:
-                module.insmod()
+                module.insmod(**({"swap_cache": 1} if self.cached else {}))
             except OSError as e:
                 raise SwapDevError(f"{self.name}: {e}") from None
         with contextlib.suppress(OSError):

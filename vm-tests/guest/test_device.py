@@ -397,3 +397,60 @@ def test_slot_lock_is_known_to_lockdep(dev0) -> None:
     finally:
         os.close(fd)
     assert "az_slot_lock" in lockdep.read_text()
+
+
+@pytest.mark.parametrize("cached", [0, 1])
+def test_swap_cache_keeps_the_copy_of_a_clean_page(module, cached: int) -> None:
+    """swap_cache=1: a page read back goes through the swap cache and keeps its slot, so
+    reclaiming it again while it is clean stores nothing; a page written meanwhile is stored
+    again.  swap_cache=0 (the default): a swap-in frees the slot, as zram's does.  Every page
+    is verified after every step."""
+    npages = 2048
+    module(swap_cache=cached)
+    assert Path("/sys/module/azswap/parameters/swap_cache").read_text().strip() == "NY"[cached]
+    d = ag.Dev(0)
+    d.swapon("256M")
+    lib = ag.build_azpages()
+    cg = ag.Cgroup("swapcache")
+    w = ag.Worker(lib, cg, npages, seed=7)
+    try:
+        start = d.io()
+        w.call("fill")
+        ag.swap_all(w, cg)
+        before = d.io()
+        # the pages azswap holds (from 6.12 the swap core keeps zero-filled ones itself)
+        held = before["stores"] - start["stores"]
+        assert held >= npages // 2, f"{held} of {npages} pages stored"
+        slack = npages // 16
+        ag.verify_all([w])  # reads every page: read faults
+        read = d.io()
+        assert read["loads"] - before["loads"] >= held - slack
+        freed = read["notify_free"] - before["notify_free"]
+        if cached:
+            assert freed < slack, f"{freed} slots freed by reading {held} pages"
+        else:
+            assert freed >= held - slack, f"{freed} of {held} slots freed"
+        cg.reclaim_all()
+        again = d.io()
+        stored = again["stores"] - read["stores"]
+        if cached:
+            assert stored < held // 8, f"{stored} stores for {held} clean pages"
+        else:
+            assert stored >= held - slack, f"{stored} stores for {held} pages"
+        ag.verify_all([w])
+        # every 4th page written: those are stored again, the others come back from the copy
+        w.call("edit 1 4")
+        cg.reclaim_all()
+        rewritten = d.io()["stores"] - again["stores"]
+        assert rewritten >= npages // 4, f"{rewritten} stores for {npages // 4} written pages"
+        ag.verify_all([w])
+    finally:
+        w.stop()
+    d.swapoff()
+    d.assert_empty_after_swapoff()
+
+
+def test_swap_cache_param_refuses_a_bad_value(module) -> None:
+    with pytest.raises(OSError):
+        module(swap_cache="maybe")
+    assert not ag.loaded()
