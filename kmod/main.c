@@ -31,16 +31,17 @@ MODULE_PARM_DESC(selftest, "Run the store core self-test at load (default 0)");
  * as zram's are: a swap-in reads the page straight into a new page and
  * frees the slot, and so its stored copy.  With swap_cache=1 they are not:
  * the kernel reads a page into the swap cache (vm.page-cluster readahead
- * applies) and, while there is swap to spare, keeps the slot of a page
- * that is only read.  Reclaiming that page again, still clean, frees it
- * without a write: the copy kept is used, nothing is compressed twice.  A
+ * applies) and, while there is swap to spare, keeps its slot unless the
+ * fault writes.  Reclaiming that page again, still clean, frees it without
+ * a write: the copy kept is used, nothing is compressed twice; written
+ * meanwhile, it is stored into the slot it kept, replacing the copy.  A
  * sandbox whose working set is compressed at every LLM wait and brought
  * back before every tool pays for its read-only pages once.  The price:
  * the copy's bytes while the page is resident, and a bio per swap-in.
  */
 bool azswap_swap_cache;
 module_param_named(swap_cache, azswap_swap_cache, bool, 0444);
-MODULE_PARM_DESC(swap_cache, "Swap-ins through the swap cache: clean pages keep their stored copy (default 0)");
+MODULE_PARM_DESC(swap_cache, "Swap-ins via swap cache: clean pages keep their copy (default 0)");
 
 struct azswap_dev *azswap_devs;
 unsigned int azswap_nr_devs;

@@ -34,6 +34,12 @@ def insmod(ko: Path = KO, **params: object) -> None:
         raise OSError(f"insmod azswap.ko {' '.join(args)} failed: {r.stderr.strip()}")
 
 
+def swap_cache() -> bool:
+    """Was the loaded module given swap_cache=1 (docs/sysfs-abi.md)?  False when not loaded."""
+    p = Path("/sys/module/azswap/parameters/swap_cache")
+    return p.exists() and p.read_text().strip() == "Y"
+
+
 def rmmod(check: bool = True, settle: bool = True) -> subprocess.CompletedProcess[str]:
     """rmmod azswap. A new block device is probed by udev (blkid opens it, which holds a module
     reference for a moment), so with @settle "in use" is retried for up to 5 s after udev

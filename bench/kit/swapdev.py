@@ -336,6 +336,8 @@ class Azswap(System):
         self.ids: dict[str, int] = {}
 
     def setup(self, nbytes: int) -> None:
+        if module.loaded() and module.swap_cache() != self.cached:
+            module.cleanup_module()  # loaded by another system, in the other swap-in mode
         if not module.loaded():
             try:
                 module.insmod(**({"swap_cache": 1} if self.cached else {}))

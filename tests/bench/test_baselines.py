@@ -41,7 +41,9 @@ from controlplane.trace import PAGE_SIZE
         ("ksm-zram-lz4", KsmZram, {"algo": "lz4", "mergeable": True}),
         ("zram-lz4", Zram, {"algo": "lz4", "mergeable": False}),
         ("zswap-zstd", Zswap, {"algo": "zstd", "shrinker": False}),
-        ("azswap-zstd", Azswap, {"algo": "zstd", "shuffle": 1, "packed": False}),
+        ("azswap-zstd", Azswap, {"algo": "zstd", "shuffle": 1, "packed": False, "cached": False}),
+        ("azswap-lz4-cached", Azswap, {"algo": "lz4", "packed": False, "cached": True}),
+        ("azswap-lz4-cached-packed", Azswap, {"algo": "lz4", "packed": True, "cached": True}),
         ("azswap-zstd-packed", Azswap, {"algo": "zstd", "shuffle": 1, "packed": True}),
         ("azswap-lz4-noshuf-packed", Azswap, {"algo": "lz4", "shuffle": 0, "packed": True}),
         ("azswap-lz4-packed-noshuf", Azswap, {"algo": "lz4", "shuffle": 0, "packed": True}),
@@ -282,7 +284,10 @@ def test_a_pack_write_that_fails_fails_the_system(
         make_system("azswap-lz4-packed").after_reclaim("sandboxes")
 
 
-@pytest.mark.parametrize("name", ["azswap-lz4-packed-packed", "azswap-zstd-bogus", "azdev-lz4-x"])
+@pytest.mark.parametrize(
+    "name",
+    ["azswap-lz4-packed-packed", "azswap-zstd-bogus", "azdev-lz4-x", "azswap-lz4-cached-cached"],
+)
 def test_unknown_azswap_suffixes(name: str) -> None:
     with pytest.raises(ValueError, match="suffixes"):
         make_system(name)
@@ -300,3 +305,39 @@ def test_azswap_stats_read_every_column_they_report(tmp_path: Path) -> None:
         assert st[name] == obj.index(name) + 1, name
     assert st["payload"] == STAT_FILES["mm_stat"].index("compr_data_size") + 1
     assert st["kind_plain"] == STAT_FILES["kind_stat"].index("plain") + 1
+
+
+@pytest.mark.parametrize(("loaded_cached", "name", "reloads"), [
+    (False, "azswap-lz4-cached", True),
+    (True, "azswap-lz4", True),
+    (True, "azswap-lz4-cached", False),
+    (False, "azswap-lz4", False),
+])
+def test_azswap_reloads_the_module_for_another_swap_in_mode(
+    monkeypatch: pytest.MonkeyPatch, loaded_cached: bool, name: str, reloads: bool
+) -> None:
+    """A system set up after another left the module loaded in the other swap_cache mode
+    reloads it (a run of azswap-lz4 then azswap-lz4-cached measures both modes); the same mode
+    keeps it.  Setup stops at the first sysfs write (no device here)."""
+    calls: list[str] = []
+    state = {"loaded": True, "cached": loaded_cached}
+
+    def cleanup() -> None:
+        calls.append("cleanup")
+        state["loaded"] = False
+
+    def insmod(**params: object) -> None:
+        calls.append(f"insmod {params}")
+        state.update(loaded=True, cached=bool(params.get("swap_cache")))
+
+    monkeypatch.setattr(swapdev.module, "loaded", lambda: state["loaded"])
+    monkeypatch.setattr(swapdev.module, "swap_cache", lambda: state["cached"])
+    monkeypatch.setattr(swapdev.module, "cleanup_module", cleanup)
+    monkeypatch.setattr(swapdev.module, "insmod", insmod)
+    s = make_system(name)
+    monkeypatch.setattr(s, "B", Path("/nonexistent/azswap0"))
+    with pytest.raises(swapdev.SwapDevError):
+        s.setup(1 << 20)
+    want = ["cleanup", f"insmod {({'swap_cache': 1} if s.cached else {})}"] if reloads else []
+    assert calls == want
+    assert state["cached"] == s.cached
