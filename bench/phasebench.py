@@ -57,7 +57,8 @@ outcomes. Each regime also keeps its
 footprint timeline (every 0.5 s: monotonic time, the device's MiB, then each sandbox's
 memory.current in MiB, in the order of its cycles; ``device_timeline``, at the same times, splits
 the device's MiB into its payload, its pool (payload and the allocator's overhead) and its
-metadata; ``device_end``, the device's stats when the cycles ended, its metadata by component)
+metadata; ``device_end``, the device's stats when the cycles ended, its metadata by component;
+``device_io``, the pages it stored and loaded and the slots swap freed during the regime)
 beside its cycles (each tool phase's start "t" on the same clock, and "hint_s", how long its
 tool hint took to send, or with --sync-hints to answer: part of the tool's latency; by default
 hints are sent without waiting for the answer, as an agent loop on its hot path does, and a
@@ -466,6 +467,7 @@ def run_regime(regime: str, host: Host, style: str, cfg: Config, dev: Any,
         timeline: list[list[float]] = []  # [monotonic s, device MiB, each sandbox's MiB...]
         # beside it, what the device's MiB are: [monotonic s, payload, pool, metadata]
         device_timeline: list[list[float]] = []
+        device_start = dev.stats()
         template_mem: list[int] = []
         events: list[dict[str, Any]] = []
 
@@ -576,6 +578,9 @@ def run_regime(regime: str, host: Host, style: str, cfg: Config, dev: Any,
             # the device as the cycles left it (before the read-back below), metadata by
             # component (meta_stat)
             out["device_end"] = dev.stats()
+            # what the device did in this regime: pages stored and loaded, slots freed by swap
+            out["device_io"] = {k: out["device_end"].get(k, 0) - device_start.get(k, 0)
+                                for k in ("io_stores", "io_loads", "io_notify_free")}
             bad = sum(b.bad for b in boxes) + sum(b.sb.verify() for b in boxes)
         tool = [s for b in boxes for s in b.tool_s[cfg.warmup:]]
         maj = [m for b in boxes for m in b.majflt[cfg.warmup:]]

@@ -305,6 +305,10 @@ class Zswap(System):
         }
 
 
+# io_stat counters Azswap.stats() reports (as io_NAME)
+IO_COUNTERS = ("stores", "loads", "notify_free")
+
+
 class Azswap(System):
     B = Path("/sys/block/azswap0")
 
@@ -421,8 +425,11 @@ class Azswap(System):
         # read apart from mm_stat: on a busy device the two differ by what changed between
         # the reads (the guest test compares them on an idle one)
         meta = parse_columns(STAT_FILES["meta_stat"], read(self.B / "meta_stat"))
+        io = parse_columns(STAT_FILES["io_stat"], read(self.B / "io_stat"))
         out = {
             **meta,
+            # monotonic while the module is loaded: pages stored, loaded, slots swap freed
+            **{f"io_{k}": io[k] for k in IO_COUNTERS},
             "orig": m["orig_data_size"],
             "payload": m["compr_data_size"],
             "pool": m["mem_used_total"],

@@ -295,7 +295,7 @@ def test_unknown_azswap_suffixes(name: str) -> None:
 
 def test_azswap_stats_read_every_column_they_report(tmp_path: Path) -> None:
     # a device directory as sysfs shows it: each stat file's columns numbered 1, 2, ...
-    for f in ("mm_stat", "kind_stat", "obj_stat", "meta_stat"):
+    for f in ("mm_stat", "kind_stat", "obj_stat", "meta_stat", "io_stat"):
         (tmp_path / f).write_text(" ".join(str(i + 1) for i in range(len(STAT_FILES[f]))))
     dev = Azswap("lz4")
     dev.B = tmp_path
@@ -305,6 +305,8 @@ def test_azswap_stats_read_every_column_they_report(tmp_path: Path) -> None:
         assert st[name] == obj.index(name) + 1, name
     assert st["payload"] == STAT_FILES["mm_stat"].index("compr_data_size") + 1
     assert st["kind_plain"] == STAT_FILES["kind_stat"].index("plain") + 1
+    for name in ("stores", "loads", "notify_free"):
+        assert st[f"io_{name}"] == STAT_FILES["io_stat"].index(name) + 1, name
 
 
 @pytest.mark.parametrize(("loaded_cached", "name", "reloads"), [
