@@ -89,6 +89,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.kit.daemon import DaemonError, DaemonProcess
+from bench.kit.swapdev import IO_COUNTERS
 from bench.kit.table import fmt_min_med_max, min_med_max, table
 from bench.phaseloss import print_shortfall
 from controlplane.prefetch_defaults import PREFETCH, PREFETCH_FROM
@@ -579,8 +580,8 @@ def run_regime(regime: str, host: Host, style: str, cfg: Config, dev: Any,
             # component (meta_stat)
             out["device_end"] = dev.stats()
             # what the device did in this regime: pages stored and loaded, slots freed by swap
-            out["device_io"] = {k: out["device_end"].get(k, 0) - device_start.get(k, 0)
-                                for k in ("io_stores", "io_loads", "io_notify_free")}
+            out["device_io"] = {f"io_{k}": out["device_end"].get(f"io_{k}", 0)
+                                - device_start.get(f"io_{k}", 0) for k in IO_COUNTERS}
             bad = sum(b.bad for b in boxes) + sum(b.sb.verify() for b in boxes)
         tool = [s for b in boxes for s in b.tool_s[cfg.warmup:]]
         maj = [m for b in boxes for m in b.majflt[cfg.warmup:]]
