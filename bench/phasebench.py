@@ -2,8 +2,9 @@
 
     vm-tests/run --memory 2G --timeout 1500 -- .venv/bin/python -m bench.phasebench \\
         [--hosts idle,loaded] [--styles ml,coding] [--regimes none,aggressive,daemon] \\
-        [--repeat 1] [--sandboxes 4] [--loaded-sandboxes 2*CPUs+2] [--pages 4096] \\
-        [--loaded-pages 2048] [--cycles 6] [--wait-scale 1.0] [--thp host|off] [--json OUT]
+        [--repeat 1] [--baseline bracket|first] [--order rotate|fixed] [--sandboxes 4] \\
+        [--loaded-sandboxes 2*CPUs+2] [--pages 4096] [--loaded-pages 2048] [--cycles 10] \\
+        [--wait-scale 1.0] [--thp host|off] [--json OUT]
 
 Every sandbox is a process in its own memory cgroup (bench/pagesandbox.py) whose pages are
 near-copies of a template: a template process in its own cgroup holds the template's pages, and
@@ -42,6 +43,13 @@ while it stays clean; one device per run, so compare the two in separate runs):
               the same, and the orchestrator also says when the model begins to stream its
               tool call (`ending`, the trajectory's stream_s before the wait's end), as an agent
               loop that streams the model's answer can.
+
+Order: each repeat runs ``none`` first and, with --baseline bracket (the default), again after
+the others; the baseline is then the mean of its two runs, and its ``bracket`` keeps both and
+their ``drift`` (after / before): a guest whose tools grow slower (or faster) while a repeat
+runs weighs on every regime's slowdown alike instead of on the regimes that run last. With
+--order rotate (the default) the other regimes move one place each repeat. Each run's
+``order`` says what ran when.
 
 Figures per regime: tool-phase latency (mean, p95; cycles after --warmup), end-to-end time,
 slowdown (tool mean / none's, same run), footprint (sum of the sandboxes' memory.current plus the
@@ -233,6 +241,56 @@ def compare(regimes: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return regimes
 
 
+def regime_order(regimes: list[str], rep: int, rotate: bool, bracket: bool) -> list[str]:
+    """The order repeat ``rep`` runs its regimes in: ``none`` first and, with ``bracket``, again
+    last (the baseline on both sides of the others); the others as given or, with ``rotate``,
+    moved one place on each repeat, so that each takes each place as often over the repeats."""
+    others = [r for r in regimes if r != "none"]
+    if rotate and others:
+        k = rep % len(others)
+        others = others[k:] + others[:k]
+    if "none" not in regimes:
+        return others
+    return ["none", *others, *(["none"] if bracket else [])]
+
+
+# a baseline run's own figures, kept beside the merged ones
+BRACKET_KEYS = ("tool_mean_s", "tool_p95_s", "e2e_s", "footprint_mib", "peak_mib",
+                "majflt_per_tool", "bad_pages", "tool_split_s")
+
+
+def merge_baseline(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """``none`` measured before and after a repeat's other regimes, as one baseline: the means
+    of the two runs' figures (both run the same trajectories, so the same number of tools),
+    the larger peak, the bad pages of both; the timeline and cycles are the first run's.
+    ``bracket`` keeps each run's own figures and ``drift``, the after run's tool mean over the
+    before run's: how far the guest moved while the others ran."""
+    out = dict(before)
+
+    def mean(k: str) -> float:
+        return round((float(before[k]) + float(after[k])) / 2, 4)
+
+    for k in ("tool_mean_s", "tool_p95_s", "e2e_s", "footprint_mib", "majflt_per_tool",
+              "template_mib"):
+        if k in before and k in after:
+            out[k] = mean(k)
+    out["peak_mib"] = max(before["peak_mib"], after["peak_mib"])
+    out["bad_pages"] = int(before["bad_pages"]) + int(after["bad_pages"])
+    for k in ("pgmajfault", "wall_s"):
+        if k in before and k in after:
+            out[k] = round(before[k] + after[k], 1)
+    sb, sa = before.get("tool_split_s") or {}, after.get("tool_split_s") or {}
+    if sb and sa:
+        out["tool_split_s"] = {k: round((sb[k] + sa[k]) / 2, 4) for k in sb if k in sa}
+    out["bracket"] = {
+        "before": {k: before[k] for k in BRACKET_KEYS if k in before},
+        "after": {k: after[k] for k in BRACKET_KEYS if k in after},
+        "drift": (round(after["tool_mean_s"] / before["tool_mean_s"], 3)
+                  if before["tool_mean_s"] > 0 else None),
+    }
+    return out
+
+
 def spread(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per host, style and regime: min/median/max of slowdown and keeps over the runs; the
     medians of major faults per tool and of where a tool's time went."""
@@ -254,6 +312,13 @@ def spread(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if splits:  # the median of each run's own blocked time, not a difference of medians
             row["tool_split_s"]["blocked_s"] = statistics.median(
                 sp["seconds"] - sp["cpu_s"] - sp["runq_s"] for sp in splits)
+        brackets = [r["bracket"] for r in rs if r.get("bracket")]
+        if brackets:
+            row["bracket"] = {
+                side: min_med_max([b[side]["tool_mean_s"] for b in brackets])
+                for side in ("before", "after")}
+            row["bracket"]["drift"] = min_med_max(
+                [b["drift"] for b in brackets if b["drift"] is not None])
         out.append(row)
     return out
 
@@ -265,6 +330,12 @@ def print_spread(rows: list[dict[str, Any]]) -> None:
              fmt_min_med_max(r["keeps"], pct=True), fmt_min_med_max(r["saved_mib"]),
              str(r["bad_pages"])) for r in rows]
     table("Tool phases through the daemon (spread over runs)", head, body)
+    body = [(r["host"], r["style"], str(r["runs"]), fmt_min_med_max(r["bracket"]["before"]),
+             fmt_min_med_max(r["bracket"]["after"]), fmt_min_med_max(r["bracket"]["drift"]))
+            for r in rows if r.get("bracket")]
+    if body:
+        table("The baseline (none) before and after each repeat's other regimes",
+              ("host", "style", "runs", "tool mean s before", "after", "after / before"), body)
 
     def split(r: dict[str, Any]) -> tuple[str, ...]:
         sp = r.get("tool_split_s") or {}
@@ -442,12 +513,12 @@ def _module_registrations(template: Path, boxes: list[Box]) -> Iterator[None]:
 
 
 def run_regime(regime: str, host: Host, style: str, cfg: Config, dev: Any,
-               rep: int) -> dict[str, Any]:
+               rep: int, label: str = "") -> dict[str, Any]:
     from bench.kit import cgroups
     from bench.pagesandbox import PageSandbox
     from controlplane.priority import lowered_priority
 
-    tag = f"{regime[:3]}-{host.name[:4]}-{style}-{rep}"
+    tag = f"{regime[:3]}-{host.name[:4]}-{style}-{rep}{label}"
     parent = BENCH_CG / tag
     names = ["template"] + [f"sb{i}" for i in range(host.sandboxes)]
     cgs = cgroups.make_tree(parent, names)
@@ -652,17 +723,23 @@ def run_all(ns: argparse.Namespace, cfg: Config, dev: Any) -> list[dict[str, Any
         for h in ns.hosts:
             for style in ns.styles:
                 host = hosts[h]
+                order = regime_order(ns.regimes, rep, ns.order == "rotate",
+                                     ns.baseline == "bracket")
                 run: dict[str, Any] = {"host": h, "style": style, "repeat": rep,
                                        "sandboxes": host.sandboxes, "pages": host.pages,
-                                       "regimes": {}}
-                for regime in ns.regimes:
-                    print(f"[{h} {style} #{rep}] {regime}: {host.sandboxes} sandboxes x "
-                          f"{host.pages * 4 // 1024} MiB", flush=True)
+                                       "order": order, "regimes": {}}
+                done: dict[str, dict[str, Any]] = {}
+                for regime in order:
+                    again = regime in done  # the baseline's second run
+                    print(f"[{h} {style} #{rep}] {regime}{' (after)' if again else ''}: "
+                          f"{host.sandboxes} sandboxes x {host.pages * 4 // 1024} MiB",
+                          flush=True)
                     t = time.monotonic()
-                    r = run_regime(regime, host, style, cfg, dev, rep)
+                    r = run_regime(regime, host, style, cfg, dev, rep, "-after" if again else "")
                     r["wall_s"] = round(time.monotonic() - t, 1)
-                    run["regimes"][regime] = r
                     print("  " + json.dumps(r), flush=True)
+                    done[regime] = merge_baseline(done[regime], r) if again else r
+                run["regimes"] = {name: done[name] for name in ns.regimes}
                 compare(run["regimes"])
                 runs.append(run)
     return runs
@@ -682,6 +759,8 @@ def _list(choices: tuple[str, ...]) -> Any:
         bad = [x for x in xs if x not in choices]
         if bad or not xs:
             raise argparse.ArgumentTypeError(f"{s!r}: a comma list of {', '.join(choices)}")
+        if len(set(xs)) != len(xs):
+            raise argparse.ArgumentTypeError(f"{s!r}: each at most once")
         return xs
 
     return parse
@@ -714,6 +793,14 @@ def main(argv: list[str] | None = None) -> int:
                     default=[r for r in REGIMES if r not in ALT_REGIMES],
                     help="default: all but daemon-alt and daemon-alt-stream")
     ap.add_argument("--repeat", type=int, default=1, help="runs of every host and style")
+    ap.add_argument("--baseline", choices=("bracket", "first"), default="bracket",
+                    help="bracket: none runs before and again after a repeat's other regimes "
+                         "and counts as the mean of both (the guest's drift during a repeat "
+                         "then weighs on no regime's slowdown; the JSON keeps both and their "
+                         "drift); first: none once, before the others")
+    ap.add_argument("--order", choices=("rotate", "fixed"), default="rotate",
+                    help="rotate: the regimes other than none move one place each repeat, so "
+                         "that each runs in each place as often; fixed: as --regimes gives them")
     ap.add_argument("--sandboxes", type=int, default=4, help="sandboxes on the idle host")
     ap.add_argument("--loaded-sandboxes", type=int, default=2 * cpus + 2,
                     help="sandboxes on the loaded host (default: 2 x CPUs + 2)")
@@ -772,7 +859,8 @@ def main(argv: list[str] | None = None) -> int:
     except (SwapDevError, BenchError) as e:
         print(f"phasebench: error: {e}", file=sys.stderr)
         return 1
-    doc = {"runs": runs, "swap": ns.swap, "thp": ns.thp, "thp_host": thp_setting(),
+    doc = {"runs": runs, "swap": ns.swap, "baseline": ns.baseline, "order": ns.order,
+           "thp": ns.thp, "thp_host": thp_setting(),
            "cpus": cpus, "wait_scale": ns.wait_scale,
            "config": {k: v for k, v in asdict(cfg).items() if k != "daemon_timeout"},
            "wall_s": round(time.monotonic() - t0, 1)}

@@ -29,10 +29,13 @@ from bench.phasebench import (
     WORK_MIN,
     Box,
     Cycle,
+    _list,
     agent_loop,
     compare,
+    merge_baseline,
     print_spread,
     regime_figures,
+    regime_order,
     spread,
     trajectory,
 )
@@ -191,6 +194,71 @@ def test_spread_gives_the_median_time_split_and_prints_it(capsys: pytest.Capture
     out = capsys.readouterr().out
     row = next(ln for ln in out.splitlines() if "aggressive" in ln and "0.600" in ln)
     assert "blocked s" in out and "0.020" in row and "0.100" not in row
+
+
+def test_the_baseline_brackets_every_repeat_and_the_others_rotate() -> None:
+    regs = ["none", "aggressive", "daemon", "daemon-stream"]
+    orders = [regime_order(regs, rep, rotate=True, bracket=True) for rep in range(3)]
+    assert orders == [["none", "aggressive", "daemon", "daemon-stream", "none"],
+                      ["none", "daemon", "daemon-stream", "aggressive", "none"],
+                      ["none", "daemon-stream", "aggressive", "daemon", "none"]]
+    # each of the others in each place once over as many repeats
+    for place in range(1, 4):
+        assert sorted(o[place] for o in orders) == sorted(regs[1:])
+    assert regime_order(regs, 1, rotate=False, bracket=False) == regs
+    assert regime_order(regs, 4, rotate=False, bracket=True) == [*regs, "none"]
+    assert regime_order(["aggressive", "daemon"], 1, rotate=True, bracket=True) == [
+        "daemon", "aggressive"]  # no baseline asked for: none to bracket with
+    assert regime_order(["none"], 2, rotate=True, bracket=True) == ["none", "none"]
+
+
+def test_a_bracketed_baseline_is_the_mean_of_its_runs_and_keeps_both() -> None:
+    before, after = _r(0.2, 100), _r(0.3, 110, bad=1)
+    before["tool_split_s"] = {"seconds": 0.2, "pages_s": 0.02, "cpu_s": 0.18, "runq_s": 0.01}
+    after["tool_split_s"] = {"seconds": 0.3, "pages_s": 0.04, "cpu_s": 0.26, "runq_s": 0.03}
+    before["cycles"], after["cycles"] = {"sb0": ["first"]}, {"sb0": ["second"]}
+    none = merge_baseline(before, after)
+    assert none["tool_mean_s"] == pytest.approx(0.25)
+    assert none["footprint_mib"] == pytest.approx(105) and none["peak_mib"] == 110
+    assert none["bad_pages"] == 1  # a wrong page in either run counts
+    assert none["tool_split_s"] == pytest.approx(
+        {"seconds": 0.25, "pages_s": 0.03, "cpu_s": 0.22, "runq_s": 0.02})
+    assert none["cycles"] == {"sb0": ["first"]}
+    b = none["bracket"]
+    assert b["before"]["tool_mean_s"] == 0.2 and b["after"]["tool_mean_s"] == 0.3
+    assert b["drift"] == pytest.approx(1.5)
+    assert "bracket" not in before  # the runs' own dicts are left as they were
+    # the others' slowdown and keeps are against the merged baseline
+    regs = compare({"none": none, "aggressive": _r(0.5, 45), "daemon": _r(0.3, 50)})
+    assert regs["none"]["slowdown"] == 1.0
+    assert regs["daemon"]["slowdown"] == pytest.approx(1.2)
+    assert regs["aggressive"]["saved_mib"] == pytest.approx(60)
+    assert regs["daemon"]["keeps"] == pytest.approx(55 / 60, abs=1e-3)
+    for r in regs.values():
+        assert set(CONTRACT_KEYS) <= set(r)
+
+
+def test_the_spread_reports_the_baseline_s_drift(capsys: pytest.CaptureFixture[str]) -> None:
+    runs = []
+    for rep, after in enumerate((0.22, 0.3, 0.2)):
+        none = merge_baseline(_r(0.2, 100), _r(after, 100))
+        runs.append({"host": "idle", "style": "coding", "repeat": rep,
+                     "regimes": compare({"none": none, "aggressive": _r(0.5, 40)})})
+    rows = {r["regime"]: r for r in spread(runs)}
+    assert rows["none"]["bracket"]["drift"] == pytest.approx((1.0, 1.1, 1.5))
+    assert rows["none"]["bracket"]["after"] == pytest.approx((0.2, 0.22, 0.3))
+    assert "bracket" not in rows["aggressive"]
+    print_spread(list(rows.values()))
+    out = capsys.readouterr().out
+    assert "before and after" in out and "1.00 / 1.10 / 1.50" in out
+
+
+def test_a_regime_list_names_each_once() -> None:
+    parse = _list(("none", "aggressive", "daemon"))
+    assert parse("none,daemon") == ["none", "daemon"]
+    for bad in ("none,none", "daemon,none,daemon", "", "zram"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse(bad)
 
 
 def test_tool_call_streaming_starts_within_the_last_half_of_each_wait() -> None:
