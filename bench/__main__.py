@@ -515,7 +515,8 @@ def fmt_phase(ph: dict[str, Any]) -> list[str]:
         "saved MiB (median) | bad pages |",
         "|---|---|---|--:|--:|--:|--:|--:|",
     ]
-    for r in spread(runs):
+    rows = spread(runs)
+    for r in rows:
         saved = f"{r['saved_mib'][1]:.1f}" if r["saved_mib"] else "-"
         lines.append(
             f"| {r['host']} | {r['style']} | {REGIMES.get(r['regime'], r['regime'])} | "
@@ -524,6 +525,19 @@ def fmt_phase(ph: dict[str, Any]) -> list[str]:
             f"{r['bad_pages']} |"
         )
     lines.append("")
+    drift = [r for r in rows if r.get("bracket")]
+    if drift:
+        lines += [
+            "No compression ran before and after each run's other regimes; its figures are the "
+            "mean of both. Its tool mean (s) before, after, and after / before, min / med / max:",
+            "",
+            "| host | style | before | after | after / before |",
+            "|---|---|--:|--:|--:|",
+        ]
+        lines += [f"| {r['host']} | {r['style']} | {fmt_min_med_max(r['bracket']['before'])} | "
+                  f"{fmt_min_med_max(r['bracket']['after'])} | "
+                  f"{fmt_min_med_max(r['bracket']['drift'])} |" for r in drift]
+        lines.append("")
     return lines
 
 

@@ -45,11 +45,14 @@ while it stays clean; one device per run, so compare the two in separate runs):
               loop that streams the model's answer can.
 
 Order: each repeat runs ``none`` first and, with --baseline bracket (the default), again after
-the others; the baseline is then the mean of its two runs, and its ``bracket`` keeps both and
-their ``drift`` (after / before): a guest whose tools grow slower (or faster) while a repeat
-runs weighs on every regime's slowdown alike instead of on the regimes that run last. With
---order rotate (the default) the other regimes move one place each repeat. Each run's
-``order`` says what ran when.
+the others; the baseline is then the mean of its two runs (:func:`merge_baseline`), and its
+``bracket`` keeps both and their ``drift`` (after / before). A steady drift of the guest (tools
+growing slower as a boot goes on) then leaves the baseline at the middle of the repeat instead of
+at its start: the regime run in the middle is compared with about its own moment, the first and
+the last are off by about a quarter of the drift each, in opposite directions. With --order
+rotate (the default) the other regimes move one place each repeat, so over a multiple of their
+number of repeats each takes each place equally often. Each run's ``order`` says what ran, in
+order, and each regime's ``started_s`` when (seconds after the repeat's first regime started).
 
 Figures per regime: tool-phase latency (mean, p95; cycles after --warmup), end-to-end time,
 slowdown (tool mean / none's, same run), footprint (sum of the sandboxes' memory.current plus the
@@ -241,7 +244,7 @@ def compare(regimes: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return regimes
 
 
-def regime_order(regimes: list[str], rep: int, rotate: bool, bracket: bool) -> list[str]:
+def regime_order(regimes: list[str], rep: int, *, rotate: bool, bracket: bool) -> list[str]:
     """The order repeat ``rep`` runs its regimes in: ``none`` first and, with ``bracket``, again
     last (the baseline on both sides of the others); the others as given or, with ``rotate``,
     moved one place on each repeat, so that each takes each place as often over the repeats."""
@@ -256,29 +259,33 @@ def regime_order(regimes: list[str], rep: int, rotate: bool, bracket: bool) -> l
 
 # a baseline run's own figures, kept beside the merged ones
 BRACKET_KEYS = ("tool_mean_s", "tool_p95_s", "e2e_s", "footprint_mib", "peak_mib",
-                "majflt_per_tool", "bad_pages", "tool_split_s")
+                "majflt_per_tool", "bad_pages", "tool_split_s", "template_mib", "pgmajfault",
+                "device_io", "started_s", "wall_s")
 
 
 def merge_baseline(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
-    """``none`` measured before and after a repeat's other regimes, as one baseline: the means
-    of the two runs' figures (both run the same trajectories, so the same number of tools),
-    the larger peak, the bad pages of both; the timeline and cycles are the first run's.
-    ``bracket`` keeps each run's own figures and ``drift``, the after run's tool mean over the
-    before run's: how far the guest moved while the others ran."""
+    """``none`` measured before and after a repeat's other regimes, as one baseline.  Both runs
+    play the same trajectories, so the same number of tools: ``tool_mean_s`` is the mean of
+    the two means (the mean over both runs' tools); ``tool_p95_s``, ``e2e_s``,
+    ``footprint_mib``, ``majflt_per_tool``, ``pgmajfault``, ``template_mib`` and each of
+    ``tool_split_s`` are means of the two runs' figures too; ``peak_mib`` is the larger peak,
+    ``bad_pages`` both runs' wrong pages, ``wall_s`` both runs' time.  Everything else (the
+    timeline, cycles, the device's figures, ``started_s``) is the first run's.  ``bracket``
+    keeps each run's own figures and ``drift``, the after run's tool mean over the before
+    run's: how far the guest moved while the others ran."""
     out = dict(before)
 
     def mean(k: str) -> float:
         return round((float(before[k]) + float(after[k])) / 2, 4)
 
     for k in ("tool_mean_s", "tool_p95_s", "e2e_s", "footprint_mib", "majflt_per_tool",
-              "template_mib"):
+              "template_mib", "pgmajfault"):
         if k in before and k in after:
             out[k] = mean(k)
     out["peak_mib"] = max(before["peak_mib"], after["peak_mib"])
     out["bad_pages"] = int(before["bad_pages"]) + int(after["bad_pages"])
-    for k in ("pgmajfault", "wall_s"):
-        if k in before and k in after:
-            out[k] = round(before[k] + after[k], 1)
+    if "wall_s" in before and "wall_s" in after:
+        out["wall_s"] = round(before["wall_s"] + after["wall_s"], 1)
     sb, sa = before.get("tool_split_s") or {}, after.get("tool_split_s") or {}
     if sb and sa:
         out["tool_split_s"] = {k: round((sb[k] + sa[k]) / 2, 4) for k in sb if k in sa}
@@ -723,12 +730,13 @@ def run_all(ns: argparse.Namespace, cfg: Config, dev: Any) -> list[dict[str, Any
         for h in ns.hosts:
             for style in ns.styles:
                 host = hosts[h]
-                order = regime_order(ns.regimes, rep, ns.order == "rotate",
-                                     ns.baseline == "bracket")
+                order = regime_order(ns.regimes, rep, rotate=ns.order == "rotate",
+                                     bracket=ns.baseline == "bracket")
                 run: dict[str, Any] = {"host": h, "style": style, "repeat": rep,
                                        "sandboxes": host.sandboxes, "pages": host.pages,
                                        "order": order, "regimes": {}}
                 done: dict[str, dict[str, Any]] = {}
+                t_run = time.monotonic()
                 for regime in order:
                     again = regime in done  # the baseline's second run
                     print(f"[{h} {style} #{rep}] {regime}{' (after)' if again else ''}: "
@@ -737,6 +745,7 @@ def run_all(ns: argparse.Namespace, cfg: Config, dev: Any) -> list[dict[str, Any
                     t = time.monotonic()
                     r = run_regime(regime, host, style, cfg, dev, rep, "-after" if again else "")
                     r["wall_s"] = round(time.monotonic() - t, 1)
+                    r["started_s"] = round(t - t_run, 1)  # since the repeat's first regime
                     print("  " + json.dumps(r), flush=True)
                     done[regime] = merge_baseline(done[regime], r) if again else r
                 run["regimes"] = {name: done[name] for name in ns.regimes}
@@ -795,12 +804,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=1, help="runs of every host and style")
     ap.add_argument("--baseline", choices=("bracket", "first"), default="bracket",
                     help="bracket: none runs before and again after a repeat's other regimes "
-                         "and counts as the mean of both (the guest's drift during a repeat "
-                         "then weighs on no regime's slowdown; the JSON keeps both and their "
-                         "drift); first: none once, before the others")
+                         "and counts as the mean of both (a steady drift of the guest during a "
+                         "repeat then no longer weighs on the regimes run last alone; the JSON "
+                         "keeps both runs and their drift); first: none once, before the others")
     ap.add_argument("--order", choices=("rotate", "fixed"), default="rotate",
-                    help="rotate: the regimes other than none move one place each repeat, so "
-                         "that each runs in each place as often; fixed: as --regimes gives them")
+                    help="rotate: the regimes other than none move one place each repeat (over "
+                         "a multiple of their number of repeats, each runs in each place "
+                         "equally often); fixed: as --regimes gives them (none always first)")
     ap.add_argument("--sandboxes", type=int, default=4, help="sandboxes on the idle host")
     ap.add_argument("--loaded-sandboxes", type=int, default=2 * cpus + 2,
                     help="sandboxes on the loaded host (default: 2 x CPUs + 2)")
@@ -838,6 +848,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path,
                     default=Path(os.environ.get("AZSWAP_OUT", "/tmp")) / "phase.json")
     ns = ap.parse_args(argv)
+    others = len([r for r in ns.regimes if r != "none"])
+    if ns.order == "rotate" and others > 1 and ns.repeat % others:
+        print(f"phasebench: note: --repeat {ns.repeat} is not a multiple of the {others} "
+              "regimes besides none: they do not take each place in the order equally often",
+              file=sys.stderr)
     if not 0 < ns.wait_scale <= 1:
         ap.error("--wait-scale must be in (0, 1]")
     if ns.cycles <= ns.warmup:
@@ -859,7 +874,8 @@ def main(argv: list[str] | None = None) -> int:
     except (SwapDevError, BenchError) as e:
         print(f"phasebench: error: {e}", file=sys.stderr)
         return 1
-    doc = {"runs": runs, "swap": ns.swap, "baseline": ns.baseline, "order": ns.order,
+    doc = {"runs": runs, "swap": ns.swap,
+           "baseline": ns.baseline if "none" in ns.regimes else None, "order": ns.order,
            "thp": ns.thp, "thp_host": thp_setting(),
            "cpus": cpus, "wait_scale": ns.wait_scale,
            "config": {k: v for k, v in asdict(cfg).items() if k != "daemon_timeout"},

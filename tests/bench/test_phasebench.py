@@ -41,6 +41,7 @@ from bench.phasebench import (
 )
 
 STYLES = ("ml", "coding")
+MiB_INT = 1 << 20
 
 
 @pytest.mark.parametrize("style", STYLES)
@@ -213,19 +214,30 @@ def test_the_baseline_brackets_every_repeat_and_the_others_rotate() -> None:
 
 
 def test_a_bracketed_baseline_is_the_mean_of_its_runs_and_keeps_both() -> None:
-    before, after = _r(0.2, 100), _r(0.3, 110, bad=1)
-    before["tool_split_s"] = {"seconds": 0.2, "pages_s": 0.02, "cpu_s": 0.18, "runq_s": 0.01}
-    after["tool_split_s"] = {"seconds": 0.3, "pages_s": 0.04, "cpu_s": 0.26, "runq_s": 0.03}
-    before["cycles"], after["cycles"] = {"sb0": ["first"]}, {"sb0": ["second"]}
+    before = regime_figures([0.1, 0.3], 10.0, [int(100 * MiB_INT)] * 3, 2, [0, 0])
+    after = regime_figures([0.2, 0.4], 12.0, [int(110 * MiB_INT)] * 3, 3, [2, 4])
+    before.update(tool_split_s={"seconds": 0.2, "pages_s": 0.02, "cpu_s": 0.18, "runq_s": 0.01},
+                  template_mib=20.0, pgmajfault=0, wall_s=30.0, started_s=0.0,
+                  cycles={"sb0": ["first"]}, device_io={"io_stores": 0})
+    after.update(tool_split_s={"seconds": 0.3, "pages_s": 0.04, "cpu_s": 0.26, "runq_s": 0.03},
+                 template_mib=26.0, pgmajfault=12, wall_s=34.0, started_s=200.0,
+                 cycles={"sb0": ["second"]}, device_io={"io_stores": 5})
     none = merge_baseline(before, after)
-    assert none["tool_mean_s"] == pytest.approx(0.25)
+    assert none["tool_mean_s"] == pytest.approx(0.25)  # the mean over all four tools
+    assert none["tool_p95_s"] == pytest.approx(0.35)  # the mean of 0.3 and 0.4
+    assert none["e2e_s"] == pytest.approx(11.0) and none["template_mib"] == pytest.approx(23)
+    assert none["majflt_per_tool"] == pytest.approx(1.5) and none["pgmajfault"] == 6
     assert none["footprint_mib"] == pytest.approx(105) and none["peak_mib"] == 110
-    assert none["bad_pages"] == 1  # a wrong page in either run counts
+    assert none["bad_pages"] == 5  # a wrong page in either run counts
+    assert none["wall_s"] == pytest.approx(64)
     assert none["tool_split_s"] == pytest.approx(
         {"seconds": 0.25, "pages_s": 0.03, "cpu_s": 0.22, "runq_s": 0.02})
-    assert none["cycles"] == {"sb0": ["first"]}
+    assert none["cycles"] == {"sb0": ["first"]} and none["started_s"] == 0.0
+    assert none["device_io"] == {"io_stores": 0}
     b = none["bracket"]
     assert b["before"]["tool_mean_s"] == 0.2 and b["after"]["tool_mean_s"] == 0.3
+    assert b["after"]["device_io"] == {"io_stores": 5} and b["after"]["started_s"] == 200.0
+    assert b["before"]["bad_pages"] == 2 and b["after"]["tool_p95_s"] == 0.4
     assert b["drift"] == pytest.approx(1.5)
     assert "bracket" not in before  # the runs' own dicts are left as they were
     # the others' slowdown and keeps are against the merged baseline
@@ -251,6 +263,65 @@ def test_the_spread_reports_the_baseline_s_drift(capsys: pytest.CaptureFixture[s
     print_spread(list(rows.values()))
     out = capsys.readouterr().out
     assert "before and after" in out and "1.00 / 1.10 / 1.50" in out
+
+
+def test_each_repeat_runs_the_baseline_around_the_others_and_merges_it(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """run_all's wiring: what runs in which order, under which label, and what the run keeps."""
+    from bench import phasebench
+
+    ran: list[tuple[str, int, str]] = []
+    tools = {"none": [0.2, 0.3, 0.25, 0.35], "aggressive": [0.6] * 4, "daemon": [0.33] * 4}
+
+    def fake_run_regime(regime: str, host: object, style: str, cfg: object, dev: object,
+                        rep: int, label: str = "") -> dict[str, object]:
+        n = sum(r == regime and k == rep for r, k, _ in ran)
+        ran.append((regime, rep, label))
+        return _r(tools[regime][2 * rep + n] if regime == "none" else tools[regime][rep], 100)
+
+    monkeypatch.setattr(phasebench, "run_regime", fake_run_regime)
+    ns = argparse.Namespace(hosts=["idle"], styles=["ml"], regimes=["none", "aggressive",
+                            "daemon"], repeat=2, sandboxes=2, pages=64, loaded_sandboxes=3,
+                            loaded_pages=32, order="rotate", baseline="bracket")
+    cfg = phasebench.Config(rates={"ml": 100.0})
+    runs = phasebench.run_all(ns, cfg, argparse.Namespace(name="azswap-test"))
+    assert ran == [("none", 0, ""), ("aggressive", 0, ""), ("daemon", 0, ""),
+                   ("none", 0, "-after"),
+                   ("none", 1, ""), ("daemon", 1, ""), ("aggressive", 1, ""),
+                   ("none", 1, "-after")]
+    assert [r["order"] for r in runs] == [["none", "aggressive", "daemon", "none"],
+                                          ["none", "daemon", "aggressive", "none"]]
+    for run in runs:
+        assert list(run["regimes"]) == ["none", "aggressive", "daemon"]
+    none0 = runs[0]["regimes"]["none"]
+    assert none0["tool_mean_s"] == pytest.approx(0.25)
+    assert none0["bracket"]["drift"] == pytest.approx(1.5)
+    assert runs[0]["regimes"]["daemon"]["slowdown"] == pytest.approx(1.32)
+    assert runs[1]["regimes"]["none"]["tool_mean_s"] == pytest.approx(0.3)
+    assert runs[1]["regimes"]["aggressive"]["slowdown"] == pytest.approx(2.0)
+    for run in runs:
+        for r in run["regimes"].values():
+            assert r["started_s"] >= 0 and "wall_s" in r
+    # once, first: as before the bracket existed
+    ran.clear()
+    ns.baseline, ns.order, ns.repeat = "first", "fixed", 1
+    runs = phasebench.run_all(ns, cfg, argparse.Namespace(name="azswap-test"))
+    assert [r for r, _, _ in ran] == ["none", "aggressive", "daemon"]
+    assert "bracket" not in runs[0]["regimes"]["none"]
+    capsys.readouterr()
+
+
+def test_the_markdown_report_gives_the_baseline_s_drift() -> None:
+    from bench.__main__ import fmt_phase
+
+    runs = [{"host": "idle", "style": "coding", "repeat": 0,
+             "regimes": compare({"none": merge_baseline(_r(0.2, 100), _r(0.24, 100)),
+                                 "aggressive": _r(0.5, 40)})}]
+    text = "\n".join(fmt_phase({"runs": runs, "config": {"cycles": 10}}))
+    row = "| idle | coding | 0.20 / 0.20 / 0.20 | 0.24 / 0.24 / 0.24 | 1.20 / 1.20 / 1.20 |"
+    assert row in text
+    runs[0]["regimes"]["none"] = _r(0.2, 100)
+    assert "after / before" not in "\n".join(fmt_phase({"runs": runs, "config": {}}))
 
 
 def test_a_regime_list_names_each_once() -> None:
