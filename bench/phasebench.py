@@ -53,6 +53,9 @@ the last are off by about a quarter of the drift each, in opposite directions. W
 rotate (the default) the other regimes move one place each repeat, so over a multiple of their
 number of repeats each takes each place equally often. Each run's ``order`` says what ran, in
 order, and each regime's ``started_s`` when (seconds after the repeat's first regime started).
+Before every regime the benchmark times the style's work in its own process (the calibration's
+work function, best of two 0.2 s timings): ``probe_units_s``, the guest's speed at that moment
+beside the rate the tools' work was sized with (``config.rates``).
 
 Figures per regime: tool-phase latency (mean, p95; cycles after --warmup), end-to-end time,
 slowdown (tool mean / none's, same run), footprint (sum of the sandboxes' memory.current plus the
@@ -122,6 +125,7 @@ PLAN_OUTCOMES = ("fired", "hits", "late", "early", "on_hint", "busy_waits", "end
 # a tool phase's time as the sandbox measured it (seconds: all of it): reading its hot pages
 # (where most of its faults are), on a CPU, waiting for one (schedstat); the rest was blocked
 TOOL_SPLIT = ("seconds", "pages_s", "cpu_s", "runq_s")
+PROBE_S = 0.2  # each of the two timings of the speed probe before every regime
 CONTRACT_KEYS = ("tool_mean_s", "tool_p95_s", "e2e_s", "slowdown", "saved_mib", "peak_mib",
                  "keeps", "bad_pages")
 
@@ -260,7 +264,7 @@ def regime_order(regimes: list[str], rep: int, *, rotate: bool, bracket: bool) -
 # a baseline run's own figures, kept beside the merged ones
 BRACKET_KEYS = ("tool_mean_s", "tool_p95_s", "e2e_s", "footprint_mib", "peak_mib",
                 "majflt_per_tool", "bad_pages", "tool_split_s", "template_mib", "pgmajfault",
-                "device_io", "started_s", "wall_s")
+                "device_io", "started_s", "wall_s", "probe_units_s")
 
 
 def merge_baseline(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
@@ -742,8 +746,11 @@ def run_all(ns: argparse.Namespace, cfg: Config, dev: Any) -> list[dict[str, Any
                     print(f"[{h} {style} #{rep}] {regime}{' (after)' if again else ''}: "
                           f"{host.sandboxes} sandboxes x {host.pages * 4 // 1024} MiB",
                           flush=True)
+                    # the guest's speed just before: the style's work, as calibrated at start
+                    probe = calibrate(style, seconds=PROBE_S, samples=2)
                     t = time.monotonic()
                     r = run_regime(regime, host, style, cfg, dev, rep, "-after" if again else "")
+                    r["probe_units_s"] = round(probe, 1)
                     r["wall_s"] = round(time.monotonic() - t, 1)
                     r["started_s"] = round(t - t_run, 1)  # since the repeat's first regime
                     print("  " + json.dumps(r), flush=True)

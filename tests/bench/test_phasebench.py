@@ -268,7 +268,7 @@ def test_the_spread_reports_the_baseline_s_drift(capsys: pytest.CaptureFixture[s
 def test_each_repeat_runs_the_baseline_around_the_others_and_merges_it(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """run_all's wiring: what runs in which order, under which label, and what the run keeps."""
-    from bench import phasebench
+    from bench import pagesandbox, phasebench
 
     ran: list[tuple[str, int, str]] = []
     tools = {"none": [0.2, 0.3, 0.25, 0.35], "aggressive": [0.6] * 4, "daemon": [0.33] * 4}
@@ -280,6 +280,8 @@ def test_each_repeat_runs_the_baseline_around_the_others_and_merges_it(
         return _r(tools[regime][2 * rep + n] if regime == "none" else tools[regime][rep], 100)
 
     monkeypatch.setattr(phasebench, "run_regime", fake_run_regime)
+    probes = iter(range(100, 200))
+    monkeypatch.setattr(pagesandbox, "calibrate", lambda style, **kw: float(next(probes)))
     ns = argparse.Namespace(hosts=["idle"], styles=["ml"], regimes=["none", "aggressive",
                             "daemon"], repeat=2, sandboxes=2, pages=64, loaded_sandboxes=3,
                             loaded_pages=32, order="rotate", baseline="bracket")
@@ -302,6 +304,10 @@ def test_each_repeat_runs_the_baseline_around_the_others_and_merges_it(
     for run in runs:
         for r in run["regimes"].values():
             assert r["started_s"] >= 0 and "wall_s" in r
+    # the speed probe before every regime, the baseline's both
+    assert runs[0]["regimes"]["aggressive"]["probe_units_s"] == 101.0
+    assert [runs[0]["regimes"]["none"]["bracket"][k]["probe_units_s"]
+            for k in ("before", "after")] == [100.0, 103.0]
     # once, first: as before the bracket existed
     ran.clear()
     ns.baseline, ns.order, ns.repeat = "first", "fixed", 1
